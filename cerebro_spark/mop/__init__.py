@@ -1,0 +1,1 @@
+"""Model hopper parallelism: the pure MOP scheduler and its schedule simulator."""
