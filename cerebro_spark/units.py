@@ -34,6 +34,8 @@ class UnitTask:
         epoch: The trial's own epoch, 0-based.
         partition: Index of the partition this unit reads (train or validation split).
         step: Position of this unit in the trial's visit order for ``epoch`` (train units).
+        epoch_units: Number of train units in the trial's epoch (the unit with
+            ``step == epoch_units - 1`` ends the epoch and steps the LR scheduler).
         checkpoint_in: Store key of the checkpoint to start from; ``None`` initialises.
         checkpoint_out: Store key the new checkpoint is written to (train units only).
     """
@@ -46,6 +48,7 @@ class UnitTask:
     epoch: int
     partition: int
     step: int = 0
+    epoch_units: int = 1
     checkpoint_in: str | None = None
     checkpoint_out: str | None = None
 
