@@ -1,0 +1,208 @@
+"""Discrete-event simulation of a MOP schedule over known unit times (Cerebro §5.4).
+
+An instance has ``p`` workers, worker ``j`` holding partition ``j`` only, and a unit-time
+matrix ``T[i, j]``: the time of trial ``i``'s train unit on worker ``j``. The simulator runs
+a :class:`~cerebro_spark.mop.MopScheduler` on it, completing units as simulated time
+passes, and compares the makespan with the lower bound ``max(max worker load, max trial
+total)``: no schedule beats the busiest worker's total work nor the longest trial's
+sequential chain of units.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from cerebro_spark.errors import ConfigError
+from cerebro_spark.mop._base import Assignment, SchedulingRule, Unit
+from cerebro_spark.mop._scheduler import MopScheduler
+
+CNN_MFLOPS: Mapping[str, float] = {
+    "AlexNet": 727,
+    "CaffeNet": 724,
+    "SqueezeNet1-0": 837,
+    "SqueezeNet1-1": 360,
+    "VGG-f": 727,
+    "VGG-m": 2000,
+    "VGG-s": 3000,
+    "VGG-m-2048": 2000,
+    "VGG-m-1024": 2000,
+    "VGG-m-128": 2000,
+    "VGG-vd-16-atrous": 16000,
+    "VGG-vd-16": 16000,
+    "VGG-vd-19": 20000,
+    "GoogleNet": 2000,
+    "ResNet18": 2000,
+    "ResNet34": 4000,
+    "ResNet50": 4000,
+    "ResNet101": 8000,
+    "ResNet152": 11000,
+    "ResNext-50-32x4d": 4000,
+    "ResNext-101-32x4d": 8000,
+    "ResNext-101-64x4d": 16000,
+    "Inception-V3": 6000,
+    "SE-ResNet-50": 4000,
+    "SE-ResNet-101": 8000,
+    "SE-ResNet-152": 11000,
+    "SE-ResNeXt-50-32x4d": 4000,
+    "SE-ResNeXt-101-32x4d": 8000,
+    "SENet": 21000,
+    "SE-BN-Inception": 2000,
+    "DenseNet121": 3000,
+    "DenseNet161": 8000,
+    "DenseNet169": 3000,
+    "DenseNet201": 4000,
+    "MobileNet": 579,
+}
+"""Compute cost of the 35 CNNs of Cerebro's Appendix B, Table 7 (MFLOPs, as printed)."""
+
+GPU_TFLOPS: Mapping[str, float] = {"K80": 5.6, "GTX 1080": 11.3, "Titan Xp": 12.1, "P100": 18.7}
+"""Compute capacity of the four GPUs of Cerebro §5.4 (TFLOPS)."""
+
+
+class ScheduleInstance:
+    """Unit times of ``|S|`` trials on ``p`` workers; worker ``j`` holds partition ``j``.
+
+    Trials are named ``"t0" ..``, workers ``"w0" ..``.
+
+    Args:
+        unit_times: ``T[i, j]``, time of trial ``i``'s unit on worker ``j`` (positive).
+
+    Raises:
+        ConfigError: ``unit_times`` is not a 2-d array of positive finite numbers with at
+            least one worker.
+    """
+
+    def __init__(self, unit_times: NDArray[np.float64] | Sequence[Sequence[float]]) -> None:
+        times = np.array(unit_times, dtype=np.float64)
+        if times.ndim != 2 or times.shape[1] == 0 or not np.all(np.isfinite(times) & (times > 0)):
+            raise ConfigError(
+                f"unit_times {times.tolist()!r} must be a trials x workers matrix of positive "
+                "finite times with at least one worker"
+            )
+        times.flags.writeable = False
+        self.unit_times = times
+        self.trials = tuple(f"t{i}" for i in range(times.shape[0]))
+        self.workers = tuple(f"w{j}" for j in range(times.shape[1]))
+        self._rows = times.tolist()  # plain floats: fast to index in estimate()
+        self._trial_index = {t: i for i, t in enumerate(self.trials)}
+        self._worker_index = {w: j for j, w in enumerate(self.workers)}
+
+    @property
+    def partitions(self) -> tuple[int, ...]:
+        """Partition indices ``0 .. p-1``."""
+        return tuple(range(len(self.workers)))
+
+    @property
+    def lower_bound(self) -> float:
+        """``max(max worker load, max trial total)``, a lower bound on any makespan."""
+        if not self.trials:
+            return 0.0
+        return float(max(self.unit_times.sum(axis=0).max(), self.unit_times.sum(axis=1).max()))
+
+    def estimate(self, unit: Unit, worker: str) -> float:
+        """Return the time of ``unit``'s trial on ``worker`` (for :class:`WorkAwareRule`)."""
+        return float(self._rows[self._trial_index[unit.trial]][self._worker_index[worker]])
+
+
+def homogeneous_instance(n_trials: int, n_workers: int, unit_time: float = 1.0) -> ScheduleInstance:
+    """Return an instance where every unit takes ``unit_time`` (§5.4, homogeneous)."""
+    return ScheduleInstance(np.full((n_trials, n_workers), unit_time))
+
+
+def heterogeneous_instance(
+    n_trials: int, n_workers: int, rng: np.random.Generator
+) -> ScheduleInstance:
+    """Return an instance with heterogeneous trials and workers as in §5.4.
+
+    Each trial's cost is drawn with replacement from :data:`CNN_MFLOPS`, each worker's
+    capacity from :data:`GPU_TFLOPS`; ``T[i, j] = cost_i / capacity_j`` (microseconds).
+    """
+    costs = rng.choice(np.array(list(CNN_MFLOPS.values())), size=n_trials)
+    capacities = rng.choice(np.array(list(GPU_TFLOPS.values())), size=n_workers)
+    return ScheduleInstance(costs[:, None] / capacities[None, :])
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledUnit:
+    """An assignment with its simulated start and end times."""
+
+    assignment: Assignment
+    start: float
+    end: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulationResult:
+    """Outcome of :func:`simulate`.
+
+    Attributes:
+        makespan: Time the last unit ended.
+        lower_bound: The instance's :attr:`ScheduleInstance.lower_bound`.
+        schedule: Every unit run, in start order.
+    """
+
+    makespan: float
+    lower_bound: float
+    schedule: tuple[ScheduledUnit, ...]
+
+    @property
+    def ratio(self) -> float:
+        """``makespan / lower_bound`` (1.0 is optimal; 1.0 for an empty instance)."""
+        return self.makespan / self.lower_bound if self.lower_bound else 1.0
+
+
+def simulate(
+    instance: ScheduleInstance,
+    rng: np.random.Generator,
+    *,
+    rule: SchedulingRule | None = None,
+    visit_orders: Mapping[str, Sequence[int]] | None = None,
+) -> SimulationResult:
+    """Run one epoch of train units of ``instance`` through a :class:`MopScheduler`.
+
+    Units that end at the same time all complete before idle workers are served again,
+    as in Alg. 1's polling loop.
+
+    Args:
+        instance: Unit times.
+        rng: Randomness for the scheduler's rule.
+        rule: Scheduling rule; :class:`~cerebro_spark.mop.RandomizedRule` if None.
+        visit_orders: Per-trial partition orders (see :class:`MopScheduler`); None for the
+            fully dynamic rule.
+
+    Returns:
+        Makespan, lower bound and the schedule.
+    """
+    scheduler = MopScheduler(
+        trials=instance.trials,
+        partitions=instance.partitions,
+        workers={w: (j,) for j, w in enumerate(instance.workers)},
+        rng=rng,
+        rule=rule,
+        visit_orders=visit_orders,
+        validate=False,
+    )
+    starts: dict[str, float] = {}
+    events: list[tuple[float, str]] = []
+    schedule: list[ScheduledUnit] = []
+    now = 0.0
+    while True:
+        for assignment in scheduler.assign():
+            end = now + instance.estimate(assignment.unit, assignment.worker)
+            starts[assignment.worker] = now
+            heapq.heappush(events, (end, assignment.worker))
+        if not events:
+            break
+        now = events[0][0]
+        while events and events[0][0] == now:
+            _, worker = heapq.heappop(events)
+            assignment = scheduler.running[worker]
+            scheduler.complete(assignment.unit)
+            schedule.append(ScheduledUnit(assignment, starts[worker], now))
+    schedule.sort(key=lambda s: (s.start, s.assignment.worker))
+    return SimulationResult(now, instance.lower_bound, tuple(schedule))
