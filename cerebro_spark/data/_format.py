@@ -99,6 +99,9 @@ class Manifest:
         schema: The Arrow schema of the partition files, as ``{column: type string}``.
         source: Free-text description of where the data came from.
         format_version: Version of this format.
+        classes: Classification only: the original label values, sorted; class ``k`` of the
+            partition files stands for ``classes[k]``. ``None`` when unknown (optional
+            field: manifests without it still load).
     """
 
     dataset_id: str
@@ -113,11 +116,15 @@ class Manifest:
     schema: Mapping[str, str]
     source: str = ""
     format_version: int = FORMAT_VERSION
+    classes: tuple[Any, ...] | None = None
 
     @property
     def feature_shape(self) -> tuple[int, ...]:
-        """Shape of one example's features: an array column's own shape when it is the only
-        feature column, else the flat concatenation of all feature columns."""
+        """Shape of one example's features.
+
+        An array column's own shape when it is the only feature column, else the flat
+        concatenation of all feature columns.
+        """
         if len(self.features) == 1 and self.features[0].shape:
             return self.features[0].shape
         return (sum(column.size for column in self.features),)
@@ -163,6 +170,7 @@ class Manifest:
             schema=dict(raw["schema"]),
             source=raw.get("source", ""),
             format_version=raw.get("format_version", FORMAT_VERSION),
+            classes=None if raw.get("classes") is None else tuple(raw["classes"]),
         )
 
 

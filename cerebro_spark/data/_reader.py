@@ -1,0 +1,187 @@
+"""The dataset reader: ``manifest.json`` and one partition at a time, with pyarrow.
+
+Reads files written by any writer of the format (this package's or the Spark job's):
+array features may be fixed-size or variable-size (but uniform) list columns, nested or
+flat; their values must add up to the manifest's shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from cerebro_spark.data import _validate as v
+from cerebro_spark.data._format import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    SPLITS,
+    ColumnInfo,
+    Manifest,
+    PartitionData,
+)
+from cerebro_spark.errors import DataError
+from cerebro_spark.store import Store, open_store
+
+logger = logging.getLogger(__name__)
+
+
+def read_manifest(dataset_uri: str | Store) -> Manifest:
+    """Read and check ``<dataset_uri>/manifest.json``.
+
+    Args:
+        dataset_uri: The dataset directory (local path, ``file://`` or ``s3://`` URI) or a
+            store rooted there.
+
+    Raises:
+        DataError: The manifest is missing (the dataset does not exist or was not
+            completely written), is not valid JSON, lacks a field, has another
+            ``format_version`` or is inconsistent.
+    """
+    store = open_store(dataset_uri)
+    where = store.url(MANIFEST_NAME)
+    try:
+        text = store.get(MANIFEST_NAME)
+    except FileNotFoundError as exc:
+        raise DataError(
+            f"no {MANIFEST_NAME} at {where}: the dataset does not exist or was not "
+            "completely written"
+        ) from exc
+    try:
+        raw = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{where} is not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise DataError(f"{where} holds a JSON {type(raw).__name__}, not an object")
+    version = raw.get("format_version")
+    if version != FORMAT_VERSION:
+        raise DataError(
+            f"{where} has format_version {version!r}; this version of cerebro-spark reads "
+            f"format_version {FORMAT_VERSION}"
+        )
+    try:
+        manifest = Manifest.from_json(text.decode())
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DataError(f"{where} is corrupt: missing or malformed field {exc}") from exc
+    v.check_manifest(manifest)
+    return manifest
+
+
+def _feature_block(table: pa.Table, column: ColumnInfo, rows: int) -> np.ndarray:
+    """Return one feature column as a ``(rows, column.size)`` float32 array (maybe a view)."""
+    array = v.as_array(table.column(column.name))
+    v.check_feature_type(column.name, array.type)
+    shape = v.element_shape(column.name, array)
+    size = math.prod(shape) if shape else 1
+    if size != column.size:
+        raise DataError(
+            f"feature column {column.name!r} has {size} values per row (shape {shape}), but "
+            f"the manifest says shape {column.shape} ({column.size} values)"
+        )
+    values = v.flat_values(array).cast(pa.float32(), safe=False)
+    v.check_finite(column.name, values, "feature column")
+    return np.asarray(values.to_numpy(zero_copy_only=False)).reshape(rows, size)
+
+
+def _labels(table: pa.Table, manifest: Manifest) -> np.ndarray:
+    name = manifest.label.name
+    array = v.as_array(table.column(name))
+    v.check_no_nulls(name, array, "label column")
+    if manifest.task == "classification":
+        if not pa.types.is_integer(array.type):
+            raise DataError(
+                f"label column {name!r} has type {array.type}; a classification dataset "
+                "stores integer class indices"
+            )
+        array = array.cast(pa.int64())
+        v.check_label_range(name, array, manifest.num_classes or 0)
+        return np.array(array.to_numpy(zero_copy_only=False), dtype=np.int64)
+    if not (pa.types.is_floating(array.type) or pa.types.is_integer(array.type)):
+        raise DataError(
+            f"label column {name!r} has type {array.type}; a regression label must be numeric"
+        )
+    array = array.cast(pa.float32(), safe=False)
+    v.check_finite(name, array, "label column")
+    return np.array(array.to_numpy(zero_copy_only=False), dtype=np.float32)
+
+
+def read_partition(
+    dataset_uri: str | Store,
+    split: str,
+    index: int,
+    *,
+    manifest: Manifest | None = None,
+    verify: bool = True,
+) -> PartitionData:
+    """Read one partition into numpy arrays.
+
+    Args:
+        dataset_uri: The dataset directory or a store rooted there.
+        split: ``"train"`` or ``"validation"``.
+        index: Partition index, ``0 <= index < num_partitions``.
+        manifest: The dataset's manifest, if already read (saves one read).
+        verify: Check the file's SHA-256 against the manifest.
+
+    Returns:
+        ``features`` float32 of shape ``(rows, *manifest.feature_shape)`` (a single array
+        column keeps its shape; several columns are flattened and concatenated in manifest
+        order), ``labels`` int64 (classification) or float32 (regression); both arrays are
+        writable and own their memory. ``bytes_read`` is the size of the file.
+
+    Raises:
+        DataError: Bad split or index, or the file disagrees with the manifest (missing,
+            size, hash, columns, rows, shapes, nulls, NaN/inf, label range).
+    """
+    store = open_store(dataset_uri)
+    if manifest is None:
+        manifest = read_manifest(store)
+    if split not in SPLITS:
+        raise DataError(f"split must be one of {SPLITS}, got {split!r}")
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise DataError(f"partition index must be an integer, got {index!r}")
+    if not 0 <= index < manifest.num_partitions:
+        raise DataError(
+            f"partition index {index} is out of range: dataset {manifest.dataset_id} has "
+            f"partitions 0..{manifest.num_partitions - 1}"
+        )
+    info = manifest.partition(split, index)
+    where = store.url(info.path)
+    try:
+        data = store.get(info.path)
+    except FileNotFoundError as exc:
+        raise DataError(f"{split} partition {index} file {where} is missing") from exc
+    if len(data) != info.bytes:
+        raise DataError(
+            f"{split} partition {index} file {where} has {len(data)} bytes, the manifest "
+            f"says {info.bytes}"
+        )
+    if verify and hashlib.sha256(data).hexdigest() != info.sha256:
+        raise DataError(f"{split} partition {index} file {where} does not match its SHA-256")
+    try:
+        parquet = pq.ParquetFile(pa.BufferReader(data))
+        names = [column.name for column in (*manifest.features, manifest.label)]
+        v.check_columns(parquet.schema_arrow.names, names)
+        table = parquet.read(columns=names)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(
+            f"{split} partition {index} file {where} is not valid Parquet: {exc}"
+        ) from exc
+    rows = table.num_rows
+    v.check_partition_rows(split, index, rows)
+    if rows != info.rows:
+        raise DataError(
+            f"{split} partition {index} file {where} has {rows} rows, the manifest says {info.rows}"
+        )
+    blocks = [_feature_block(table, column, rows) for column in manifest.features]
+    if len(blocks) == 1:
+        features = np.array(blocks[0], dtype=np.float32).reshape(rows, *manifest.feature_shape)
+    else:
+        features = np.concatenate(blocks, axis=1)
+    labels = _labels(table, manifest)
+    logger.debug("read %s partition %d: %d rows, %d bytes", split, index, rows, len(data))
+    return PartitionData(split, index, features, labels, bytes_read=len(data))

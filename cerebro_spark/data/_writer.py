@@ -1,0 +1,608 @@
+"""The plain-Python dataset writer: one seeded shuffle, a split, P Parquet partitions each.
+
+What :func:`write_dataset` does, in order:
+
+1. checks the arguments and the columns (:mod:`cerebro_spark.data._validate`);
+2. normalises the selected columns: features become ``float32`` scalars or fixed-size
+   lists of ``float32`` (with :attr:`ColumnInfo.shape`), a classification label becomes
+   ``int64`` class indices ``0..K-1`` (sorted unique values, kept as ``Manifest.classes``),
+   a regression label ``float32``; every other column is dropped;
+3. derives the dataset id from the normalised data and the parameters
+   (:func:`dataset_id_for`), before anything is written;
+4. shuffles the rows once with ``numpy.random.default_rng(seed).permutation``, takes the
+   validation rows (the first ``round(rows * validation_fraction)`` shuffled rows, or the
+   rows where ``validation_column`` is true) and cuts each split into P contiguous slices
+   whose sizes differ by at most one;
+5. writes every partition with fixed Parquet options (:data:`PARQUET_OPTIONS`) through
+   atomic :meth:`Store.put` calls, then ``manifest.json`` last: a directory without a
+   manifest is an incomplete dataset and is never read.
+
+Reruns with the same input and pyarrow version give byte-identical files (Parquet's
+``created_by`` names the pyarrow version, nothing in the files depends on time), so two
+processes preparing the same dataset at once write identical bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from cerebro_spark.data import _validate as v
+from cerebro_spark.data._format import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    ColumnInfo,
+    Manifest,
+    PartitionInfo,
+    Split,
+    Task,
+    partition_path,
+)
+from cerebro_spark.errors import DataError
+from cerebro_spark.store import Store, open_store
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+logger = logging.getLogger(__name__)
+
+#: Options of every Parquet file the writers produce (fixed, so reruns are byte-identical).
+PARQUET_OPTIONS: Mapping[str, Any] = {
+    "compression": "snappy",
+    "use_dictionary": False,
+    "write_statistics": False,
+    "version": "2.6",
+    "data_page_version": "1.0",
+    "store_schema": True,
+}
+
+#: Bumped whenever the writer's output for a given input changes, so dataset ids change.
+WRITER_VERSION = 1
+
+_PART_KEY = re.compile(r"(train|validation)/part-\d{5}\.parquet")
+
+DataLike: TypeAlias = "pa.Table | pd.DataFrame"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Normalized:
+    """The selected columns in their written types, plus the split mask and the id."""
+
+    table: pa.Table
+    features: tuple[ColumnInfo, ...]
+    label: ColumnInfo
+    task: Task
+    classes: tuple[Any, ...] | None
+    validation_mask: np.ndarray | None
+    dataset_id: str
+
+
+# -- input conversion -------------------------------------------------------------------------
+
+
+def _to_arrow(
+    data: DataLike, columns: Sequence[str]
+) -> tuple[pa.Table, dict[str, tuple[int, ...]]]:
+    """Select ``columns`` as an Arrow table; also return shapes of pandas ndarray columns."""
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    if isinstance(data, pa.Table):
+        v.check_columns(data.column_names, columns)
+        return data.select(list(columns)), {}
+    pandas = sys.modules.get("pandas")  # not imported: data cannot be a DataFrame
+    if pandas is None or not isinstance(data, pandas.DataFrame):
+        raise TypeError(
+            f"data must be a pyarrow.Table or a pandas.DataFrame, got {type(data).__name__}"
+        )
+    v.check_columns([str(name) for name in data.columns], columns)
+    arrays: dict[str, pa.Array] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name in columns:
+        series = data[name]
+        try:
+            if isinstance(series.dtype, np.dtype) and series.dtype.kind in "biuf":
+                # Keep NaN as NaN (from_pandas would turn it into null).
+                arrays[name] = pa.array(series.to_numpy())
+            elif series.dtype == object and _holds_ndarrays(series):
+                arrays[name], shapes[name] = _ndarray_column(name, series)
+            else:
+                arrays[name] = pa.Array.from_pandas(series)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise DataError(f"column {name!r} cannot be converted to Arrow: {exc}") from exc
+    return pa.table(arrays), shapes
+
+
+def _holds_ndarrays(series: pd.Series) -> bool:
+    for value in series:
+        if value is not None:
+            return isinstance(value, np.ndarray)
+    return False
+
+
+def _ndarray_column(name: str, series: pd.Series) -> tuple[pa.Array, tuple[int, ...]]:
+    """Convert a pandas column of numpy arrays (any number of dimensions).
+
+    Returns a flat fixed-size list column and the arrays' shape.
+    """
+    values = series.tolist()
+    nulls = sum(1 for value in values if not isinstance(value, np.ndarray))
+    if nulls:
+        raise DataError(
+            f"feature column {name!r} has {nulls} null (or non-array) values of {len(values)} "
+            "rows; nulls are not allowed"
+        )
+    shapes = sorted({value.shape for value in values})
+    if len(shapes) > 1:
+        raise DataError(
+            f"feature column {name!r} has arrays of different shapes: "
+            f"{', '.join(str(s) for s in shapes[:10])}; every row must have the same shape"
+        )
+    stacked = np.stack(values)
+    if stacked.dtype.kind not in "biuf":
+        raise DataError(
+            f"feature column {name!r} holds numpy arrays of dtype {stacked.dtype}; features "
+            "must be numbers"
+        )
+    shape = shapes[0]
+    if not shape:
+        return pa.array(stacked), ()
+    size = math.prod(shape)
+    if size == 0:
+        raise DataError(f"feature column {name!r} holds empty arrays of shape {shape}")
+    flat = pa.array(stacked.reshape(-1))
+    return pa.FixedSizeListArray.from_arrays(flat, size), shape
+
+
+# -- normalisation ----------------------------------------------------------------------------
+
+
+def _feature_column(
+    name: str, column: pa.ChunkedArray, known_shape: tuple[int, ...] | None, hint: Any
+) -> tuple[pa.Array, ColumnInfo]:
+    v.check_feature_type(name, column.type)
+    shape = v.element_shape(name, column)
+    if known_shape is not None:
+        shape = known_shape
+    if hint is not None:
+        shape = v.check_shape_hint(name, shape, hint)
+    values = v.flat_values(column).cast(pa.float32(), safe=False)
+    v.check_finite(name, values, "feature column")
+    if not shape:
+        return values, ColumnInfo(name, "float32")
+    array = pa.FixedSizeListArray.from_arrays(values, type=pa.list_(pa.float32(), math.prod(shape)))
+    return array, ColumnInfo(name, "float32", shape)
+
+
+def _label_column(
+    name: str, column: pa.ChunkedArray, task: Task | None
+) -> tuple[pa.Array, ColumnInfo, Task, tuple[Any, ...] | None]:
+    array = v.as_array(column)
+    if pa.types.is_dictionary(array.type):
+        array = array.dictionary_decode()
+    if pa.types.is_decimal(array.type):
+        array = array.cast(pa.float64())
+    v.check_no_nulls(name, array, "label column")
+    if task is None:
+        task = v.infer_task(name, array.type)
+    v.check_label_type(name, array.type, task)
+    if task == "regression":
+        labels = array.cast(pa.float32(), safe=False)
+        v.check_finite(name, labels, "label column")
+        return labels, ColumnInfo(name, "float32"), task, None
+    v.check_finite(name, array, "label column")
+    unique = pc.unique(array)
+    classes = unique.take(pc.array_sort_indices(unique))
+    v.check_classes(name, classes.to_pylist())
+    labels = pc.index_in(array, value_set=classes).cast(pa.int64())
+    return labels, ColumnInfo(name, "int64"), task, tuple(classes.to_pylist())
+
+
+def _validation_mask(name: str, column: pa.ChunkedArray) -> np.ndarray:
+    array = v.as_array(column)
+    if not pa.types.is_boolean(array.type):
+        raise DataError(
+            f"validation_column {name!r} has type {array.type}; it must be boolean "
+            "(true = validation row)"
+        )
+    v.check_no_nulls(name, array, "validation_column")
+    return np.asarray(array.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _check_seed(seed: object) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise DataError(f"seed must be a non-negative integer, got {seed!r}")
+    return int(seed)
+
+
+def _normalize(
+    data: DataLike,
+    *,
+    features: Sequence[str],
+    label: str,
+    num_partitions: int,
+    seed: int,
+    validation_fraction: float,
+    validation_column: str | None,
+    task: Task | None,
+    feature_shapes: Mapping[str, Sequence[int]] | None,
+) -> _Normalized:
+    """Check everything and return the normalised columns and the dataset id."""
+    v.check_num_partitions(num_partitions)
+    seed = _check_seed(seed)
+    v.check_roles(features, label, validation_column)
+    if validation_column is None:
+        validation_fraction = v.check_validation_fraction(validation_fraction)
+    if task is not None and task not in ("classification", "regression"):
+        raise DataError(f"task must be 'classification', 'regression' or None, got {task!r}")
+    hints = dict(feature_shapes or {})
+    unknown = [name for name in hints if name not in features]
+    if unknown:
+        raise DataError(
+            f"feature_shapes names {', '.join(map(repr, unknown))}, which are not features "
+            f"(features: {', '.join(features)})"
+        )
+    columns = [*features, label] + ([validation_column] if validation_column else [])
+    table, pandas_shapes = _to_arrow(data, columns)
+    v.check_total_rows(table.num_rows, num_partitions)
+
+    arrays: dict[str, pa.Array] = {}
+    infos: list[ColumnInfo] = []
+    for name in features:
+        array, info = _feature_column(
+            name, table.column(name), pandas_shapes.get(name), hints.get(name)
+        )
+        arrays[name] = array
+        infos.append(info)
+    labels, label_info, task, classes = _label_column(label, table.column(label), task)
+    arrays[label] = labels
+    mask = (
+        _validation_mask(validation_column, table.column(validation_column))
+        if validation_column
+        else None
+    )
+    _split_sizes(table.num_rows, mask, validation_fraction, num_partitions)
+    schema = pa.schema([pa.field(name, array.type) for name, array in arrays.items()])
+    normalized = pa.Table.from_arrays(list(arrays.values()), schema=schema)
+
+    params = {
+        "writer_version": WRITER_VERSION,
+        "format_version": FORMAT_VERSION,
+        "features": [[info.name, list(info.shape)] for info in infos],
+        "label": label,
+        "task": task,
+        "classes": list(classes) if classes is not None else None,
+        "num_partitions": num_partitions,
+        "seed": seed,
+        "split": (
+            {"validation_column": validation_column}
+            if validation_column
+            else {"validation_fraction": validation_fraction}
+        ),
+        "rows": normalized.num_rows,
+    }
+    digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode())
+    for name in normalized.column_names:
+        values = v.flat_values(normalized.column(name))
+        digest.update(np.ascontiguousarray(values.to_numpy(zero_copy_only=False)).data)
+    if mask is not None:
+        digest.update(np.packbits(mask).tobytes())
+    return _Normalized(
+        table=normalized,
+        features=tuple(infos),
+        label=label_info,
+        task=task,
+        classes=classes,
+        validation_mask=mask,
+        dataset_id=digest.hexdigest()[:24],
+    )
+
+
+# -- split and write --------------------------------------------------------------------------
+
+
+def _split_sizes(
+    rows: int, mask: np.ndarray | None, validation_fraction: float, num_partitions: int
+) -> int:
+    """Return the number of validation rows; raise if a split cannot fill P partitions."""
+    if mask is None:
+        n_val = round(rows * validation_fraction)
+        how = f" ({rows} rows, validation_fraction={validation_fraction})"
+    else:
+        n_val = int(np.count_nonzero(mask))
+        how = f" ({rows} rows, by the validation column)"
+    v.check_split_rows({"train": rows - n_val, "validation": n_val}, num_partitions, how)
+    return n_val
+
+
+def _split(
+    norm: _Normalized, num_partitions: int, seed: int, validation_fraction: float
+) -> dict[str, list[np.ndarray]]:
+    """Shuffle once and cut each split into P contiguous slices (sizes differ by <= 1)."""
+    rows = norm.table.num_rows
+    n_val = _split_sizes(rows, norm.validation_mask, validation_fraction, num_partitions)
+    order = np.random.default_rng(seed).permutation(rows)
+    if norm.validation_mask is None:
+        chosen = {"train": order[n_val:], "validation": order[:n_val]}
+    else:
+        in_val = norm.validation_mask[order]
+        chosen = {"train": order[~in_val], "validation": order[in_val]}
+    return {split: np.array_split(idx, num_partitions) for split, idx in chosen.items()}
+
+
+def encode_partition(table: pa.Table) -> bytes:
+    """Serialise one partition table to Parquet bytes with :data:`PARQUET_OPTIONS`."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=max(table.num_rows, 1), **PARQUET_OPTIONS)
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
+
+
+def content_hash(partitions: Sequence[PartitionInfo]) -> str:
+    """Return the SHA-256 over the partitions' hex hashes, newline-joined, in manifest order."""
+    return hashlib.sha256("\n".join(part.sha256 for part in partitions).encode()).hexdigest()
+
+
+def _clear_target(store: Store, *, overwrite: bool) -> set[str]:
+    """Make ``store`` ready to receive a dataset; return the old partition keys."""
+    keys = store.list()
+    foreign = [key for key in keys if key != MANIFEST_NAME and not _PART_KEY.fullmatch(key)]
+    if foreign:
+        raise FileExistsError(
+            f"{store.uri} holds files that are not part of a dataset "
+            f"({', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''}); "
+            "refusing to write a dataset there"
+        )
+    if MANIFEST_NAME in keys:
+        if not overwrite:
+            raise FileExistsError(
+                f"a dataset already exists at {store.uri}; pass overwrite=True to replace it"
+            )
+        store.delete(MANIFEST_NAME)  # first: the old dataset is incomplete from now on
+    return {key for key in keys if key != MANIFEST_NAME}
+
+
+def _write(
+    norm: _Normalized,
+    store: Store,
+    *,
+    num_partitions: int,
+    seed: int,
+    validation_fraction: float,
+    source: str,
+    overwrite: bool,
+) -> Manifest:
+    old_keys = _clear_target(store, overwrite=overwrite)
+    slices = _split(norm, num_partitions, seed, validation_fraction)
+    logger.info(
+        "writing dataset %s: %d rows into %d train + %d validation partitions at %s",
+        norm.dataset_id,
+        norm.table.num_rows,
+        num_partitions,
+        num_partitions,
+        store.uri,
+    )
+    partitions: list[PartitionInfo] = []
+    splits: tuple[Split, Split] = ("train", "validation")
+    for split in splits:  # the order of SPLITS: train first, then validation
+        for index, rows in enumerate(slices[split]):
+            data = encode_partition(norm.table.take(pa.array(rows, type=pa.int64())))
+            path = partition_path(split, index)
+            store.put(path, data)
+            partitions.append(
+                PartitionInfo(
+                    split=split,
+                    index=index,
+                    path=path,
+                    rows=len(rows),
+                    bytes=len(data),
+                    sha256=hashlib.sha256(data).hexdigest(),
+                )
+            )
+    for stale in sorted(old_keys - {part.path for part in partitions}):
+        store.delete(stale)
+    manifest = Manifest(
+        dataset_id=norm.dataset_id,
+        features=norm.features,
+        label=norm.label,
+        task=norm.task,
+        num_classes=len(norm.classes) if norm.classes is not None else None,
+        num_partitions=num_partitions,
+        seed=seed,
+        partitions=tuple(partitions),
+        content_hash=content_hash(partitions),
+        schema={field.name: str(field.type) for field in norm.table.schema},
+        source=source,
+        classes=norm.classes,
+    )
+    store.put(MANIFEST_NAME, manifest.to_json().encode())
+    logger.info(
+        "wrote dataset %s: %d files, %d bytes",
+        manifest.dataset_id,
+        len(partitions),
+        sum(part.bytes for part in partitions),
+    )
+    return manifest
+
+
+# -- public API -------------------------------------------------------------------------------
+
+
+def dataset_id_for(
+    data: DataLike,
+    *,
+    features: Sequence[str],
+    label: str,
+    num_partitions: int,
+    seed: int,
+    validation_fraction: float = 0.2,
+    validation_column: str | None = None,
+    task: Task | None = None,
+    feature_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> str:
+    """Return the id :func:`write_dataset` would give this input, without writing anything.
+
+    The id is the first 24 hex digits of a SHA-256 over the normalised selected columns
+    (row order included) and the parameters (features and their shapes, label, task,
+    classes, P, seed, split rule, writer version). The ``source`` text is not part of it.
+
+    Raises:
+        DataError: The input or a parameter breaks a rule (see :func:`write_dataset`).
+    """
+    return _normalize(
+        data,
+        features=features,
+        label=label,
+        num_partitions=num_partitions,
+        seed=seed,
+        validation_fraction=validation_fraction,
+        validation_column=validation_column,
+        task=task,
+        feature_shapes=feature_shapes,
+    ).dataset_id
+
+
+def write_dataset(
+    data: DataLike,
+    dataset_uri: str | Store,
+    *,
+    features: Sequence[str],
+    label: str,
+    num_partitions: int,
+    seed: int,
+    validation_fraction: float = 0.2,
+    validation_column: str | None = None,
+    task: Task | None = None,
+    source: str = "",
+    feature_shapes: Mapping[str, Sequence[int]] | None = None,
+    overwrite: bool = False,
+) -> Manifest:
+    """Shuffle, split and write ``data`` as a prepared dataset at ``dataset_uri``.
+
+    Args:
+        data: The rows (a ``pyarrow.Table`` or ``pandas.DataFrame``; array features may be
+            list columns or, in pandas, columns of numpy arrays of any dimension).
+        dataset_uri: Directory (local path, ``file://`` or ``s3://`` URI) or a store.
+        features: Feature columns, in the order they are concatenated.
+        label: The label column.
+        num_partitions: P, the number of partitions of each split (>= 1).
+        seed: Seed of the shuffle (a non-negative integer).
+        validation_fraction: Share of rows that go to validation, in (0, 1); ignored when
+            ``validation_column`` is given.
+        validation_column: A boolean column: true marks a validation row.
+        task: ``"classification"`` or ``"regression"``; inferred from the label type when
+            ``None`` (integer, boolean, string: classification; floating: regression).
+        source: Free text recorded in the manifest.
+        feature_shapes: Per-row shapes of array features, e.g. ``{"image": (1, 8, 8)}`` for
+            a 64-value column; the product must match the arrays' length.
+        overwrite: Replace a complete dataset already at ``dataset_uri``.
+
+    Returns:
+        The manifest written (last) to ``<dataset_uri>/manifest.json``.
+
+    Raises:
+        DataError: Bad parameters or data (missing columns, wrong types, nulls, NaN/inf,
+            ragged arrays, a single class, too few rows for 2 * P non-empty partitions).
+        FileExistsError: A dataset is already there (and not ``overwrite``), or the
+            directory holds other files.
+    """
+    norm = _normalize(
+        data,
+        features=features,
+        label=label,
+        num_partitions=num_partitions,
+        seed=seed,
+        validation_fraction=validation_fraction,
+        validation_column=validation_column,
+        task=task,
+        feature_shapes=feature_shapes,
+    )
+    return _write(
+        norm,
+        open_store(dataset_uri),
+        num_partitions=num_partitions,
+        seed=seed,
+        validation_fraction=validation_fraction,
+        source=source,
+        overwrite=overwrite,
+    )
+
+
+def prepare_dataset(
+    data: DataLike,
+    store: str | Store,
+    *,
+    features: Sequence[str],
+    label: str,
+    num_partitions: int,
+    seed: int,
+    validation_fraction: float = 0.2,
+    validation_column: str | None = None,
+    task: Task | None = None,
+    source: str = "",
+    feature_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> Manifest:
+    """Write ``data`` to ``<store>/datasets/<dataset_id>/`` unless it is already there.
+
+    Takes the arguments of :func:`write_dataset`. A complete dataset with the same id
+    (manifest present, every partition file listed) is reused without rewriting; an
+    incomplete one (a writer died before the manifest) is written over.
+
+    Returns:
+        The manifest of the (new or reused) dataset.
+    """
+    from cerebro_spark.data._reader import read_manifest
+
+    norm = _normalize(
+        data,
+        features=features,
+        label=label,
+        num_partitions=num_partitions,
+        seed=seed,
+        validation_fraction=validation_fraction,
+        validation_column=validation_column,
+        task=task,
+        feature_shapes=feature_shapes,
+    )
+    target = open_store(store).child(f"datasets/{norm.dataset_id}")
+    overwrite = False
+    if target.exists(MANIFEST_NAME):
+        manifest = read_manifest(target)
+        if manifest.dataset_id != norm.dataset_id:
+            raise DataError(
+                f"{target.url(MANIFEST_NAME)} describes dataset {manifest.dataset_id}, "
+                f"not {norm.dataset_id}; remove the directory to prepare the data again"
+            )
+        missing = {part.path for part in manifest.partitions} - set(target.list())
+        if not missing:
+            logger.info(
+                "dataset %s already prepared at %s; reusing it", norm.dataset_id, target.uri
+            )
+            return manifest
+        logger.warning(
+            "dataset %s at %s lacks %d partition files; writing it again",
+            norm.dataset_id,
+            target.uri,
+            len(missing),
+        )
+        overwrite = True
+    return _write(
+        norm,
+        target,
+        num_partitions=num_partitions,
+        seed=seed,
+        validation_fraction=validation_fraction,
+        source=source,
+        overwrite=overwrite,
+    )

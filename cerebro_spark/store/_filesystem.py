@@ -1,0 +1,348 @@
+"""A :class:`~cerebro_spark.store.Store` over any pyarrow file system (local disk, S3, HDFS).
+
+URIs:
+
+* local: ``/abs/path``, ``relative/path`` (made absolute when the store is built, so the
+  store means the same directory on every machine it is shipped to) or ``file:///abs/path``;
+* S3: ``s3://bucket/prefix`` with optional pyarrow S3 options in the query string, e.g.
+  ``s3://bucket/prefix?endpoint_override=127.0.0.1:9000&scheme=http&region=us-east-1``.
+  Credentials come from the standard AWS environment (``AWS_ACCESS_KEY_ID`` ...);
+* anything else pyarrow's :meth:`pyarrow.fs.FileSystem.from_uri` understands
+  (``hdfs://host:port/path``, ``gs://bucket/prefix``).
+
+How each operation keeps the :class:`~cerebro_spark.store.Store` rules:
+
+* ``put`` on a local disk writes a temporary file in the destination directory, flushes
+  and fsyncs it, then ``os.replace``-s it over the key (atomic rename). On an object store
+  (S3, GCS) the object is written directly: S3 makes an object visible only when its
+  ``PutObject`` / ``CompleteMultipartUpload`` succeeds, so readers see the old or the new
+  bytes, never a prefix; a temporary key plus a server-side copy would double the
+  requests and the time without adding atomicity. Other file systems (HDFS) write a
+  temporary file and rename it.
+* ``append`` appends in place on a local disk (``O_APPEND``, one write); elsewhere it
+  rewrites the whole object (get + put), which is atomic but not safe against two
+  concurrent appenders.
+* Temporary files are named ``<name>.cerebro-tmp-<32 hex>``; ``list`` never shows them and
+  such names are not valid keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import threading
+import urllib.parse
+import uuid
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from cerebro_spark.errors import ConfigError
+from cerebro_spark.store._base import Store
+
+logger = logging.getLogger(__name__)
+
+_TMP_MARK = ".cerebro-tmp-"
+_TMP_PATTERN = re.compile(r"\.cerebro-tmp-[0-9a-f]{32}$")
+_OBJECT_STORES = frozenset({"s3", "gcs"})
+
+_cache_lock = threading.Lock()
+_fs_cache: dict[tuple[str, str, str], pafs.FileSystem] = {}
+_LOCAL = pafs.LocalFileSystem()
+
+
+def _split_local(uri: str) -> str | None:
+    """Return the absolute local path ``uri`` names, or ``None`` if it is not local."""
+    if "://" not in uri:
+        return os.path.abspath(uri)
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme != "file":
+        return None
+    if parts.netloc not in ("", "localhost") or parts.query:
+        raise ConfigError(
+            f"file URI {uri!r} must look like file:///absolute/path (no host, no options)"
+        )
+    return os.path.abspath(urllib.parse.unquote(parts.path))
+
+
+def resolve_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """Return the pyarrow file system that holds ``uri`` and the path of ``uri`` in it.
+
+    File systems are cached per (scheme, bucket or host, options) within a process, so
+    resolving many keys of one store builds one S3 client.
+
+    Args:
+        uri: A local path (absolute or relative), a ``file://`` URI, an ``s3://`` URI with
+            optional pyarrow S3 options as query parameters, or any URI pyarrow
+            understands.
+
+    Returns:
+        ``(filesystem, path)``; local paths are absolute, S3 paths are ``bucket/key``.
+
+    Raises:
+        ConfigError: ``uri`` is empty or pyarrow cannot build a file system from it.
+    """
+    if not isinstance(uri, str) or not uri:
+        raise ConfigError(f"store URI must be a non-empty string, got {uri!r}")
+    local = _split_local(uri)
+    if local is not None:
+        return _LOCAL, local
+    parts = urllib.parse.urlsplit(uri)
+    scheme = parts.scheme.lower()
+    if not parts.netloc and scheme in ("s3", "gs", "gcs"):
+        raise ConfigError(f"URI {uri!r} names no bucket; expected {scheme}://bucket/prefix")
+    query = "&".join(sorted(parts.query.split("&"))) if parts.query else ""
+    key = (scheme, parts.netloc, query)
+    with _cache_lock:
+        filesystem = _fs_cache.get(key)
+        if filesystem is None:
+            root = urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/", parts.query, ""))
+            try:
+                filesystem, _ = pafs.FileSystem.from_uri(root)
+            except Exception as exc:  # pyarrow raises ArrowInvalid / OSError subclasses
+                raise ConfigError(f"cannot open a file system for URI {uri!r}: {exc}") from exc
+            _fs_cache[key] = filesystem
+            logger.debug("created %s file system for %s", filesystem.type_name, root)
+    path = urllib.parse.unquote(parts.path).rstrip("/")
+    if filesystem.type_name in _OBJECT_STORES:
+        path = parts.netloc + path
+    return filesystem, path or "/"
+
+
+def check_key(key: str, *, allow_empty: bool = False) -> str:
+    """Validate a store key and return it.
+
+    A key is a non-empty ``/``-separated relative path: no leading ``/``, no ``..``, no
+    empty or ``.`` segments, no NUL and no segment reserved for temporary files.
+
+    Args:
+        key: The key to check.
+        allow_empty: Accept ``""`` (the root, for :meth:`Store.list`).
+
+    Raises:
+        ValueError: The key breaks a rule; the message names the key and the rule.
+    """
+    if not isinstance(key, str):
+        raise ValueError(f"store key must be a string, got {key!r}")
+    if not key:
+        if allow_empty:
+            return key
+        raise ValueError("store key must not be empty")
+    rules = (
+        (key.startswith("/"), "must not start with '/'"),
+        (".." in key, "must not contain '..'"),
+        ("\x00" in key or "\\" in key, "must not contain NUL or backslash"),
+        (any(seg in ("", ".") for seg in key.split("/")), "must not have empty or '.' parts"),
+        (_TMP_MARK in key, f"must not contain the reserved marker {_TMP_MARK!r}"),
+    )
+    for broken, rule in rules:
+        if broken:
+            raise ValueError(f"bad store key {key!r}: a key {rule}")
+    return key
+
+
+class FileSystemStore(Store):
+    """A store rooted at a URI on a pyarrow file system.
+
+    Args:
+        uri: Root of the store; see the module docstring for the accepted forms.
+
+    Example:
+        >>> store = FileSystemStore("/tmp/cerebro-doc-store")
+        >>> store.put("a/b.txt", b"hello")
+        >>> store.get("a/b.txt")
+        b'hello'
+    """
+
+    def __init__(self, uri: str) -> None:
+        filesystem, path = resolve_filesystem(uri)
+        self._filesystem = filesystem
+        self._root = path.rstrip("/") or "/"
+        self._local = isinstance(filesystem, pafs.LocalFileSystem)
+        self._object_store = filesystem.type_name in _OBJECT_STORES
+        if self._local:
+            self._uri = self._root
+            self._query = ""
+        else:
+            parts = urllib.parse.urlsplit(uri)
+            self._query = parts.query
+            base = urllib.parse.urlunsplit((parts.scheme, parts.netloc, "", "", ""))
+            self._uri = base + parts.path.rstrip("/") + (f"?{self._query}" if self._query else "")
+
+    # -- identity ---------------------------------------------------------------------------
+
+    @property
+    def uri(self) -> str:
+        """Root URI: an absolute path for local stores, else the URI with its options."""
+        return self._uri
+
+    @property
+    def filesystem(self) -> pafs.FileSystem:
+        """The pyarrow file system (for pyarrow readers and writers)."""
+        return self._filesystem
+
+    @property
+    def root(self) -> str:
+        """Path of the store's root inside :attr:`filesystem`."""
+        return self._root
+
+    def path(self, key: str) -> str:
+        """Return the path of ``key`` inside :attr:`filesystem`."""
+        check_key(key)
+        return f"{self._root.rstrip('/')}/{key}"
+
+    def url(self, key: str) -> str:
+        """Return the full URI of ``key`` (query options kept), e.g. for messages."""
+        check_key(key)
+        if self._local:
+            return self.path(key)
+        base, _, _ = self._uri.partition("?")
+        quoted = urllib.parse.quote(key)
+        return f"{base}/{quoted}" + (f"?{self._query}" if self._query else "")
+
+    def child(self, prefix: str) -> FileSystemStore:
+        """Return a store rooted at ``prefix`` below this one."""
+        return FileSystemStore(self.url(check_key(prefix.rstrip("/"))))
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (FileSystemStore, (self._uri,))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FileSystemStore) and other.uri == self.uri
+
+    def __hash__(self) -> int:
+        return hash(self._uri)
+
+    def __repr__(self) -> str:
+        return f"FileSystemStore({self._uri!r})"
+
+    # -- operations -------------------------------------------------------------------------
+
+    def put(self, key: str, data: bytes) -> None:
+        """Write ``data`` under ``key`` atomically (see the module docstring for how)."""
+        path = self.path(key)
+        # Fail on a non-bytes argument before anything is opened: closing an S3 stream
+        # (which a failed ``with`` block does) would publish whatever it holds.
+        payload = memoryview(data)
+        if self._local:
+            self._put_local(path, payload)
+        elif self._object_store:
+            with self._filesystem.open_output_stream(path) as out:
+                out.write(payload)
+        else:
+            parent = path.rsplit("/", 1)[0]
+            self._filesystem.create_dir(parent, recursive=True)
+            tmp = _tmp_name(path)
+            try:
+                with self._filesystem.open_output_stream(tmp) as out:
+                    out.write(payload)
+                self._filesystem.move(tmp, path)
+            except BaseException:
+                _remove_quietly(self._filesystem, tmp)
+                raise
+
+    @staticmethod
+    def _put_local(path: str, data: memoryview) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = _tmp_name(path)
+        try:
+            with open(tmp, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            _remove_quietly(_LOCAL, tmp)
+            raise
+
+    def get(self, key: str) -> bytes:
+        """Return the bytes under ``key``.
+
+        Raises:
+            FileNotFoundError: No object under ``key`` (the message names the full URI).
+        """
+        path = self.path(key)
+        try:
+            with self._filesystem.open_input_stream(path) as src:
+                data: bytes = src.read()
+        except (FileNotFoundError, IsADirectoryError) as exc:
+            raise FileNotFoundError(
+                errno.ENOENT, f"no object in store at {self.url(key)}", self.url(key)
+            ) from exc
+        return data
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` holds an object (a directory is not an object)."""
+        info = self._filesystem.get_file_info(self.path(key))
+        return bool(info.type == pafs.FileType.File)
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Return the keys below the directory ``prefix`` (recursively), sorted.
+
+        ``prefix`` is a directory: ``list("a")`` returns ``a/x`` and ``a/b/y`` but not
+        ``ab``; ``""`` lists the whole store. Temporary files of in-flight puts are never
+        listed.
+        """
+        prefix = check_key(prefix.rstrip("/"), allow_empty=True)
+        base = self.path(prefix) if prefix else self._root
+        selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+        try:
+            infos = self._filesystem.get_file_info(selector)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        strip = len(self._root.rstrip("/")) + 1
+        keys = [
+            info.path[strip:]
+            for info in infos
+            if info.type == pafs.FileType.File and not _TMP_PATTERN.search(info.path)
+        ]
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        """Remove ``key``; a missing key is not an error."""
+        _remove_quietly(self._filesystem, self.path(key))
+
+    def append(self, key: str, data: bytes) -> None:
+        """Append ``data`` to ``key`` (local: in place and flushed; else: rewrite)."""
+        path = self.path(key)
+        if self._local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+            return
+        try:
+            old = self.get(key)
+        except FileNotFoundError:
+            old = b""
+        self.put(key, old + data)
+
+
+def _tmp_name(path: str) -> str:
+    return f"{path}{_TMP_MARK}{uuid.uuid4().hex}"
+
+
+def _remove_quietly(filesystem: pafs.FileSystem, path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        filesystem.delete_file(path)
+
+
+def open_store(uri: str | Store) -> Store:
+    """Return the store for ``uri`` (a :class:`Store` is returned as it is).
+
+    Args:
+        uri: A local path, ``file://``, ``s3://`` or other pyarrow file system URI.
+
+    Raises:
+        ConfigError: pyarrow cannot open a file system for ``uri``.
+    """
+    if isinstance(uri, Store):
+        return uri
+    return FileSystemStore(uri)
