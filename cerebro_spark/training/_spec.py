@@ -1,5 +1,6 @@
-"""The ModelSpec seam: the user's model, optimizer, loss and metrics (Cerebro §4.1's
-``model_fn``/``train_fn``, as one class).
+"""The ModelSpec seam: the user's model, optimizer, loss and metrics.
+
+This is Cerebro §4.1's ``model_fn``/``train_fn``, as one class.
 
 A spec is instantiated on workers from its import path with no arguments; everything
 that varies between trials comes in ``params``. Rules:
@@ -30,9 +31,7 @@ class ModelSpec(abc.ABC):
     def build_model(self, params: Mapping[str, Any], info: DatasetInfo) -> nn.Module:
         """Return a fresh model for ``params`` and data described by ``info``."""
 
-    def build_optimizer(
-        self, model: nn.Module, params: Mapping[str, Any]
-    ) -> torch.optim.Optimizer:
+    def build_optimizer(self, model: nn.Module, params: Mapping[str, Any]) -> torch.optim.Optimizer:
         """Return the optimizer (default: Adam with ``lr`` and ``weight_decay`` params)."""
         return torch.optim.Adam(
             model.parameters(),
@@ -50,9 +49,7 @@ class ModelSpec(abc.ABC):
         """Return the mini-batch size (default: the ``batch_size`` param, else 64)."""
         return int(params.get("batch_size", 64))
 
-    def loss(
-        self, outputs: torch.Tensor, labels: torch.Tensor, info: DatasetInfo
-    ) -> torch.Tensor:
+    def loss(self, outputs: torch.Tensor, labels: torch.Tensor, info: DatasetInfo) -> torch.Tensor:
         """Return the mean loss of a batch (default: cross-entropy or MSE by task)."""
         if info.task == "classification":
             return nn.functional.cross_entropy(outputs, labels)

@@ -1,0 +1,220 @@
+"""The checkpoint format: how a trial's training state hops between workers.
+
+Cerebro §4.2: "checkpointing and restoring is how Cerebro realizes model hops".
+
+A checkpoint is the bytes of :func:`torch.save` of one dict of plain tensors and plain
+containers (dict, list, tuple, str, int, float, bool, None)::
+
+    {
+        "format_version": 1,
+        "model": model.state_dict(),               # tensors on CPU
+        "optimizer": optimizer.state_dict(),       # tensors on CPU
+        "lr_scheduler": scheduler.state_dict() or None,
+        "torch_rng_state": torch.get_rng_state(),  # CPU generator at the end of the unit
+        "counters": {"epoch": e, "step": s, "samples_seen": n, "trial_seed": seed},
+        "trial": {"trial_id": ..., "spec": "pkg.mod:Class", "params": {...}},
+    }
+
+``counters.epoch``/``counters.step`` are those of the unit that wrote the checkpoint;
+``samples_seen`` counts every training row the weights have seen. ``torch_rng_state`` is
+recorded for inspection only: every unit reseeds torch from ``(trial_seed, epoch,
+partition)``, so nothing depends on restoring it.
+
+Checkpoints are read **only** with ``torch.load(..., weights_only=True)``: a checkpoint
+holding any other pickled object is refused with :class:`CheckpointError` before that
+object is built.
+
+Byte determinism (measured with torch 2.13.0): encoding the same state twice gives
+identical bytes, in one process and across processes. The zip entries carry a fixed
+1980 timestamp and ``serialization_id`` is derived from the entries' CRCs, so
+``UnitResult.checkpoint_sha256`` is itself reproducible. :func:`weights_digest` does not
+rely on this: it hashes the model tensors alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any, TypedDict
+
+import torch
+
+from cerebro_spark.errors import CerebroError
+
+CHECKPOINT_FORMAT_VERSION = 1
+_KEYS = ("model", "optimizer", "lr_scheduler", "torch_rng_state", "counters")
+_COUNTERS = ("epoch", "step", "samples_seen", "trial_seed")
+
+
+class CheckpointError(CerebroError, ValueError):
+    """Checkpoint bytes that cannot be decoded, or decode to something not a checkpoint."""
+
+
+class Counters(TypedDict):
+    """Progress counters stored in a checkpoint (see the module docstring)."""
+
+    epoch: int
+    step: int
+    samples_seen: int
+    trial_seed: int
+
+
+class Checkpoint(TypedDict, total=False):
+    """The decoded form of a checkpoint (see the module docstring for each key).
+
+    ``model``, ``optimizer``, ``lr_scheduler``, ``torch_rng_state`` and ``counters`` are
+    always present after :func:`decode_checkpoint`; ``trial`` may be absent.
+    """
+
+    format_version: int
+    model: Mapping[str, Any]
+    optimizer: Mapping[str, Any]
+    lr_scheduler: Mapping[str, Any] | None
+    torch_rng_state: torch.Tensor
+    counters: Counters
+    trial: Mapping[str, Any]
+
+
+def _to_cpu(value: Any) -> Any:
+    """Return ``value`` with every tensor inside moved to the CPU (containers rebuilt)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, Mapping):
+        out: dict[Any, Any] = OrderedDict() if isinstance(value, OrderedDict) else {}
+        for key, item in value.items():
+            out[key] = _to_cpu(item)
+        metadata = getattr(value, "_metadata", None)
+        if metadata is not None:  # nn.Module.state_dict's per-module versions
+            out._metadata = metadata  # type: ignore[attr-defined]
+        return out
+    if isinstance(value, list):
+        return [_to_cpu(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_to_cpu(item) for item in value)
+    return value
+
+
+def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
+    """Serialise a checkpoint dict to bytes (tensors moved to the CPU first).
+
+    Args:
+        checkpoint: A dict with at least the keys ``model``, ``optimizer``,
+            ``lr_scheduler``, ``torch_rng_state`` and ``counters``; ``format_version`` is
+            set here.
+
+    Returns:
+        The bytes of ``torch.save`` of the dict; the same state gives the same bytes.
+
+    Raises:
+        CheckpointError: If a required key or counter is missing.
+    """
+    missing = [key for key in _KEYS if key not in checkpoint]
+    if missing:
+        raise CheckpointError(f"checkpoint to encode lacks keys {missing}; required: {_KEYS}")
+    _check_counters(checkpoint["counters"])
+    payload = _to_cpu(dict(checkpoint))
+    payload["format_version"] = CHECKPOINT_FORMAT_VERSION
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return buffer.getvalue()
+
+
+def decode_checkpoint(data: bytes, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """Load checkpoint bytes with ``torch.load(weights_only=True)``.
+
+    Args:
+        data: Bytes written by :func:`encode_checkpoint`.
+        map_location: Device the tensors are loaded onto.
+
+    Returns:
+        The checkpoint dict.
+
+    Raises:
+        CheckpointError: If the bytes are not a torch archive, hold anything but tensors
+            and plain containers (``weights_only`` refuses it), or lack a required key.
+    """
+    try:
+        loaded = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+    except Exception as error:  # torch raises UnpicklingError, RuntimeError, EOFError ...
+        raise CheckpointError(
+            f"cannot load checkpoint ({len(data)} bytes) with torch.load(weights_only=True): "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    if not isinstance(loaded, dict):
+        raise CheckpointError(f"checkpoint must decode to a dict, got {type(loaded).__name__}")
+    version = loaded.get("format_version")
+    if version != CHECKPOINT_FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint format_version is {version!r}; this version reads "
+            f"{CHECKPOINT_FORMAT_VERSION}"
+        )
+    missing = [key for key in _KEYS if key not in loaded]
+    if missing:
+        raise CheckpointError(f"checkpoint lacks keys {missing}; required: {_KEYS}")
+    if not isinstance(loaded["model"], Mapping):
+        raise CheckpointError("checkpoint 'model' must be a state_dict mapping")
+    _check_counters(loaded["counters"])
+    checkpoint: Checkpoint = loaded  # type: ignore[assignment]
+    return checkpoint
+
+
+def _check_counters(counters: Any) -> None:
+    if not isinstance(counters, Mapping):
+        raise CheckpointError(f"checkpoint counters must be a dict, got {counters!r}")
+    missing = [key for key in _COUNTERS if not isinstance(counters.get(key), int)]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint counters {dict(counters)!r} lack integer values for {missing}"
+        )
+
+
+def state_digest(state: Mapping[str, Any]) -> str:
+    """Return a SHA-256 hex digest of a model ``state_dict``.
+
+    Entries are hashed in sorted key order; for each, a JSON header with its name, dtype
+    and shape, then its raw bytes (native byte order, C-contiguous). Two states have the
+    same digest exactly when their weights are bit-identical. Non-tensor entries (module
+    extra state) contribute their ``repr``.
+
+    Args:
+        state: A model ``state_dict`` (tensors on any device).
+
+    Returns:
+        The hex digest.
+    """
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        value = state[name]
+        header: dict[str, Any]
+        if isinstance(value, torch.Tensor):
+            tensor = value.detach().cpu().contiguous()
+            raw = tensor.reshape(-1).view(torch.uint8).numpy().tobytes()
+            header = {"name": name, "dtype": str(tensor.dtype), "shape": list(tensor.shape)}
+        else:
+            raw = repr(value).encode()
+            header = {"name": name, "dtype": "repr", "shape": []}
+        header["nbytes"] = len(raw)
+        digest.update(json.dumps(header, sort_keys=True).encode() + b"\n")
+        digest.update(raw)
+    return digest.hexdigest()
+
+
+def weights_digest(checkpoint: bytes) -> str:
+    """Return :func:`state_digest` of the model weights in checkpoint bytes.
+
+    This is what "bit-identical final weights" compares: it ignores the optimizer, the
+    scheduler, the counters and the archive layout.
+
+    Args:
+        checkpoint: Bytes written by :func:`encode_checkpoint`.
+
+    Returns:
+        The hex digest.
+
+    Raises:
+        CheckpointError: If the bytes are not a valid checkpoint.
+    """
+    return state_digest(decode_checkpoint(checkpoint)["model"])

@@ -1,0 +1,438 @@
+"""The training unit (one sub-epoch of one trial on one partition) and the validation unit.
+
+A training unit is Cerebro §3.1's sub-epoch; the validation unit evaluates a checkpoint on
+one validation partition (§4.1: "we assume validation data is also partitioned and use the
+same infrastructure for evaluation").
+
+A unit is a pure function of (spec, params, checkpoint, partition data): its result does
+not depend on which worker or process runs it, nor on what ran there before.
+
+* Initial weights: torch is seeded from the trial seed alone before ``build_model``.
+* Batch order: a permutation from ``numpy.random.default_rng(SeedSequence((trial_seed,
+  epoch, partition)))``.
+* Other randomness (dropout, random transforms): torch is reseeded at the start of the
+  pass from the same triple (a separate ``SeedSequence`` stream).
+* ``torch.use_deterministic_algorithms(True)`` holds during the unit; torch's global RNG
+  and the flag are restored afterwards, so a unit leaves no trace in the process.
+
+The intra-op thread count also changes float results on CPU; the worker pins it
+(``WorkerJob.torch_threads``), not the unit. Torch's RNG and the deterministic flag are
+process-global, so units in one process run one at a time (a process-wide lock):
+parallel workers must be separate processes to run in parallel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from cerebro_spark.data import DatasetInfo, PartitionData
+from cerebro_spark.errors import ConfigError, DataError, TrialError
+from cerebro_spark.store import Store
+from cerebro_spark.training._checkpoint import (
+    Checkpoint,
+    decode_checkpoint,
+    encode_checkpoint,
+)
+from cerebro_spark.training._loading import load_spec
+from cerebro_spark.training._spec import ModelSpec
+from cerebro_spark.units import UnitKind, UnitResult, UnitTask
+
+logger = logging.getLogger(__name__)
+
+_UNIT_LOCK = threading.Lock()
+_INIT_STREAM = 0
+_TORCH_STREAM = 1
+
+
+@dataclasses.dataclass
+class _TrialState:
+    """A trial's live training objects between restoring and checkpointing."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    samples_seen: int
+
+
+def run_unit(
+    task: UnitTask,
+    data: PartitionData,
+    store: Store,
+    info: DatasetInfo,
+    *,
+    worker_id: str = "",
+    device: str = "cpu",
+) -> UnitResult:
+    """Run one train or validation unit.
+
+    Train: start from ``task.checkpoint_in`` (or a fresh model seeded by the trial seed),
+    train one pass over ``data`` in seeded random mini-batches, step the LR scheduler if
+    the unit ends the trial's epoch, and write the new checkpoint to
+    ``task.checkpoint_out``. Validate: evaluate ``task.checkpoint_in`` on ``data`` with
+    ``model.eval()`` and no gradients; nothing is written.
+
+    Args:
+        task: The unit to run.
+        data: The partition ``task.partition`` (the train split for train units).
+        store: Where checkpoints are read and written.
+        info: The dataset description handed to the spec.
+        worker_id: Reported back in the result.
+        device: Torch device to run on (``"cpu"``, ``"cuda:0"``).
+
+    Returns:
+        The result: rows, row-weighted metric sums (``"loss"`` and the spec's metrics),
+        timings and, for train units, the checkpoint's size and SHA-256.
+
+    Raises:
+        ConfigError: If the task is malformed (missing checkpoint key, negative seed ...).
+        DataError: If ``data`` does not match ``task`` or ``info``.
+        TrialError: If the spec or user code raised, the checkpoint cannot be decoded or
+            restored, or the training loss is not finite (the original error is chained).
+        OSError: If the store fails (not the trial's fault; the unit can be retried).
+    """
+    _check_task(task, data, info)
+    with _UNIT_LOCK, _unit_environment(device) as dev:
+        start = time.perf_counter()
+        with _user_code(task, "loading the spec"):
+            spec = load_spec(task.spec)
+        if task.kind is UnitKind.TRAIN:
+            result = _train(spec, task, data, store, info, dev, worker_id, start)
+        else:
+            result = _validate(spec, task, data, store, info, dev, worker_id, start)
+    logger.debug(
+        "%s unit trial=%s epoch=%d partition=%d rows=%d took %.3fs (checkpoint io %.3fs)",
+        task.kind.value,
+        task.trial_id,
+        task.epoch,
+        task.partition,
+        result.rows,
+        result.seconds,
+        result.io_seconds,
+    )
+    return result
+
+
+def _check_task(task: UnitTask, data: PartitionData, info: DatasetInfo) -> None:
+    if not isinstance(task.kind, UnitKind):
+        raise ConfigError(f"task.kind must be a UnitKind, got {task.kind!r}")
+    for name in ("trial_seed", "epoch", "partition", "step"):
+        value = getattr(task, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"task.{name} must be a non-negative int, got {value!r}")
+    try:
+        json.dumps(dict(task.params), allow_nan=True)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"task.params must hold JSON values only: {error}") from error
+    if task.kind is UnitKind.TRAIN:
+        if task.checkpoint_out is None:
+            raise ConfigError(f"train unit of trial {task.trial_id!r} has no checkpoint_out")
+        if not 0 <= task.step < task.epoch_units:
+            raise ConfigError(
+                f"task.step must be in [0, epoch_units={task.epoch_units}), got {task.step}"
+            )
+        if data.split != "train":
+            raise DataError(f"train unit got a {data.split!r} partition; it needs 'train'")
+    elif task.checkpoint_in is None:
+        raise ConfigError(
+            f"validation unit of trial {task.trial_id!r} has no checkpoint_in to evaluate"
+        )
+    if data.index != task.partition:
+        raise DataError(f"task is for partition {task.partition}, got partition {data.index}")
+    if data.features.shape[0] != data.rows:
+        raise DataError(
+            f"partition {data.index} has {data.features.shape[0]} feature rows but "
+            f"{data.rows} labels"
+        )
+    if tuple(data.features.shape[1:]) != tuple(info.feature_shape):
+        raise DataError(
+            f"partition {data.index} features have shape {tuple(data.features.shape[1:])} "
+            f"per row, but the dataset's feature_shape is {tuple(info.feature_shape)}"
+        )
+
+
+@contextlib.contextmanager
+def _unit_environment(device: str) -> Iterator[torch.device]:
+    """Deterministic algorithms on, torch RNG forked; both restored on exit."""
+    dev = torch.device(device)
+    rng_devices: list[int] = []
+    if dev.type == "cuda":
+        # cuBLAS is only deterministic with a fixed workspace (read when it initialises).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        rng_devices = [dev.index if dev.index is not None else torch.cuda.current_device()]
+    previous = torch.are_deterministic_algorithms_enabled()
+    previous_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    previous_benchmark = torch.backends.cudnn.benchmark
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    try:
+        fork_type = dev.type if dev.type != "cpu" else "cuda"
+        with torch.random.fork_rng(devices=rng_devices, device_type=fork_type):
+            yield dev
+    finally:
+        torch.use_deterministic_algorithms(previous, warn_only=previous_warn_only)
+        torch.backends.cudnn.benchmark = previous_benchmark
+
+
+@contextlib.contextmanager
+def _user_code(task: UnitTask, what: str) -> Iterator[None]:
+    """Wrap exceptions raised inside in :class:`TrialError` naming the trial and unit."""
+    try:
+        yield
+    except TrialError:
+        raise
+    except Exception as error:
+        raise TrialError(
+            f"{_where(task)}: {what} raised {type(error).__name__}: {error}"
+        ) from error
+
+
+def _where(task: UnitTask) -> str:
+    return f"trial {task.trial_id!r} (epoch {task.epoch}, partition {task.partition})"
+
+
+def _seed(entropy: int | tuple[int, ...], stream: int) -> int:
+    """Return a 64-bit torch seed from a numpy SeedSequence stream."""
+    sequence = np.random.SeedSequence(entropy, spawn_key=(stream,))
+    return int(sequence.generate_state(1, dtype=np.uint64)[0])
+
+
+def _batch_order(task: UnitTask, rows: int) -> np.ndarray:
+    """The unit's row permutation, from SeedSequence((trial_seed, epoch, partition))."""
+    sequence = np.random.SeedSequence((task.trial_seed, task.epoch, task.partition))
+    return np.random.default_rng(sequence).permutation(rows)
+
+
+def _batch_size(spec: ModelSpec, task: UnitTask) -> int:
+    with _user_code(task, "batch_size"):
+        size = spec.batch_size(task.params)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigError(f"batch_size must be a positive int, got {size!r}")
+    return size
+
+
+def _key(task: UnitTask, key: str | None, name: str) -> str:
+    if key is None:
+        raise ConfigError(f"{task.kind.value} unit of trial {task.trial_id!r} has no {name}")
+    return key
+
+
+def _read_checkpoint(
+    store: Store, task: UnitTask, key: str, dev: torch.device
+) -> tuple[Checkpoint, int, float]:
+    """Return (checkpoint, its size, seconds spent reading and decoding)."""
+    started = time.perf_counter()
+    blob = store.get(key)
+    with _user_code(task, f"decoding checkpoint {key!r}"):
+        checkpoint = decode_checkpoint(blob, map_location=dev)
+    return checkpoint, len(blob), time.perf_counter() - started
+
+
+def _build_model(
+    spec: ModelSpec, task: UnitTask, info: DatasetInfo, dev: torch.device
+) -> nn.Module:
+    with _user_code(task, "build_model"):
+        torch.manual_seed(_seed(task.trial_seed, _INIT_STREAM))
+        model = spec.build_model(task.params, info)
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"build_model must return a torch.nn.Module, got {model!r}")
+        return model.to(dev)
+
+
+def _open_state(
+    spec: ModelSpec,
+    task: UnitTask,
+    info: DatasetInfo,
+    dev: torch.device,
+    checkpoint: Checkpoint | None,
+) -> _TrialState:
+    """Build model, optimizer and scheduler; restore them from ``checkpoint`` if given."""
+    model = _build_model(spec, task, info, dev)
+    with _user_code(task, "build_optimizer"):
+        optimizer = spec.build_optimizer(model, task.params)
+    with _user_code(task, "build_lr_scheduler"):
+        scheduler = spec.build_lr_scheduler(optimizer, task.params)
+    samples_seen = 0
+    if checkpoint is not None:
+        with _user_code(task, f"restoring checkpoint {task.checkpoint_in!r}"):
+            model.load_state_dict(checkpoint["model"])
+            optimizer.load_state_dict(dict(checkpoint["optimizer"]))
+            saved_scheduler = checkpoint["lr_scheduler"]
+            if scheduler is not None and saved_scheduler is not None:
+                scheduler.load_state_dict(dict(saved_scheduler))
+        samples_seen = checkpoint["counters"]["samples_seen"]
+    return _TrialState(model, optimizer, scheduler, samples_seen)
+
+
+def _add_metrics(
+    sums: dict[str, float], task: UnitTask, metrics: Mapping[str, Any], rows: int
+) -> None:
+    with _user_code(task, "metrics"):
+        for name, value in metrics.items():
+            if name == "loss":
+                raise ConfigError("metrics must not return 'loss' (the loss is reported)")
+            sums[name] = sums.get(name, 0.0) + float(value) * rows
+
+
+def _train_pass(
+    spec: ModelSpec,
+    state: _TrialState,
+    task: UnitTask,
+    data: PartitionData,
+    info: DatasetInfo,
+    dev: torch.device,
+) -> tuple[dict[str, float], int]:
+    """Train one pass over ``data``; return (row-weighted metric sums, rows seen)."""
+    size = _batch_size(spec, task)
+    order = torch.from_numpy(_batch_order(task, data.rows))
+    features, labels = data.tensors()
+    torch.manual_seed(_seed((task.trial_seed, task.epoch, task.partition), _TORCH_STREAM))
+    state.model.train()
+    sums: dict[str, float] = {"loss": 0.0}
+    rows = 0
+    for first in range(0, data.rows, size):
+        index = order[first : first + size]
+        x, y = features[index].to(dev), labels[index].to(dev)
+        with _user_code(task, "transform"):
+            x, y = spec.transform(x, y)
+        with _user_code(task, "the forward pass or loss"):
+            state.optimizer.zero_grad(set_to_none=True)
+            outputs = state.model(x)
+            loss = spec.loss(outputs, y, info)
+            value = float(loss.detach())
+        if not math.isfinite(value):
+            raise TrialError(
+                f"{_where(task)}: training loss is {value} (not finite) in the batch at "
+                f"row {first} of {data.rows}"
+            )
+        with _user_code(task, "the backward pass or optimizer step"):
+            torch.autograd.backward(loss)
+            state.optimizer.step()
+        batch_rows = int(y.shape[0])
+        with torch.no_grad(), _user_code(task, "metrics"):
+            metrics = spec.metrics(outputs.detach(), y, info)
+        sums["loss"] += value * batch_rows
+        _add_metrics(sums, task, metrics, batch_rows)
+        rows += batch_rows
+    state.samples_seen += rows
+    return sums, rows
+
+
+def _end_unit(state: _TrialState, task: UnitTask) -> None:
+    """Step the LR scheduler if this unit is the last of the trial's epoch."""
+    if state.scheduler is not None and task.step == task.epoch_units - 1:
+        with _user_code(task, "lr_scheduler.step"):
+            state.scheduler.step()
+
+
+def _snapshot(state: _TrialState, task: UnitTask) -> Checkpoint:
+    return {
+        "model": state.model.state_dict(),
+        "optimizer": state.optimizer.state_dict(),
+        "lr_scheduler": state.scheduler.state_dict() if state.scheduler else None,
+        "torch_rng_state": torch.get_rng_state(),
+        "counters": {
+            "epoch": task.epoch,
+            "step": task.step,
+            "samples_seen": state.samples_seen,
+            "trial_seed": task.trial_seed,
+        },
+        "trial": {
+            "trial_id": task.trial_id,
+            "spec": task.spec,
+            "params": json.loads(json.dumps(dict(task.params))),
+        },
+    }
+
+
+def _train(
+    spec: ModelSpec,
+    task: UnitTask,
+    data: PartitionData,
+    store: Store,
+    info: DatasetInfo,
+    dev: torch.device,
+    worker_id: str,
+    start: float,
+) -> UnitResult:
+    io_seconds = 0.0
+    checkpoint = None
+    if task.checkpoint_in is not None:
+        checkpoint, _, io_seconds = _read_checkpoint(store, task, task.checkpoint_in, dev)
+    state = _open_state(spec, task, info, dev, checkpoint)
+    sums, rows = _train_pass(spec, state, task, data, info, dev)
+    _end_unit(state, task)
+    written = time.perf_counter()
+    blob = encode_checkpoint(_snapshot(state, task))
+    store.put(_key(task, task.checkpoint_out, "checkpoint_out"), blob)
+    io_seconds += time.perf_counter() - written
+    return UnitResult(
+        task=task,
+        worker_id=worker_id,
+        rows=rows,
+        seconds=time.perf_counter() - start,
+        metric_sums=sums,
+        checkpoint_bytes=len(blob),
+        checkpoint_sha256=hashlib.sha256(blob).hexdigest(),
+        io_seconds=io_seconds,
+    )
+
+
+def _validate(
+    spec: ModelSpec,
+    task: UnitTask,
+    data: PartitionData,
+    store: Store,
+    info: DatasetInfo,
+    dev: torch.device,
+    worker_id: str,
+    start: float,
+) -> UnitResult:
+    key = _key(task, task.checkpoint_in, "checkpoint_in")
+    checkpoint, size_read, io_seconds = _read_checkpoint(store, task, key, dev)
+    model = _build_model(spec, task, info, dev)
+    with _user_code(task, f"restoring checkpoint {task.checkpoint_in!r}"):
+        model.load_state_dict(checkpoint["model"])
+    size = _batch_size(spec, task)
+    features, labels = data.tensors()
+    torch.manual_seed(_seed((task.trial_seed, task.epoch, task.partition), _TORCH_STREAM))
+    model.eval()
+    sums: dict[str, float] = {"loss": 0.0}
+    rows = 0
+    with torch.no_grad():
+        for first in range(0, data.rows, size):
+            x = features[first : first + size].to(dev)
+            y = labels[first : first + size].to(dev)
+            with _user_code(task, "transform"):
+                x, y = spec.transform(x, y)
+            with _user_code(task, "the forward pass or loss"):
+                outputs = model(x)
+                value = float(spec.loss(outputs, y, info))
+            with _user_code(task, "metrics"):
+                metrics = spec.metrics(outputs, y, info)
+            batch_rows = int(y.shape[0])
+            sums["loss"] += value * batch_rows
+            _add_metrics(sums, task, metrics, batch_rows)
+            rows += batch_rows
+    return UnitResult(
+        task=task,
+        worker_id=worker_id,
+        rows=rows,
+        seconds=time.perf_counter() - start,
+        metric_sums=sums,
+        checkpoint_bytes=size_read,
+        io_seconds=io_seconds,
+    )

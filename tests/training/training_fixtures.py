@@ -1,0 +1,111 @@
+"""Test specs and data builders for tests/training (importable by load_spec as
+``training_fixtures:Name`` because pytest puts this directory on sys.path)."""
+
+import numpy as np
+import torch
+
+from cerebro_spark.data import DatasetInfo, PartitionData
+from cerebro_spark.training import MLPSpec, ModelSpec, run_unit
+from cerebro_spark.units import UnitKind, UnitTask
+
+MLP = "cerebro_spark.training:MLPSpec"
+CNN = "cerebro_spark.training:CNNSpec"
+BLOBS_INFO = DatasetInfo(feature_shape=(4,), task="classification", num_classes=2)
+
+
+def blobs(index: int, rows: int = 200, split: str = "train", seed: int = 0) -> PartitionData:
+    """Two well-separated Gaussian blobs in 4-D (seeded by ``seed`` and ``index``)."""
+    rng = np.random.default_rng([seed, index, split == "train"])
+    labels = rng.integers(0, 2, size=rows).astype(np.int64)
+    centers = np.where(labels[:, None] == 1, 1.5, -1.5).astype(np.float32)
+    features = (centers + rng.normal(size=(rows, 4))).astype(np.float32)
+    return PartitionData(split, index, features, labels, features.nbytes + labels.nbytes)
+
+
+def train_task(
+    trial_id: str = "t0",
+    *,
+    spec: str = MLP,
+    params: dict | None = None,
+    seed: int = 1,
+    epoch: int = 0,
+    partition: int = 0,
+    step: int = 0,
+    epoch_units: int = 1,
+    checkpoint_in: str | None = None,
+    checkpoint_out: str | None = None,
+) -> UnitTask:
+    return UnitTask(
+        kind=UnitKind.TRAIN,
+        trial_id=trial_id,
+        spec=spec,
+        params=params if params is not None else {"hidden_units": [16], "lr": 0.01},
+        trial_seed=seed,
+        epoch=epoch,
+        partition=partition,
+        step=step,
+        epoch_units=epoch_units,
+        checkpoint_in=checkpoint_in,
+        checkpoint_out=checkpoint_out or f"{trial_id}/e{epoch}s{step}.pt",
+    )
+
+
+def validate_task(train: UnitTask, checkpoint: str, partition: int = 0) -> UnitTask:
+    return UnitTask(
+        kind=UnitKind.VALIDATE,
+        trial_id=train.trial_id,
+        spec=train.spec,
+        params=train.params,
+        trial_seed=train.trial_seed,
+        epoch=train.epoch,
+        partition=partition,
+        checkpoint_in=checkpoint,
+    )
+
+
+def train_epochs(store, info, parts, *, epochs, trial_id="t0", spec=MLP, params=None, seed=1):
+    """Train ``epochs`` MOP epochs over ``parts`` (seeded visit orders); return the last key
+    and the train results."""
+    key, results = None, []
+    for epoch in range(epochs):
+        order = np.random.default_rng([seed, epoch]).permutation(len(parts))
+        for step, index in enumerate(order):
+            task = train_task(
+                trial_id,
+                spec=spec,
+                params=params,
+                seed=seed,
+                epoch=epoch,
+                partition=int(index),
+                step=step,
+                epoch_units=len(parts),
+                checkpoint_in=key,
+            )
+            results.append(run_unit(task, parts[int(index)], store, info))
+            key = task.checkpoint_out
+    return key, results
+
+
+class RaisingSpec(MLPSpec):
+    def build_model(self, params, info):
+        raise ValueError("boom in build_model")
+
+
+class NaNLossSpec(MLPSpec):
+    def loss(self, outputs, labels, info):
+        return super().loss(outputs, labels, info) * float("nan")
+
+
+class LossMetricSpec(MLPSpec):
+    def metrics(self, outputs, labels, info):
+        return {"loss": torch.tensor(0.0)}
+
+
+class BrokenConstructorSpec(MLPSpec):
+    def __init__(self) -> None:
+        raise RuntimeError("constructor exploded")
+
+
+class NotAModule(ModelSpec):
+    def build_model(self, params, info):
+        return "not a module"
