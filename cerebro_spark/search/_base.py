@@ -4,7 +4,7 @@ A procedure proposes trials, sees every live trial's validation metrics after ea
 its epochs, and answers with a :class:`Decision`. The engine trains every live trial one
 epoch with model hopper parallelism between two rounds of questions.
 
-Rules every implementation keeps (``tests/search/test_procedure_contract.py`` checks them):
+Rules every implementation keeps (``tests/search/procedure_contract.py`` checks them):
 
 * No engine, runner or backend is ever passed in; a procedure sees only reports.
 * Randomness comes from the ``numpy.random.Generator`` given to the constructor; time
@@ -14,7 +14,11 @@ Rules every implementation keeps (``tests/search/test_procedure_contract.py`` ch
 * :meth:`SearchProcedure.on_epoch_end` is called exactly once per live trial per epoch,
   with ``report.epoch`` counting that trial's completed epochs (1 after its first).
 * ``state_dict()`` is JSON-serialisable; ``load_state_dict(state_dict())`` on a freshly
-  constructed procedure with the same arguments gives the same future behaviour.
+  constructed procedure with the same arguments gives the same future behaviour. The base
+  class saves and restores the generator's state (``"rng"``); subclasses extend the dict.
+* Every report carries the procedure's metric; read it with
+  :meth:`SearchProcedure.metric_value`, which raises ``ConfigError`` naming the trial and
+  the metrics it got when it is missing.
 * User-input problems raise :class:`~cerebro_spark.errors.ConfigError`, never ``assert``.
 """
 
@@ -119,6 +123,21 @@ class SearchProcedure(abc.ABC):
         value = float(metrics[self.metric])
         return value if self.mode == "max" else -value
 
+    def metric_value(self, report: EpochReport) -> float:
+        """Return ``report``'s value of :attr:`metric`.
+
+        Raises:
+            ConfigError: The report lacks the metric (the message names the trial and the
+                metrics it did report, so a misspelt metric name is easy to spot).
+        """
+        if self.metric not in report.metrics:
+            got = ", ".join(sorted(report.metrics)) or "none"
+            raise ConfigError(
+                f"metric {self.metric!r} is missing from the report of trial "
+                f"{report.trial_id} (epoch {report.epoch}); it reported: {got}"
+            )
+        return float(report.metrics[self.metric])
+
     @abc.abstractmethod
     def suggest(self) -> list[TrialSpec]:
         """Return new trials to start now (possibly none)."""
@@ -136,9 +155,28 @@ class SearchProcedure(abc.ABC):
         """Whether the procedure will suggest no more trials and resume none."""
 
     def state_dict(self) -> dict[str, Any]:
-        """Return the procedure's state as JSON values (override and call super)."""
-        return {"next_trial_number": self._next_trial_number}
+        """Return the procedure's state as JSON values (override and call super).
+
+        Includes the generator's bit-generator state under ``"rng"``.
+        """
+        return {
+            "next_trial_number": self._next_trial_number,
+            "rng": _to_json(self.rng.bit_generator.state),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` output (override and call super)."""
         self._next_trial_number = int(state["next_trial_number"])
+        if "rng" in state:
+            self.rng.bit_generator.state = state["rng"]
+
+
+def _to_json(value: Any) -> Any:
+    """Convert a bit generator's state (dicts, arrays, numpy ints) to JSON values."""
+    if isinstance(value, Mapping):
+        return {str(k): _to_json(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value

@@ -1,0 +1,98 @@
+"""Search procedures by name, for configs and the CLI.
+
+Every registered class takes the search space as its first argument and the keywords
+``epochs``, ``metric``, ``mode``, ``rng`` and ``clock``; its other keyword arguments are the
+procedure's *options*, passed through :func:`make_procedure`'s ``**options``. To add a
+procedure, add it to :data:`PROCEDURES`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import Any
+
+import numpy as np
+
+from cerebro_spark.errors import ConfigError
+from cerebro_spark.search._base import Clock, SearchProcedure
+from cerebro_spark.search._grid import GridSearch
+from cerebro_spark.search._random import RandomSearch
+from cerebro_spark.search.space import SearchSpace
+
+PROCEDURES: dict[str, type[SearchProcedure]] = {
+    "grid": GridSearch,
+    "random": RandomSearch,
+}
+"""Registered procedures: config name -> class."""
+
+_COMMON = frozenset({"self", "space", "epochs", "metric", "mode", "rng", "clock"})
+
+
+def procedure_options(name: str) -> dict[str, bool]:
+    """Return the options procedure ``name`` accepts, each mapped to whether it is required.
+
+    Raises:
+        ConfigError: ``name`` is not registered (the message lists the known names).
+    """
+    cls = _lookup(name)
+    params = inspect.signature(cls.__init__).parameters.values()
+    return {
+        p.name: p.default is inspect.Parameter.empty
+        for p in params
+        if p.name not in _COMMON and p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+
+
+def make_procedure(
+    name: str,
+    *,
+    space: SearchSpace,
+    epochs: int,
+    metric: str,
+    mode: str,
+    rng: np.random.Generator,
+    clock: Clock = time.monotonic,
+    **options: Any,
+) -> SearchProcedure:
+    """Build the registered procedure ``name``.
+
+    Args:
+        name: A key of :data:`PROCEDURES`, e.g. ``"grid"`` or ``"random"``.
+        space: The search space.
+        epochs: Epoch budget per trial (each procedure documents its exact meaning).
+        metric: Validation metric to optimise.
+        mode: ``"max"`` or ``"min"``.
+        rng: Source of all randomness.
+        clock: Monotonic clock in seconds.
+        **options: The procedure's own options, e.g. ``num_trials`` for ``"random"``.
+
+    Raises:
+        ConfigError: Unknown name, unknown or missing option (the message lists the
+            accepted ones), or an argument the procedure rejects.
+    """
+    accepted = procedure_options(name)
+    listing = ", ".join(sorted(accepted)) or "none"
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ConfigError(
+            f"search procedure {name!r} has no option {unknown[0]!r}; accepted options: {listing}"
+        )
+    missing = sorted(o for o, required in accepted.items() if required and o not in options)
+    if missing:
+        raise ConfigError(
+            f"search procedure {name!r} needs option {missing[0]!r}; accepted options: {listing}"
+        )
+    cls: Any = PROCEDURES[name]
+    procedure: SearchProcedure = cls(
+        space, epochs=epochs, metric=metric, mode=mode, rng=rng, clock=clock, **options
+    )
+    return procedure
+
+
+def _lookup(name: str) -> type[SearchProcedure]:
+    if name not in PROCEDURES:
+        raise ConfigError(
+            f"unknown search procedure {name!r}; known procedures: {', '.join(sorted(PROCEDURES))}"
+        )
+    return PROCEDURES[name]

@@ -1,0 +1,295 @@
+"""The contract every search procedure passes (rules in ``cerebro_spark/search/_base.py``).
+
+Use it from a test module in this folder::
+
+    from procedure_contract import ProcedureContract
+
+    class TestMyProcedureContract(ProcedureContract):
+        def make(self, rng, clock):
+            return MyProcedure(space, epochs=3, metric=self.metric, mode=self.mode,
+                               rng=rng, clock=clock)
+
+``make`` must build the procedure from its two arguments alone (same arguments, same
+procedure). The suite drives it with :class:`FakeLoop`, a synchronous stand-in for the
+engine: each round it asks ``suggest()`` and ``resumed()`` (:meth:`FakeLoop.open_round`),
+then trains every live trial one epoch and asks for its decision
+(:meth:`FakeLoop.close_round`). The injected clock advances ``epoch_seconds`` per
+trial-epoch; metrics are a seeded function of the trial's params and epoch. The loop itself
+checks the per-call rules (fresh unique ids, JSON params, known ``clone_from``,
+``resumed()`` only names paused trials, decisions are :class:`Decision` members, a
+finished procedure adds and resumes nothing, no stall) and records a trace; the tests
+compare traces.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cerebro_spark.errors import ConfigError
+from cerebro_spark.search import Clock, Decision, EpochReport, SearchProcedure
+
+
+class ContractViolation(AssertionError):
+    """The procedure broke a rule of the search-procedure contract."""
+
+
+@dataclasses.dataclass
+class FakeClock:
+    """A monotonic clock the loop advances by hand."""
+
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def fake_metrics(params: Any, epoch: int, seed: int, metric: str) -> dict[str, float]:
+    """Validation metrics of a trial after ``epoch`` epochs: a seeded function of both.
+
+    Each config has a quality in [0, 1) that its score approaches as epochs go by, plus a
+    little noise, so procedures that compare trials see distinct, reproducible values.
+    """
+    digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).digest()
+    key = int.from_bytes(digest[:8], "little")
+    quality = float(np.random.default_rng([seed, key]).random())
+    noise = float(np.random.default_rng([seed, key, epoch]).normal(scale=0.01))
+    score = quality * (1.0 - 0.5**epoch) + noise
+    metrics = {"score": score, "loss": 1.0 - score, "accuracy": score}
+    metrics.setdefault(metric, score)
+    return metrics
+
+
+class FakeLoop:
+    """A synchronous engine: rounds of suggest, resume, one epoch per live trial, decide."""
+
+    def __init__(
+        self,
+        procedure: SearchProcedure,
+        clock: FakeClock,
+        *,
+        seed: int,
+        metric: str,
+        epoch_seconds: float = 1.0,
+    ) -> None:
+        self.procedure = procedure
+        self.clock = clock
+        self.seed = seed
+        self.metric = metric
+        self.epoch_seconds = epoch_seconds
+        self.rounds = 0
+        self.params: dict[str, Any] = {}
+        self.live: dict[str, int] = {}  # trial id -> completed epochs, in suggestion order
+        self.paused: dict[str, int] = {}
+        self.stopped: dict[str, int] = {}
+        self.trace: list[tuple[Any, ...]] = []
+
+    def bookkeeping(self) -> dict[str, Any]:
+        """Everything but the procedure and clock, as the engine would checkpoint it."""
+        keys = ("rounds", "params", "live", "paused", "stopped", "trace")
+        return copy.deepcopy({k: getattr(self, k) for k in keys})
+
+    def restore(self, bookkeeping: dict[str, Any]) -> None:
+        for key, value in copy.deepcopy(bookkeeping).items():
+            setattr(self, key, value)
+
+    @property
+    def done(self) -> bool:
+        return not self.live and self.procedure.is_finished()
+
+    def step(self) -> None:
+        """Run one round."""
+        self.open_round()
+        self.close_round()
+
+    def open_round(self) -> None:
+        """First half of a round: ask for new and resumed trials (the engine then saves)."""
+        proc = self.procedure
+        was_finished = proc.is_finished()
+        specs = proc.suggest()
+        if not isinstance(specs, list):
+            raise ContractViolation(f"suggest() must return a list, got {type(specs)}")
+        if was_finished and specs:
+            raise ContractViolation(f"finished procedure suggested {specs}")
+        new = []
+        for spec in specs:
+            if spec.trial_id in self.params:
+                raise ContractViolation(f"suggest() returned known trial id {spec.trial_id!r}")
+            if spec.clone_from is not None and spec.clone_from not in self.params:
+                raise ContractViolation(f"{spec.trial_id} clones unknown trial {spec.clone_from!r}")
+            params = dict(spec.params)
+            if json.loads(json.dumps(params)) != params:
+                raise ContractViolation(f"{spec.trial_id} params are not JSON values: {params}")
+            self.params[spec.trial_id] = params
+            self.live[spec.trial_id] = 0
+            new.append((spec.trial_id, json.dumps(params, sort_keys=True), spec.clone_from))
+        resumed = proc.resumed()
+        if was_finished and resumed:
+            raise ContractViolation(f"finished procedure resumed {resumed}")
+        for trial_id in resumed:
+            if trial_id not in self.paused:
+                raise ContractViolation(f"resumed() named {trial_id!r}, which is not paused")
+            self.live[trial_id] = self.paused.pop(trial_id)
+        self.trace.append(("round", self.rounds, new, list(resumed)))
+        if not self.live and not proc.is_finished():
+            raise ContractViolation(
+                f"stalled in round {self.rounds}: nothing live, nothing suggested or resumed, "
+                f"and is_finished() is False (paused: {sorted(self.paused)})"
+            )
+
+    def close_round(self) -> None:
+        """Second half: train every live trial one epoch and ask for each one's fate."""
+        for trial_id in list(self.live):
+            self.clock.now += self.epoch_seconds
+            epoch = self.live[trial_id] + 1
+            metrics = fake_metrics(self.params[trial_id], epoch, self.seed, self.metric)
+            decision = self.procedure.on_epoch_end(EpochReport(trial_id, epoch, metrics))
+            if not isinstance(decision, Decision):
+                raise ContractViolation(f"on_epoch_end returned {decision!r}, not a Decision")
+            del self.live[trial_id]
+            if decision is Decision.CONTINUE:
+                self.live[trial_id] = epoch
+            elif decision is Decision.PAUSE:
+                self.paused[trial_id] = epoch
+            else:
+                self.stopped[trial_id] = epoch
+            self.trace.append(("decide", self.rounds, trial_id, epoch, decision.value))
+        self.rounds += 1
+
+    def run(self, max_rounds: int) -> list[tuple[Any, ...]]:
+        """Run rounds until done; fail after ``max_rounds``."""
+        while not self.done:
+            if self.rounds >= max_rounds:
+                raise ContractViolation(f"not finished after {max_rounds} rounds")
+            self.step()
+        return self.trace
+
+
+class ProcedureContract:
+    """Base class of a procedure's contract tests; subclasses implement :meth:`make`."""
+
+    metric = "score"
+    mode = "max"
+    seed = 1234
+    max_rounds = 1000
+    resume_points = 12
+    """How many round boundaries the resume test restarts from (spread over the run)."""
+
+    def make(self, rng: np.random.Generator, clock: Clock) -> SearchProcedure:
+        raise NotImplementedError("subclasses build the procedure under test here")
+
+    # --- helpers
+
+    def loop(self, seed: int | None = None, start: float = 0.0) -> FakeLoop:
+        seed = self.seed if seed is None else seed
+        clock = FakeClock(start)
+        proc = self.make(np.random.default_rng(seed), clock)
+        return FakeLoop(proc, clock, seed=seed, metric=self.metric)
+
+    def full_run(self, seed: int | None = None, start: float = 0.0) -> FakeLoop:
+        loop = self.loop(seed, start)
+        loop.run(self.max_rounds)
+        return loop
+
+    # --- the contract
+
+    def test_runs_to_completion(self) -> None:
+        loop = self.full_run()
+        assert loop.params, "the procedure never suggested a trial"
+        assert loop.procedure.suggest() == [], "a finished procedure suggested trials"
+        assert loop.procedure.resumed() == [], "a finished procedure resumed trials"
+        assert loop.procedure.is_finished(), "is_finished() went back to False"
+
+    def test_trial_ids_are_unique_strings(self) -> None:
+        loop = self.full_run()
+        suggested = [t for entry in loop.trace if entry[0] == "round" for t, _, _ in entry[2]]
+        assert len(suggested) == len(set(suggested)) == len(loop.params)
+        assert all(isinstance(t, str) and t for t in suggested)
+
+    def test_deterministic_with_equal_seeds(self) -> None:
+        assert self.full_run().trace == self.full_run().trace, "equal seeds, different runs"
+
+    def test_clock_origin_does_not_matter(self) -> None:
+        assert self.full_run(start=0.0).trace == self.full_run(start=1e6).trace, (
+            "behaviour depends on the clock's origin, not only on elapsed time"
+        )
+
+    def test_no_global_random_state(self) -> None:
+        np.random.seed(1)
+        random.seed(1)
+        np_before, py_before = np.random.get_state(), random.getstate()
+        first = self.full_run()
+        np_after, py_after = np.random.get_state(), random.getstate()
+        assert py_after == py_before, "the procedure used the global `random` state"
+        assert all(np.array_equal(a, b) for a, b in zip(np_before, np_after, strict=True)), (
+            "the procedure used numpy's global random state"
+        )
+        np.random.seed(2)
+        random.seed(2)
+        assert self.full_run().trace == first.trace, "behaviour depends on global seeds"
+
+    def test_state_dict_is_json_at_every_round(self) -> None:
+        loop = self.loop()
+        while True:
+            state = loop.procedure.state_dict()
+            assert json.loads(json.dumps(state)) == state, "state_dict() changes through JSON"
+            if loop.done:
+                break
+            loop.step()
+            assert loop.rounds <= self.max_rounds
+
+    def test_load_state_dict_round_trips(self) -> None:
+        loop = self.loop()
+        for _ in range(3):
+            if not loop.done:
+                loop.step()
+        state = json.loads(json.dumps(loop.procedure.state_dict()))
+        fresh = self.make(np.random.default_rng(self.seed), FakeClock(loop.clock.now))
+        fresh.load_state_dict(state)
+        assert json.loads(json.dumps(fresh.state_dict())) == state, (
+            "load_state_dict(state) then state_dict() does not give the state back"
+        )
+
+    @pytest.mark.parametrize("when", ["between_rounds", "after_suggest"])
+    def test_resumed_mid_run_behaves_identically(self, when: str) -> None:
+        """Save where the engine saves (round end; round start, after suggest and resumed),
+        restore into a fresh procedure, and the rest of the run is the same."""
+        reference = self.full_run()
+        total = reference.rounds
+        step = max(1, total // self.resume_points)
+        for stop_at in range(0, total, step):
+            loop = self.loop()
+            for _ in range(stop_at):
+                loop.step()
+            if when == "after_suggest":
+                loop.open_round()
+            state = json.loads(json.dumps(loop.procedure.state_dict()))
+            clock = FakeClock(loop.clock.now)
+            restored = self.make(np.random.default_rng(self.seed), clock)
+            restored.load_state_dict(state)
+            resumed = FakeLoop(restored, clock, seed=self.seed, metric=self.metric)
+            resumed.restore(loop.bookkeeping())
+            if when == "after_suggest":
+                resumed.close_round()
+            resumed.run(self.max_rounds)
+            assert resumed.trace == reference.trace, f"diverged after resuming at round {stop_at}"
+            assert clock.now == reference.clock.now
+
+    def test_report_without_the_metric_is_a_config_error(self) -> None:
+        proc = self.make(np.random.default_rng(self.seed), FakeClock())
+        specs = proc.suggest()
+        assert specs, "the procedure suggested nothing at its first call"
+        trial_id = specs[0].trial_id
+        with pytest.raises(ConfigError) as err:
+            proc.on_epoch_end(EpochReport(trial_id, 1, {"bogus": 1.0, "other": 2.0}))
+        message = str(err.value)
+        assert trial_id in message
+        assert self.metric in message
+        assert "bogus" in message and "other" in message

@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cerebro_spark.errors import ConfigError
+from cerebro_spark.search import (
+    PROCEDURES,
+    GridSearch,
+    RandomSearch,
+    SearchSpace,
+    make_procedure,
+    procedure_options,
+)
+
+SPACE = SearchSpace({"lr": {"grid": [0.1, 0.01]}, "units": {"int": [1, 2]}})
+
+
+def make(name: str, **options: Any) -> object:
+    return make_procedure(
+        name,
+        space=SPACE,
+        epochs=2,
+        metric="accuracy",
+        mode="max",
+        rng=np.random.default_rng(0),
+        **options,
+    )
+
+
+def test_registry_knows_grid_and_random() -> None:
+    assert PROCEDURES["grid"] is GridSearch
+    assert PROCEDURES["random"] is RandomSearch
+
+
+def test_make_grid_with_options() -> None:
+    proc = make("grid", repeats=2, max_concurrent=3)
+    assert isinstance(proc, GridSearch)
+    assert (proc.epochs, proc.metric, proc.mode, proc.repeats) == (2, "accuracy", "max", 2)
+    assert proc.max_concurrent == 3
+    assert len(proc.suggest()) == 3
+
+
+def test_make_random_passes_space_rng_and_clock() -> None:
+    ticks: list[float] = []
+
+    def clock() -> float:
+        ticks.append(0.0)
+        return 0.0
+
+    proc = make_procedure(
+        "random",
+        space=SPACE,
+        epochs=1,
+        metric="loss",
+        mode="min",
+        rng=np.random.default_rng(5),
+        clock=clock,
+        num_trials=3,
+    )
+    assert isinstance(proc, RandomSearch)
+    assert proc.clock is clock and proc.space is SPACE
+    expected = np.random.default_rng(5)
+    assert [dict(s.params) for s in proc.suggest()] == [SPACE.sample(expected) for _ in range(3)]
+
+
+def test_procedure_options_lists_required_and_optional() -> None:
+    assert procedure_options("grid") == {"repeats": False, "max_concurrent": False}
+    assert procedure_options("random") == {"num_trials": True, "max_concurrent": False}
+
+
+def test_unknown_procedure_lists_known_names() -> None:
+    with pytest.raises(ConfigError) as err:
+        make("hyperbnd")
+    assert str(err.value) == "unknown search procedure 'hyperbnd'; known procedures: grid, random"
+
+
+def test_unknown_option_names_it_and_the_accepted_ones() -> None:
+    with pytest.raises(ConfigError) as err:
+        make("random", num_trials=2, num_samples=4)
+    assert str(err.value) == (
+        "search procedure 'random' has no option 'num_samples'; accepted options: "
+        "max_concurrent, num_trials"
+    )
+    with pytest.raises(
+        ConfigError,
+        match="'grid' has no option 'clock_speed'; accepted options: max_concurrent, repeats",
+    ):
+        make("grid", clock_speed=1)
+
+
+def test_missing_required_option() -> None:
+    with pytest.raises(ConfigError) as err:
+        make("random")
+    assert str(err.value) == (
+        "search procedure 'random' needs option 'num_trials'; accepted options: "
+        "max_concurrent, num_trials"
+    )
+
+
+def test_bad_option_values_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="num_trials must be an integer >= 1, got 0"):
+        make("random", num_trials=0)
+    with pytest.raises(ConfigError, match="mode must be 'min' or 'max', got 'up'"):
+        make_procedure(
+            "grid", space=SPACE, epochs=1, metric="m", mode="up", rng=np.random.default_rng(0)
+        )
