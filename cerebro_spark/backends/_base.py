@@ -28,6 +28,7 @@ import dataclasses
 from collections.abc import Mapping
 from concurrent.futures import Future
 from types import TracebackType
+from typing import TypeVar
 
 from cerebro_spark.store import Store
 from cerebro_spark.units import UnitResult, UnitTask
@@ -68,6 +69,9 @@ class WorkerJob:
     torch_threads: int = 1
 
 
+_B = TypeVar("_B", bound="Backend")
+
+
 class Backend(abc.ABC):
     """Runs units on workers that keep their partitions in memory."""
 
@@ -87,7 +91,7 @@ class Backend(abc.ABC):
     def close(self) -> None:
         """Stop all workers (idempotent)."""
 
-    def __enter__(self) -> Backend:
+    def __enter__(self: _B) -> _B:
         return self
 
     def __exit__(

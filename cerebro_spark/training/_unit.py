@@ -353,7 +353,8 @@ def _snapshot(state: _TrialState, task: UnitTask) -> Checkpoint:
         "trial": {
             "trial_id": task.trial_id,
             "spec": task.spec,
-            "params": json.loads(json.dumps(dict(task.params))),
+            # sorted: the bytes must not depend on the order params were built in
+            "params": json.loads(json.dumps(dict(task.params), sort_keys=True)),
         },
     }
 

@@ -1,0 +1,197 @@
+"""The backend-agnostic worker: holds partitions in memory and runs units on them.
+
+A :class:`Worker` is what runs inside a worker process (``LocalBackend``) or a long-lived
+Spark task (``SparkBackend``). It knows nothing about processes, pipes or Spark: it reads
+the dataset's manifest once, loads train **and** validation partition ``i`` together for
+every index it is given (Cerebro §3.1: the data stays, the models hop), and runs units on
+the partition a unit names.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+from cerebro_spark.backends._base import WorkerInfo, WorkerJob
+from cerebro_spark.units import UnitKind, UnitResult, UnitTask
+
+if TYPE_CHECKING:
+    from cerebro_spark.data import Manifest, PartitionData
+
+logger = logging.getLogger(__name__)
+
+_SPLIT_OF_KIND: dict[UnitKind, str] = {
+    UnitKind.TRAIN: "train",
+    UnitKind.VALIDATE: "validation",
+}
+
+
+def split_of(kind: UnitKind) -> str:
+    """Return the dataset split a unit of ``kind`` reads (``"train"`` or ``"validation"``)."""
+    return _SPLIT_OF_KIND[kind]
+
+
+class Worker:
+    """Holds partitions of one prepared dataset in memory and runs units on them.
+
+    Not thread-safe: a worker runs one unit at a time (the backend guarantees it).
+
+    Args:
+        worker_id: The worker's id, reported in every :class:`UnitResult`.
+        job: Where the dataset and the checkpoint store are, and the torch thread count.
+        device: Torch device units train on.
+    """
+
+    def __init__(self, worker_id: str, job: WorkerJob, device: str = "cpu") -> None:
+        self._worker_id = worker_id
+        self._job = job
+        self._device = device
+        self._manifest: Manifest | None = None
+        self._data: dict[tuple[str, int], PartitionData] = {}
+        self._bytes_read = 0
+        self._torch_ready = False
+
+    @property
+    def worker_id(self) -> str:
+        """The worker's id."""
+        return self._worker_id
+
+    @property
+    def job(self) -> WorkerJob:
+        """The job this worker serves."""
+        return self._job
+
+    @property
+    def manifest(self) -> Manifest:
+        """The dataset's manifest, read from storage on first use only."""
+        if self._manifest is None:
+            from cerebro_spark.data import read_manifest
+
+            self._manifest = read_manifest(self._job.dataset_uri)
+        return self._manifest
+
+    @property
+    def partitions(self) -> frozenset[int]:
+        """Indices of the partitions held in memory."""
+        return frozenset(index for _, index in self._data)
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of partition data read from storage so far (dropping does not reduce it)."""
+        return self._bytes_read
+
+    def info(self, host: str = "localhost") -> WorkerInfo:
+        """Return this worker as a :class:`WorkerInfo`."""
+        return WorkerInfo(
+            worker_id=self._worker_id,
+            partitions=self.partitions,
+            host=host,
+            device=self._device,
+            bytes_read=self._bytes_read,
+        )
+
+    def load(self, partitions: Collection[int]) -> int:
+        """Read the train and validation split of every partition not yet held.
+
+        Partitions already in memory are not read again. Either every requested partition
+        ends up held or, when a read fails, none of this call's partitions do (the bytes
+        already read still count in :attr:`bytes_read`).
+
+        Args:
+            partitions: Partition indices, each in ``range(num_partitions)``.
+
+        Returns:
+            Bytes read from storage by this call.
+
+        Raises:
+            ValueError: An index is outside ``range(num_partitions)``.
+        """
+        from cerebro_spark.data import read_partition
+
+        manifest = self.manifest
+        wanted = sorted(set(partitions))
+        for index in wanted:
+            if not 0 <= index < manifest.num_partitions:
+                raise ValueError(
+                    f"worker {self._worker_id}: partition {index} is outside "
+                    f"range(num_partitions={manifest.num_partitions}) of dataset "
+                    f"{manifest.dataset_id}"
+                )
+        self._prepare_torch()
+        loaded: dict[tuple[str, int], PartitionData] = {}
+        before = self._bytes_read
+        for index in wanted:
+            if ("train", index) in self._data:
+                continue
+            for split in ("train", "validation"):
+                data = read_partition(self._job.dataset_uri, split, index, manifest=manifest)
+                self._bytes_read += data.bytes_read
+                loaded[(split, index)] = data
+        self._data.update(loaded)
+        read = self._bytes_read - before
+        if loaded:
+            logger.info(
+                "worker %s loaded partitions %s (%d bytes)",
+                self._worker_id,
+                sorted({index for _, index in loaded}),
+                read,
+            )
+        return read
+
+    def drop(self, partitions: Collection[int]) -> None:
+        """Release the given partitions from memory (indices not held are ignored)."""
+        for index in partitions:
+            for split in ("train", "validation"):
+                self._data.pop((split, index), None)
+
+    def run(self, task: UnitTask) -> UnitResult:
+        """Run one unit on the held partition of the split its kind reads.
+
+        Args:
+            task: The unit; ``task.partition`` must be held.
+
+        Returns:
+            The unit's result.
+
+        Raises:
+            ValueError: The partition is not held by this worker.
+            cerebro_spark.errors.TrialError: The trial's user code raised.
+        """
+        split = split_of(task.kind)
+        data = self._data.get((split, task.partition))
+        if data is None:
+            raise ValueError(
+                f"worker {self._worker_id} does not hold partition {task.partition} "
+                f"(holds {sorted(self.partitions)})"
+            )
+        self._prepare_torch()
+        from cerebro_spark.training import run_unit
+
+        return run_unit(
+            task,
+            data,
+            self._job.store,
+            self.manifest.info,
+            worker_id=self._worker_id,
+            device=self._device,
+        )
+
+    def _prepare_torch(self) -> None:
+        """Import torch and the unit code and pin torch's intra-op threads, once per worker.
+
+        Done while loading, so that the first unit's time is not inflated by imports.
+        """
+        if self._torch_ready:
+            return
+        import torch
+
+        import cerebro_spark.training  # noqa: F401  (warm-up import)
+
+        torch.set_num_threads(self._job.torch_threads)
+        # Its first call imports torch._inductor (seconds); run_unit calls it every unit.
+        torch.use_deterministic_algorithms(
+            torch.are_deterministic_algorithms_enabled(),
+            warn_only=torch.is_deterministic_algorithms_warn_only_enabled(),
+        )
+        self._torch_ready = True

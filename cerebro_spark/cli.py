@@ -1,0 +1,192 @@
+"""The ``cerebro-spark`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from cerebro_spark import __version__
+from cerebro_spark.errors import CerebroError
+
+logger = logging.getLogger("cerebro_spark.cli")
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _split_experiment(reference: str, store: str | None) -> tuple[str, str]:
+    """Accept ``<store>/experiments/<id>`` or an id with ``--store``."""
+    cleaned = reference.rstrip("/")
+    marker = "/experiments/"
+    if marker in cleaned:
+        root, experiment_id = cleaned.rsplit(marker, 1)
+        return root or "/", experiment_id
+    if cleaned.startswith("experiments/"):
+        return store or ".", cleaned.split("/", 1)[1]
+    return store or "runs", cleaned
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from cerebro_spark.engine import format_table, load_config, run_experiment
+
+    config = load_config(args.config)
+    changes = {
+        k: v
+        for k, v in (("workers", args.workers), ("store", args.store), ("seed", args.seed))
+        if v is not None
+    }
+    config = config.replace(**changes)
+    result = run_experiment(config, experiment_id=args.experiment_id)
+    _out(format_table(result.trials, config.metric, config.mode))
+    _out(f"experiment {result.experiment_id}: {result.url}")
+    return 0
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    from cerebro_spark.engine import format_table, load_state, resume_experiment
+
+    store, experiment_id = _split_experiment(args.experiment, args.store)
+    config, _ = load_state(store, experiment_id)
+    result = resume_experiment(store, experiment_id)
+    _out(format_table(result.trials, config.metric, config.mode))
+    _out(f"experiment {result.experiment_id}: {result.url}")
+    return 0
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from cerebro_spark.engine import replay_experiment
+
+    store, experiment_id = _split_experiment(args.experiment, args.store)
+    report = replay_experiment(store, experiment_id, workers=args.workers)
+    _out(f"{'trial':<8} {'original sha256':<20} {'replay sha256':<20} identical")
+    for row in report.rows:
+        _out(
+            f"{row.trial_id:<8} {(row.original_sha256 or '-')[:16]:<20} "
+            f"{(row.replay_sha256 or '-')[:16]:<20} {'yes' if row.identical else 'NO'}"
+        )
+    _out(
+        f"replay {report.replay.experiment_id}: {'identical' if report.identical else 'DIFFERENT'}"
+    )
+    return 0 if report.identical else 1
+
+
+def _cmd_leaderboard(args: argparse.Namespace) -> int:
+    from cerebro_spark.engine import format_table, leaderboard_csv, load_state
+
+    store, experiment_id = _split_experiment(args.experiment, args.store)
+    config, state = load_state(store, experiment_id)
+    trials = state.trials.values()
+    if args.format == "csv":
+        sys.stdout.write(leaderboard_csv(trials, config.metric, config.mode))
+    else:
+        _out(format_table(trials, config.metric, config.mode, limit=args.limit))
+    return 0
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    from cerebro_spark.data import load_source, prepare_dataset, read_table
+
+    shapes = {}
+    if args.source.startswith("sklearn:"):
+        table, meta = load_source(args.source)
+        shapes = dict(meta.get("feature_shapes", {}))
+    else:
+        table = read_table(args.source)
+    features = args.features or [
+        c for c in table.column_names if c not in {args.label, args.validation_column}
+    ]
+    manifest = prepare_dataset(
+        table,
+        args.store,
+        features=features,
+        label=args.label,
+        num_partitions=args.partitions,
+        seed=args.seed,
+        validation_fraction=args.validation_fraction,
+        validation_column=args.validation_column,
+        feature_shapes=shapes or None,
+        source=args.source,
+    )
+    _out(
+        f"dataset {manifest.dataset_id}: {manifest.rows('train')} train rows, "
+        f"{manifest.rows('validation')} validation rows, {manifest.num_partitions} partitions"
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of ``cerebro-spark``."""
+    parser = argparse.ArgumentParser(
+        prog="cerebro-spark",
+        description="Deep learning model selection with model hopper parallelism.",
+    )
+    parser.add_argument("--version", action="version", version=f"cerebro-spark {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run an experiment from a YAML config")
+    run.add_argument("config", help="experiment config (YAML)")
+    run.add_argument("--experiment-id", help="id of the new experiment (default: name-time)")
+    run.add_argument("--workers", type=int, help="override the config's number of workers")
+    run.add_argument("--store", help="override the config's store URI")
+    run.add_argument("--seed", type=int, help="override the config's seed")
+    run.set_defaults(handler=_cmd_run)
+
+    store_help = "store URI when EXPERIMENT is an id (default: runs)"
+    resume = commands.add_parser("resume", help="continue an interrupted experiment")
+    resume.add_argument("experiment", help="experiment directory or id")
+    resume.add_argument("--store", help=store_help)
+    resume.set_defaults(handler=_cmd_resume)
+
+    replay = commands.add_parser("replay", help="re-train from the logged visit order")
+    replay.add_argument("experiment", help="experiment directory or id")
+    replay.add_argument("--workers", type=int, help="number of workers for the replay")
+    replay.add_argument("--store", help=store_help)
+    replay.set_defaults(handler=_cmd_replay)
+
+    board = commands.add_parser("leaderboard", help="print an experiment's leaderboard")
+    board.add_argument("experiment", help="experiment directory or id")
+    board.add_argument("--store", help=store_help)
+    board.add_argument("--format", choices=("table", "csv"), default="table")
+    board.add_argument("--limit", type=int, default=50)
+    board.set_defaults(handler=_cmd_leaderboard)
+
+    prepare = commands.add_parser("prepare", help="shuffle, split and partition a dataset")
+    prepare.add_argument(
+        "--source", required=True, help="sklearn:digits, or a Parquet/CSV/JSON path"
+    )
+    prepare.add_argument("--label", default="label")
+    prepare.add_argument("--features", nargs="*", help="feature columns (default: all but label)")
+    prepare.add_argument("--partitions", type=int, default=4)
+    prepare.add_argument("--validation-fraction", type=float, default=0.2)
+    prepare.add_argument("--validation-column")
+    prepare.add_argument("--seed", type=int, default=0)
+    prepare.add_argument("--store", default="runs")
+    prepare.set_defaults(handler=_cmd_prepare)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``cerebro-spark`` console script."""
+    args = build_parser().parse_args(argv)
+    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
+    try:
+        return int(args.handler(args))
+    except CerebroError as error:
+        logger.error("%s", error)
+        return 2
+    except KeyboardInterrupt:
+        logger.error("interrupted; continue with 'cerebro-spark resume'")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""The engine: configs, the driver loop, the event log, the leaderboard, resume and replay."""
+
+from cerebro_spark.engine._api import (
+    ExperimentResult,
+    ReplayReport,
+    ReplayRow,
+    default_backend,
+    load_state,
+    logged_visit_orders,
+    replay_experiment,
+    resume_experiment,
+    run_experiment,
+)
+from cerebro_spark.engine._config import DataConfig, ExperimentConfig, load_config, parse_config
+from cerebro_spark.engine._events import EventLog, read_events
+from cerebro_spark.engine._experiment import Experiment, experiment_prefix, trial_seed
+from cerebro_spark.engine._leaderboard import format_table, leaderboard_csv, rank
+from cerebro_spark.engine._state import ExperimentState, TrialState
+
+__all__ = [
+    "DataConfig",
+    "EventLog",
+    "Experiment",
+    "ExperimentConfig",
+    "ExperimentResult",
+    "ExperimentState",
+    "ReplayReport",
+    "ReplayRow",
+    "TrialState",
+    "default_backend",
+    "experiment_prefix",
+    "format_table",
+    "leaderboard_csv",
+    "load_config",
+    "load_state",
+    "logged_visit_orders",
+    "parse_config",
+    "rank",
+    "read_events",
+    "replay_experiment",
+    "resume_experiment",
+    "run_experiment",
+    "trial_seed",
+]

@@ -1,0 +1,213 @@
+"""Run, resume and replay experiments: the functions behind the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+
+from cerebro_spark.backends import Backend
+from cerebro_spark.engine._config import ExperimentConfig, parse_config
+from cerebro_spark.engine._events import read_events
+from cerebro_spark.engine._experiment import CONFIG_NAME, Experiment, VisitOrders, experiment_prefix
+from cerebro_spark.engine._state import ExperimentState, TrialState
+from cerebro_spark.errors import ConfigError
+from cerebro_spark.store import Store, open_store
+
+logger = logging.getLogger(__name__)
+
+BackendFactory = Callable[[ExperimentConfig], Backend]
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentResult:
+    """What a finished run returns.
+
+    Attributes:
+        experiment_id: Its id.
+        store: The root store it lives in.
+        trials: Every trial, best first.
+    """
+
+    experiment_id: str
+    store: Store
+    trials: list[TrialState]
+
+    @property
+    def best(self) -> TrialState | None:
+        """The best trial, or ``None`` when no trial reported the metric."""
+        return next((t for t in self.trials if t.metrics), None)
+
+    @property
+    def url(self) -> str:
+        """URI of the experiment's directory."""
+        return self.store.url(experiment_prefix(self.experiment_id))
+
+
+def default_backend(config: ExperimentConfig) -> Backend:
+    """Build the backend a config names."""
+    if config.backend == "local":
+        from cerebro_spark.backends import LocalBackend
+
+        return LocalBackend(config.workers)
+    raise ConfigError(f"backend must be 'local', got {config.backend!r}")
+
+
+def new_experiment_id(config: ExperimentConfig, store: Store) -> str:
+    """Return ``<name>-<UTC time>``, made unique within the store."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    base = f"{config.name}-{stamp}"
+    candidate, n = base, 1
+    while store.exists(f"{experiment_prefix(candidate)}/{CONFIG_NAME}"):
+        n += 1
+        candidate = f"{base}-{n}"
+    return candidate
+
+
+def run_experiment(
+    config: ExperimentConfig,
+    *,
+    experiment_id: str | None = None,
+    backend_factory: BackendFactory = default_backend,
+    visit_orders: VisitOrders | None = None,
+) -> ExperimentResult:
+    """Run a new experiment to the end.
+
+    Args:
+        config: The experiment.
+        experiment_id: Its id (default: ``<name>-<UTC time>``); must not exist yet.
+        backend_factory: Builds the backend (default: from ``config.backend``).
+        visit_orders: Visit orders to impose by round and trial (used by replay).
+    """
+    store = open_store(config.store)
+    experiment_id = experiment_id or new_experiment_id(config, store)
+    config_key = f"{experiment_prefix(experiment_id)}/{CONFIG_NAME}"
+    if store.exists(config_key):
+        raise ConfigError(
+            f"experiment {experiment_id} already exists in {store.uri}; "
+            "use 'cerebro-spark resume' to continue it or pick another id"
+        )
+    # key order kept: it fixes the search space's grid order, hence which trial gets what
+    store.put(config_key, json.dumps(config.to_dict(), indent=2).encode())
+    experiment = Experiment(
+        config, store, experiment_id, backend_factory, visit_orders=visit_orders
+    )
+    return ExperimentResult(experiment_id, store, experiment.run())
+
+
+def load_experiment_config(store: Store, experiment_id: str) -> ExperimentConfig:
+    """Read the config an experiment was started with."""
+    key = f"{experiment_prefix(experiment_id)}/{CONFIG_NAME}"
+    if not store.exists(key):
+        raise ConfigError(f"no experiment {experiment_id!r} in {store.uri} (missing {key})")
+    return parse_config(json.loads(store.get(key)))
+
+
+def resume_experiment(
+    store_uri: str,
+    experiment_id: str,
+    *,
+    backend_factory: BackendFactory = default_backend,
+) -> ExperimentResult:
+    """Continue an experiment whose driver died, from its event log and checkpoints."""
+    store = open_store(store_uri)
+    config = load_experiment_config(store, experiment_id)
+    experiment = Experiment(config, store, experiment_id, backend_factory)
+    return ExperimentResult(experiment_id, store, experiment.run())
+
+
+def logged_visit_orders(store: Store, experiment_id: str) -> dict[int, dict[str, list[int]]]:
+    """Return the visit order each trial actually took, by round (from ``unit_end`` events)."""
+    steps: dict[int, dict[str, dict[int, int]]] = defaultdict(lambda: defaultdict(dict))
+    for event in read_events(store.child(experiment_prefix(experiment_id))):
+        if event["event"] == "unit_end" and event["kind"] == "train":
+            steps[event["round"]][event["trial"]][event["step"]] = event["partition"]
+    return {
+        round_: {trial: [by_step[s] for s in sorted(by_step)] for trial, by_step in trials.items()}
+        for round_, trials in steps.items()
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayRow:
+    """One trial's final checkpoint in the original run and in the replay."""
+
+    trial_id: str
+    original_sha256: str | None
+    replay_sha256: str | None
+
+    @property
+    def identical(self) -> bool:
+        """Whether the two final checkpoints are bit-identical."""
+        return self.original_sha256 is not None and self.original_sha256 == self.replay_sha256
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayReport:
+    """The result of :func:`replay_experiment`."""
+
+    original_id: str
+    replay: ExperimentResult
+    rows: list[ReplayRow]
+
+    @property
+    def identical(self) -> bool:
+        """Whether every trial's final checkpoint was reproduced bit for bit."""
+        return all(row.identical for row in self.rows)
+
+
+def replay_experiment(
+    store_uri: str,
+    experiment_id: str,
+    *,
+    workers: int | None = None,
+    backend_factory: BackendFactory = default_backend,
+) -> ReplayReport:
+    """Re-train an experiment from its logged visit order (Cerebro §3.1, reproducibility).
+
+    The replay is a new experiment ``<id>-replay-<n>`` with the same config (optionally
+    another number of workers) whose every trial visits the partitions in the order the
+    original logged; its final checkpoints are compared with the original's.
+    """
+    store = open_store(store_uri)
+    config = load_experiment_config(store, experiment_id)
+    if workers is not None:
+        config = config.replace(workers=workers)
+    original = ExperimentState.from_events(
+        read_events(store.child(experiment_prefix(experiment_id)))
+    )
+    if not original.finished:
+        raise ConfigError(
+            f"experiment {experiment_id} has not finished; resume it before replaying it"
+        )
+    n = 1
+    while store.exists(f"{experiment_prefix(f'{experiment_id}-replay-{n}')}/{CONFIG_NAME}"):
+        n += 1
+    result = run_experiment(
+        config,
+        experiment_id=f"{experiment_id}-replay-{n}",
+        backend_factory=backend_factory,
+        visit_orders=logged_visit_orders(store, experiment_id),
+    )
+    replayed = {t.trial_id: t for t in result.trials}
+    rows = [
+        ReplayRow(
+            trial_id,
+            trial.checkpoint_sha256,
+            replayed[trial_id].checkpoint_sha256 if trial_id in replayed else None,
+        )
+        for trial_id, trial in sorted(original.trials.items())
+    ]
+    return ReplayReport(experiment_id, result, rows)
+
+
+def load_state(store_uri: str, experiment_id: str) -> tuple[ExperimentConfig, ExperimentState]:
+    """Return an experiment's config and its state folded from the event log."""
+    store = open_store(store_uri)
+    config = load_experiment_config(store, experiment_id)
+    return config, ExperimentState.from_events(
+        read_events(store.child(experiment_prefix(experiment_id)))
+    )

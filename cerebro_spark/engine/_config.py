@@ -1,0 +1,287 @@
+"""Experiment configs: the YAML file behind ``cerebro-spark run``.
+
+Every field is checked when the config is loaded, and an error names the field (with
+its dotted path) and the rule, before anything is trained or written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from cerebro_spark.errors import ConfigError
+
+VisitOrder = Literal["seeded", "dynamic"]
+Rule = Literal["randomized", "work-aware"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where the training data comes from and how it is partitioned.
+
+    Attributes:
+        source: A built-in source (``sklearn:digits``) or a Parquet/CSV/JSON path or URI;
+            it is prepared (shuffled once, split, partitioned) into the store.
+        dataset: URI of an already prepared dataset (instead of ``source``).
+        features: Feature columns (default: every column but the label).
+        label: The label column.
+        partitions: Number of partitions P per split.
+        validation_fraction: Share of rows held out for validation.
+        validation_column: Boolean column marking validation rows (instead of a fraction).
+        feature_shapes: Shapes of array columns, e.g. ``{image: [1, 8, 8]}``.
+        seed: Seed of the shuffle and split (default: the experiment's seed).
+    """
+
+    source: str | None = None
+    dataset: str | None = None
+    features: tuple[str, ...] | None = None
+    label: str = "label"
+    partitions: int = 4
+    validation_fraction: float = 0.2
+    validation_column: str | None = None
+    feature_shapes: Mapping[str, tuple[int, ...]] | None = None
+    seed: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+    """A whole model-selection experiment.
+
+    Attributes:
+        name: Experiment name; experiment ids start with it.
+        data: The data section.
+        space: The search space, in the form of :meth:`SearchSpace.from_config`.
+        model: Import path of the default ``ModelSpec``; a ``model`` param overrides it.
+        procedure: Search procedure name (``grid``, ``random`` ...).
+        procedure_options: Extra keyword arguments of the procedure.
+        epochs: Epochs each trial is trained for (the procedure's maximum).
+        metric: Validation metric to optimise.
+        mode: ``max`` or ``min``.
+        workers: Number of workers.
+        store: Store URI for datasets, checkpoints and experiment logs.
+        seed: Seed of everything random in the experiment.
+        backend: ``local`` (worker processes on this machine).
+        rule: MOP scheduling rule: ``work-aware`` (default; the idle trial with the most
+            remaining measured work first) or ``randomized`` (Cerebro Alg. 1). With seeded
+            visit orders work-aware is closer to the makespan bound
+            (``benchmarks/mop_makespan.py``).
+        visit_order: ``seeded`` (reproducible bit for bit) or ``dynamic`` (Alg. 1 as
+            written: any order, reproducible by ``replay`` from the logged order).
+        torch_threads: Intra-op threads of each worker.
+    """
+
+    name: str
+    data: DataConfig
+    space: Mapping[str, Any]
+    model: str | None = None
+    procedure: str = "grid"
+    procedure_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    epochs: int = 10
+    metric: str = "accuracy"
+    mode: str = "max"
+    workers: int = 2
+    store: str = "runs"
+    seed: int = 0
+    backend: str = "local"
+    rule: Rule = "work-aware"
+    visit_order: VisitOrder = "seeded"
+    torch_threads: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the config as plain JSON values (the inverse of :func:`parse_config`)."""
+        out: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(self)))
+        procedure = {"name": out.pop("procedure"), **out.pop("procedure_options")}
+        out["procedure"] = procedure
+        out["data"] = {k: v for k, v in out["data"].items() if v is not None}
+        return out
+
+    def replace(self, **changes: Any) -> ExperimentConfig:
+        """Return a copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2 floats: ``1e-4`` is a number, not the string YAML 1.1 makes of it."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+][0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML with numbers as YAML 1.2 reads them (``1e-4`` is a float)."""
+    return yaml.load(text, Loader=_Loader)
+
+
+def load_config(path: str | Path) -> ExperimentConfig:
+    """Read and validate a YAML experiment config.
+
+    Raises:
+        ConfigError: naming the file and the field when anything is wrong.
+    """
+    path = Path(path)
+    try:
+        raw = load_yaml(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
+    try:
+        return parse_config(raw)
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
+
+
+def parse_config(raw: Any) -> ExperimentConfig:
+    """Validate a config given as plain data (as parsed from YAML)."""
+    top = _Section(raw, "")
+    data_raw = top.take("data", dict)
+    space = top.take("space", dict)
+    procedure = top.take("procedure", (str, dict), {"name": "grid"})
+    if isinstance(procedure, str):
+        procedure = {"name": procedure}
+    procedure = dict(procedure)
+    procedure_name = procedure.pop("name", None)
+    if not isinstance(procedure_name, str) or not procedure_name:
+        raise ConfigError("procedure.name must be a procedure name such as 'grid' or 'random'")
+    config = ExperimentConfig(
+        name=top.take_name(),
+        data=_parse_data(data_raw),
+        space=space,
+        model=top.take("model", str, None),
+        procedure=procedure_name,
+        procedure_options=procedure,
+        epochs=top.take_int("epochs", 10, minimum=1),
+        metric=top.take("metric", str, "accuracy"),
+        mode=top.take_choice("mode", ("max", "min"), "max"),
+        workers=top.take_int("workers", 2, minimum=1),
+        store=top.take("store", str, "runs"),
+        seed=top.take_int("seed", 0, minimum=0),
+        backend=top.take_choice("backend", ("local",), "local"),
+        rule=top.take_choice("rule", ("randomized", "work-aware"), "work-aware"),  # type: ignore[arg-type]
+        visit_order=top.take_choice("visit_order", ("seeded", "dynamic"), "seeded"),  # type: ignore[arg-type]
+        torch_threads=top.take_int("torch_threads", 1, minimum=1),
+    )
+    top.finish()
+    return config
+
+
+def _parse_data(raw: Mapping[str, Any]) -> DataConfig:
+    section = _Section(raw, "data.")
+    source = section.take("source", str, None)
+    dataset = section.take("dataset", str, None)
+    if (source is None) == (dataset is None):
+        raise ConfigError(
+            "data must have exactly one of 'source' (data to prepare) or 'dataset' "
+            f"(a prepared dataset URI), got source={source!r}, dataset={dataset!r}"
+        )
+    features = section.take("features", list, None)
+    if features is not None and not all(isinstance(f, str) and f for f in features):
+        raise ConfigError(f"data.features must be a list of column names, got {features!r}")
+    shapes_raw = section.take("feature_shapes", dict, None)
+    shapes: dict[str, tuple[int, ...]] | None = None
+    if shapes_raw is not None:
+        shapes = {}
+        for column, shape in shapes_raw.items():
+            if not isinstance(shape, list) or not all(isinstance(n, int) and n > 0 for n in shape):
+                raise ConfigError(
+                    f"data.feature_shapes.{column} must be a list of positive ints, got {shape!r}"
+                )
+            shapes[str(column)] = tuple(shape)
+    fraction = section.take("validation_fraction", (int, float), 0.2)
+    if not 0 < fraction < 1:
+        raise ConfigError(f"data.validation_fraction must be in (0, 1), got {fraction!r}")
+    seed = section.take("seed", int, None)
+    if seed is not None and seed < 0:
+        raise ConfigError(f"data.seed must be ≥ 0, got {seed}")
+    config = DataConfig(
+        source=source,
+        dataset=dataset,
+        features=tuple(features) if features is not None else None,
+        label=section.take("label", str, "label"),
+        partitions=section.take_int("partitions", 4, minimum=1),
+        validation_fraction=float(fraction),
+        validation_column=section.take("validation_column", str, None),
+        feature_shapes=shapes,
+        seed=seed,
+    )
+    section.finish()
+    return config
+
+
+_MISSING = object()
+
+
+class _Section:
+    """Takes typed fields out of one mapping and complains about the rest."""
+
+    def __init__(self, raw: Any, prefix: str) -> None:
+        where = prefix.rstrip(".") or "the config"
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where} must be a mapping, got {type(raw).__name__}")
+        self.raw = dict(raw)
+        self.prefix = prefix
+        self.known: list[str] = []
+
+    def take(self, key: str, types: type | tuple[type, ...], default: Any = _MISSING) -> Any:
+        self.known.append(key)
+        value = self.raw.pop(key, None)
+        if value is None:
+            if default is _MISSING:
+                raise ConfigError(f"{self.prefix}{key} is required")
+            return default
+        if isinstance(value, bool) and bool not in (
+            types if isinstance(types, tuple) else (types,)
+        ):
+            raise ConfigError(f"{self.prefix}{key} must not be a boolean, got {value!r}")
+        if not isinstance(value, types):
+            names = " or ".join(
+                t.__name__ for t in (types if isinstance(types, tuple) else (types,))
+            )
+            raise ConfigError(
+                f"{self.prefix}{key} must be of type {names}, got {value!r} "
+                f"({type(value).__name__})"
+            )
+        return value
+
+    def take_int(self, key: str, default: int, *, minimum: int) -> int:
+        value: int = self.take(key, int, default)
+        if value < minimum:
+            raise ConfigError(f"{self.prefix}{key} must be an int ≥ {minimum}, got {value}")
+        return value
+
+    def take_choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
+        value: str = self.take(key, str, default)
+        if value not in choices:
+            raise ConfigError(f"{self.prefix}{key} must be one of {list(choices)}, got {value!r}")
+        return value
+
+    def take_name(self) -> str:
+        name: str = self.take("name", str)
+        if not name or not all(c.isalnum() or c in "-_." for c in name):
+            raise ConfigError(f"name must be letters, digits, '-', '_' or '.', got {name!r}")
+        return name
+
+    def finish(self) -> None:
+        if self.raw:
+            unknown = ", ".join(sorted(map(str, self.raw)))
+            raise ConfigError(
+                f"unknown field(s) {unknown} in {self.prefix.rstrip('.') or 'the config'}; "
+                f"known fields: {', '.join(sorted(self.known))}"
+            )

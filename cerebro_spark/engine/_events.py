@@ -1,0 +1,81 @@
+"""The experiment's append-only event log, ``events.jsonl``.
+
+One JSON object per line, each with ``"event"`` (its kind) and ``"time"`` (seconds since
+the Unix epoch on the driver). The log is the experiment's source of truth: the
+leaderboard, ``resume`` and ``replay`` are all rebuilt from it.
+
+Event kinds and their fields:
+
+* ``experiment_start``: ``experiment_id``, ``config``, ``resumed`` (bool)
+* ``dataset``: ``dataset_id``, ``uri``, ``partitions``, ``rows``
+* ``worker_joined``: ``worker``, ``partitions``, ``host``, ``device``, ``bytes_read``
+* ``worker_lost``: ``worker``, ``unit`` (or null)
+* ``trial_added``: ``trial``, ``params``, ``seed``, ``spec``, ``clone_from``
+* ``round_start``: ``round``, ``trials`` (live ids), ``epochs`` ({trial: its epoch}),
+  ``visit_orders`` ({trial: [partitions]} or null when dynamic), ``procedure_state``
+* ``unit_start``: ``round``, ``trial``, ``epoch``, ``kind``, ``partition``, ``step``, ``worker``
+* ``unit_end``: those fields and ``seconds``, ``io_seconds``, ``rows``, ``metric_sums``,
+  ``checkpoint``, ``checkpoint_bytes``, ``checkpoint_sha256``
+* ``unit_failed``: those fields and ``error``, ``reason`` (``worker_lost`` | ``trial_error``)
+* ``trial_failed``: ``trial``, ``error``
+* ``trial_epoch``: ``round``, ``trial``, ``epoch``, ``metrics``, ``checkpoint``,
+  ``checkpoint_sha256``
+* ``decision``: ``round``, ``trial``, ``epoch``, ``decision``
+* ``round_end``: ``round``, ``procedure_state``
+* ``worker_bytes``: ``worker``, ``bytes_read`` (at the end of a run)
+* ``experiment_end``: ``best_trial``, ``seconds``
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from cerebro_spark.store import Store
+
+logger = logging.getLogger(__name__)
+
+EVENTS_NAME = "events.jsonl"
+
+
+class EventLog:
+    """Appends events to ``events.jsonl`` in an experiment's store."""
+
+    def __init__(self, store: Store, key: str = EVENTS_NAME) -> None:
+        self.store = store
+        self.key = key
+
+    def append(self, event: str, **fields: Any) -> dict[str, Any]:
+        """Append one event and return it."""
+        record = {"event": event, "time": round(time.time(), 6), **fields}
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        self.store.append(self.key, line.encode())
+        return record
+
+    def read(self) -> list[dict[str, Any]]:
+        """Return every event in order (see :func:`read_events`)."""
+        return read_events(self.store, self.key)
+
+
+def read_events(store: Store, key: str = EVENTS_NAME) -> list[dict[str, Any]]:
+    """Read an event log, tolerating a torn last line (a driver killed mid-write)."""
+    if not store.exists(key):
+        return []
+    return list(_parse(store.get(key).decode(), store.url(key)))
+
+
+def _parse(text: str, where: str) -> Iterator[dict[str, Any]]:
+    lines = text.split("\n")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError:
+            if number >= len(lines) - 1:
+                logger.warning("ignoring a torn last line %d of %s", number, where)
+                return
+            raise ValueError(f"{where}: line {number} is not valid JSON") from None

@@ -1,0 +1,164 @@
+"""The experiment's state, folded from its event log.
+
+The engine never keeps a fact twice: every change is an event appended to
+``events.jsonl`` and applied to an :class:`ExperimentState` with the same
+:meth:`ExperimentState.apply` that ``resume``, ``replay`` and ``leaderboard`` use to
+rebuild the state from the log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from cerebro_spark.units import UnitKind
+
+RUNNING, PAUSED, COMPLETED, STOPPED, FAILED = "running", "paused", "completed", "stopped", "failed"
+
+
+@dataclasses.dataclass
+class TrialState:
+    """One trial as the driver knows it.
+
+    Attributes:
+        trial_id: Its id.
+        params: Its hyperparameters, as the procedure suggested them.
+        seed: Seed of its initial weights and batch orders.
+        spec: Import path of its ``ModelSpec``.
+        status: ``running``, ``paused``, ``completed`` (ran its epochs), ``stopped`` (stopped
+            early by the procedure) or ``failed`` (its user code raised).
+        epochs: Epochs it has completed.
+        checkpoint: Store key of its latest checkpoint.
+        checkpoint_sha256: SHA-256 of that checkpoint.
+        metrics: Validation metrics after its latest epoch.
+        history: Validation metrics after each epoch.
+        error: Why it failed.
+    """
+
+    trial_id: str
+    params: Mapping[str, Any]
+    seed: int
+    spec: str
+    status: str = RUNNING
+    epochs: int = 0
+    checkpoint: str | None = None
+    checkpoint_sha256: str | None = None
+    metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    history: list[Mapping[str, float]] = dataclasses.field(default_factory=list)
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DoneUnit:
+    """A unit that finished in the open round."""
+
+    trial: str
+    partition: int
+    kind: UnitKind
+    step: int
+
+
+@dataclasses.dataclass
+class ExperimentState:
+    """Everything the driver knows about an experiment, rebuilt from events."""
+
+    trials: dict[str, TrialState] = dataclasses.field(default_factory=dict)
+    round: int = -1
+    round_open: bool = False
+    round_trials: list[str] = dataclasses.field(default_factory=list)
+    visit_orders: dict[str, list[int]] | None = None
+    procedure_state: dict[str, Any] | None = None
+    done_units: list[DoneUnit] = dataclasses.field(default_factory=list)
+    reported: set[str] = dataclasses.field(default_factory=set)
+    validation_sums: dict[str, dict[str, float]] = dataclasses.field(
+        default_factory=lambda: defaultdict(dict)
+    )
+    validation_rows: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
+    worker_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    dataset_id: str | None = None
+    finished: bool = False
+
+    @classmethod
+    def from_events(cls, events: Iterable[Mapping[str, Any]]) -> ExperimentState:
+        """Fold a whole event log."""
+        state = cls()
+        for event in events:
+            state.apply(event)
+        return state
+
+    def apply(self, event: Mapping[str, Any]) -> None:
+        """Apply one event (unknown kinds are ignored, for forward compatibility)."""
+        handler = getattr(self, "_on_" + str(event["event"]), None)
+        if handler is not None:
+            handler(event)
+
+    def live_trials(self) -> list[str]:
+        """Ids of trials to train in the next round, in id order."""
+        return sorted(t for t, trial in self.trials.items() if trial.status == RUNNING)
+
+    def _on_dataset(self, event: Mapping[str, Any]) -> None:
+        self.dataset_id = event["dataset_id"]
+
+    def _on_trial_added(self, event: Mapping[str, Any]) -> None:
+        trial = TrialState(event["trial"], event["params"], event["seed"], event["spec"])
+        source = event.get("clone_from")
+        if source is not None:
+            parent = self.trials[source]
+            trial.checkpoint = parent.checkpoint
+            trial.checkpoint_sha256 = parent.checkpoint_sha256
+        self.trials[trial.trial_id] = trial
+
+    def _on_round_start(self, event: Mapping[str, Any]) -> None:
+        self.round = event["round"]
+        self.round_open = True
+        self.round_trials = list(event["trials"])
+        self.visit_orders = event["visit_orders"]
+        self.procedure_state = event["procedure_state"]
+        self.done_units = []
+        self.reported = set()
+        self.validation_sums = defaultdict(dict)
+        self.validation_rows = defaultdict(int)
+
+    def _on_unit_end(self, event: Mapping[str, Any]) -> None:
+        kind = UnitKind(event["kind"])
+        trial = event["trial"]
+        self.done_units.append(DoneUnit(trial, event["partition"], kind, event["step"]))
+        if kind is UnitKind.TRAIN:
+            self.trials[trial].checkpoint = event["checkpoint"]
+            self.trials[trial].checkpoint_sha256 = event["checkpoint_sha256"]
+        else:
+            sums = self.validation_sums[trial]
+            for name, value in event["metric_sums"].items():
+                sums[name] = sums.get(name, 0.0) + value
+            self.validation_rows[trial] += event["rows"]
+
+    def _on_trial_failed(self, event: Mapping[str, Any]) -> None:
+        trial = self.trials[event["trial"]]
+        trial.status = FAILED
+        trial.error = event["error"]
+
+    def _on_trial_epoch(self, event: Mapping[str, Any]) -> None:
+        trial = self.trials[event["trial"]]
+        trial.epochs = event["epoch"]
+        trial.metrics = event["metrics"]
+        trial.history.append(event["metrics"])
+        self.reported.add(trial.trial_id)
+
+    def _on_decision(self, event: Mapping[str, Any]) -> None:
+        trial = self.trials[event["trial"]]
+        trial.status = event["status"]
+
+    def _on_trial_resumed(self, event: Mapping[str, Any]) -> None:
+        self.trials[event["trial"]].status = RUNNING
+
+    def _on_round_end(self, event: Mapping[str, Any]) -> None:
+        self.round_open = False
+        self.procedure_state = event["procedure_state"]
+
+    def _on_worker_bytes(self, event: Mapping[str, Any]) -> None:
+        self.worker_bytes[event["worker"]] = event["bytes_read"]
+
+    def _on_experiment_end(self, event: Mapping[str, Any]) -> None:
+        self.finished = True

@@ -1,0 +1,109 @@
+from pathlib import Path
+
+import pytest
+
+from cerebro_spark.engine import load_config, parse_config
+from cerebro_spark.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def minimal(**changes):
+    raw = {
+        "name": "exp",
+        "data": {"source": "sklearn:digits"},
+        "model": "cerebro_spark.training:MLPSpec",
+        "space": {"lr": {"grid": [0.001]}},
+    }
+    raw.update(changes)
+    return raw
+
+
+def test_demo_config_loads():
+    config = load_config(ROOT / "conf/experiments/digits.yaml")
+    assert config.workers == 2
+    assert config.data.partitions == 4
+    assert config.procedure == "grid"
+
+
+def test_defaults_and_round_trip():
+    config = parse_config(minimal())
+    assert (config.epochs, config.metric, config.mode, config.visit_order) == (
+        10,
+        "accuracy",
+        "max",
+        "seeded",
+    )
+    assert parse_config(config.to_dict()) == config
+
+
+def test_round_trip_without_default_model():
+    raw = minimal(space={"choice": [{"model": "m:A"}, {"model": "m:B"}]})
+    del raw["model"]
+    config = parse_config(raw)
+    assert config.model is None
+    assert parse_config(config.to_dict()) == config
+
+
+def test_procedure_options_are_kept():
+    config = parse_config(minimal(procedure={"name": "random", "num_trials": 5}))
+    assert config.procedure == "random"
+    assert config.procedure_options == {"num_trials": 5}
+    assert parse_config(config.to_dict()).procedure_options == {"num_trials": 5}
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"workers": 0}, "workers must be an int ≥ 1, got 0"),
+        ({"workers": "two"}, "workers must be of type int"),
+        ({"epochs": True}, "epochs must not be a boolean"),
+        ({"mode": "maximize"}, "mode must be one of ['max', 'min'], got 'maximize'"),
+        ({"visit_order": "random"}, "visit_order must be one of"),
+        ({"wokers": 2}, "unknown field(s) wokers"),
+        ({"name": "a b"}, "name must be letters"),
+        ({"data": {"source": "x", "dataset": "y"}}, "exactly one of 'source'"),
+        ({"data": {"source": "x", "partitions": 0}}, "data.partitions must be an int ≥ 1, got 0"),
+        (
+            {"data": {"source": "x", "validation_fraction": 1.5}},
+            "data.validation_fraction must be in (0, 1)",
+        ),
+        (
+            {"data": {"source": "x", "feature_shapes": {"image": [8, -1]}}},
+            "data.feature_shapes.image",
+        ),
+        ({"data": {"source": "x", "colour": 1}}, "unknown field(s) colour in data"),
+        ({"procedure": {"num_trials": 3}}, "procedure.name must be"),
+    ],
+)
+def test_errors_name_the_field_and_rule(changes, message):
+    with pytest.raises(ConfigError) as error:
+        parse_config(minimal(**changes))
+    assert message in str(error.value)
+
+
+def test_missing_required_field():
+    raw = minimal()
+    del raw["space"]
+    with pytest.raises(ConfigError, match="space is required"):
+        parse_config(raw)
+
+
+def test_bad_yaml_names_the_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml is not valid YAML"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_yaml_exponent_floats_are_numbers(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "name: e\ndata: {source: sklearn:digits}\nmodel: m:S\n"
+        "space: {lr: 1e-4, wd: {grid: [0, 1e-5]}}\n"
+    )
+    config = load_config(path)
+    assert config.space["lr"] == 1e-4
+    assert config.space["wd"] == {"grid": [0, 1e-5]}
