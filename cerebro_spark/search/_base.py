@@ -19,6 +19,13 @@ Rules every implementation keeps (``tests/search/procedure_contract.py`` checks 
 * Every report carries the procedure's metric; read it with
   :meth:`SearchProcedure.metric_value`, which raises ``ConfigError`` naming the trial and
   the metrics it got when it is missing.
+* Time: ``clock()`` returns seconds of *experiment* time: 0 when the experiment started,
+  advancing only while a driver runs it (time the driver was down before a ``resume`` is
+  not charged). Deadlines are given in the same seconds.
+* A procedure that needs the cluster size takes the keyword option ``num_workers``; the
+  engine fills it in with the experiment's worker count when the config does not.
+* :meth:`SearchProcedure.resources` says how many workers a live trial trains on in its
+  next epoch (default 1); more than one means a data-parallel group (Cerebro §5.7).
 * User-input problems raise :class:`~cerebro_spark.errors.ConfigError`, never ``assert``.
 """
 
@@ -73,11 +80,14 @@ class EpochReport:
         trial_id: The trial.
         epoch: Epochs this trial has completed (1 after its first).
         metrics: Row-weighted validation metrics, e.g. ``{"loss": .., "accuracy": ..}``.
+        seconds: Wall seconds the trial's units took this epoch (train and validate,
+            summed over its units: its cost on one worker).
     """
 
     trial_id: str
     epoch: int
     metrics: Mapping[str, float]
+    seconds: float = 0.0
 
 
 def check_mode(mode: str) -> Mode:
@@ -145,6 +155,11 @@ class SearchProcedure(abc.ABC):
     @abc.abstractmethod
     def on_epoch_end(self, report: EpochReport) -> Decision:
         """Decide a live trial's fate after one of its epochs."""
+
+    def resources(self, trial_id: str) -> int:
+        """Return the number of workers ``trial_id`` trains on in its next epoch (default 1)."""
+        del trial_id
+        return 1
 
     def resumed(self) -> list[str]:
         """Return ids of paused trials to train again from the next epoch (default: none)."""

@@ -8,6 +8,7 @@ procedure, add it to :data:`PROCEDURES`.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import time
 from typing import Any
@@ -20,11 +21,19 @@ from cerebro_spark.search._grid import GridSearch
 from cerebro_spark.search._random import RandomSearch
 from cerebro_spark.search.space import SearchSpace
 
-PROCEDURES: dict[str, type[SearchProcedure]] = {
+PROCEDURES: dict[str, type[SearchProcedure] | str] = {
     "grid": GridSearch,
     "random": RandomSearch,
+    "sha": "cerebro_spark.search._sha:SuccessiveHalving",
+    "hyperband": "cerebro_spark.search._hyperband:Hyperband",
+    "asha": "cerebro_spark.search._asha:ASHA",
+    "pbt": "cerebro_spark.search._pbt:PBT",
+    "tpe": "cerebro_spark.search._tpe:TPESearch",
+    "hypersched": "cerebro_spark.search._hypersched:HyperSched",
+    "seer": "cerebro_spark.search._seer:SEER",
 }
-"""Registered procedures: config name -> class."""
+"""Registered procedures: config name -> class, or ``"module:Class"`` imported on first use
+(keeps optional dependencies such as optuna off the import path of the others)."""
 
 _COMMON = frozenset({"self", "space", "epochs", "metric", "mode", "rng", "clock"})
 
@@ -83,7 +92,7 @@ def make_procedure(
         raise ConfigError(
             f"search procedure {name!r} needs option {missing[0]!r}; accepted options: {listing}"
         )
-    cls: Any = PROCEDURES[name]
+    cls: Any = _lookup(name)
     procedure: SearchProcedure = cls(
         space, epochs=epochs, metric=metric, mode=mode, rng=rng, clock=clock, **options
     )
@@ -95,4 +104,9 @@ def _lookup(name: str) -> type[SearchProcedure]:
         raise ConfigError(
             f"unknown search procedure {name!r}; known procedures: {', '.join(sorted(PROCEDURES))}"
         )
-    return PROCEDURES[name]
+    entry = PROCEDURES[name]
+    if isinstance(entry, str):
+        module_name, _, class_name = entry.partition(":")
+        cls: type[SearchProcedure] = getattr(importlib.import_module(module_name), class_name)
+        PROCEDURES[name] = entry = cls
+    return entry

@@ -74,7 +74,10 @@ def test_procedure_options_lists_required_and_optional() -> None:
 def test_unknown_procedure_lists_known_names() -> None:
     with pytest.raises(ConfigError) as err:
         make("hyperbnd")
-    assert str(err.value) == "unknown search procedure 'hyperbnd'; known procedures: grid, random"
+    assert str(err.value) == (
+        "unknown search procedure 'hyperbnd'; known procedures: "
+        "asha, grid, hyperband, hypersched, pbt, random, seer, sha, tpe"
+    )
 
 
 def test_unknown_option_names_it_and_the_accepted_ones() -> None:
