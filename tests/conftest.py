@@ -90,3 +90,17 @@ def s3_server(_moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> S3Server:
     server = S3Server(endpoint=_moto_endpoint, bucket=f"test-{uuid.uuid4().hex[:16]}")
     server.client().create_bucket(Bucket=server.bucket)
     return server
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A local[2] Spark session shared by the Spark tests of a session (stopped at the end)."""
+    from cerebro_spark.spark_session import spark_session
+
+    session = spark_session(
+        "local[2]",
+        "cerebro-spark-tests",
+        {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"},
+    )
+    yield session
+    session.stop()
