@@ -54,7 +54,13 @@ from cerebro_spark.mop import (
     WorkAwareRule,
     seeded_visit_orders,
 )
-from cerebro_spark.search import Decision, EpochReport, SearchProcedure, make_procedure
+from cerebro_spark.search import (
+    Decision,
+    EpochReport,
+    SearchProcedure,
+    make_procedure,
+    procedure_options,
+)
 from cerebro_spark.search.space import SearchSpace
 from cerebro_spark.store import Store
 from cerebro_spark.units import UnitKind, UnitResult, UnitTask
@@ -116,6 +122,8 @@ class Experiment:
         self.imposed_orders = visit_orders
         self.log = EventLog(self.store)
         self.state = ExperimentState.from_events(self.log.read())
+        self._time_before = self.state.experiment_seconds
+        self._session_started = time.monotonic()
         self.space = SearchSpace.from_config(config.space)
         self.procedure = self._make_procedure()
         self.progress = Progress()
@@ -133,9 +141,16 @@ class Experiment:
 
     # -- set-up ---------------------------------------------------------------------------
 
+    def clock(self) -> float:
+        """Experiment time in seconds: 0 at the first start, not counting driver down-time."""
+        return self._time_before + time.monotonic() - self._session_started
+
     def _make_procedure(self) -> SearchProcedure:
         config = self.config
         rng = np.random.default_rng(np.random.SeedSequence([config.seed, _PROCEDURE_STREAM]))
+        options = dict(config.procedure_options)
+        if "num_workers" in procedure_options(config.procedure):
+            options.setdefault("num_workers", config.workers)
         procedure = make_procedure(
             config.procedure,
             space=self.space,
@@ -143,7 +158,8 @@ class Experiment:
             metric=config.metric,
             mode=config.mode,
             rng=rng,
-            **config.procedure_options,
+            clock=self.clock,
+            **options,
         )
         if self.state.procedure_state is not None:
             procedure.load_state_dict(self.state.procedure_state)
@@ -512,7 +528,9 @@ class Experiment:
             trial = state.trials[trial_id]
             if trial.status != RUNNING:
                 continue
-            report = EpochReport(trial_id, trial.epochs, dict(trial.metrics))
+            report = EpochReport(
+                trial_id, trial.epochs, dict(trial.metrics), state.unit_seconds[trial_id]
+            )
             decision = self.procedure.on_epoch_end(report)
             status = {
                 Decision.CONTINUE: RUNNING,

@@ -76,7 +76,11 @@ class ExperimentState:
         default_factory=lambda: defaultdict(dict)
     )
     validation_rows: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
+    unit_seconds: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
     worker_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    active_seconds: float = 0.0
+    _session_start: float | None = None
+    _last_time: float | None = None
     dataset_id: str | None = None
     finished: bool = False
 
@@ -90,9 +94,26 @@ class ExperimentState:
 
     def apply(self, event: Mapping[str, Any]) -> None:
         """Apply one event (unknown kinds are ignored, for forward compatibility)."""
+        if "time" in event:
+            self._clock_event(event["event"] == "experiment_start", float(event["time"]))
         handler = getattr(self, "_on_" + str(event["event"]), None)
         if handler is not None:
             handler(event)
+
+    def _clock_event(self, starts_session: bool, when: float) -> None:
+        """Accumulate the time drivers ran: from each session's start to its last event."""
+        if starts_session or self._session_start is None:
+            if self._session_start is not None and self._last_time is not None:
+                self.active_seconds += self._last_time - self._session_start
+            self._session_start = when
+        self._last_time = when
+
+    @property
+    def experiment_seconds(self) -> float:
+        """Experiment time up to the last event: driver down-time is not counted."""
+        if self._session_start is None or self._last_time is None:
+            return self.active_seconds
+        return self.active_seconds + self._last_time - self._session_start
 
     def live_trials(self) -> list[str]:
         """Ids of trials to train in the next round, in id order."""
@@ -120,11 +141,13 @@ class ExperimentState:
         self.reported = set()
         self.validation_sums = defaultdict(dict)
         self.validation_rows = defaultdict(int)
+        self.unit_seconds = defaultdict(float)
 
     def _on_unit_end(self, event: Mapping[str, Any]) -> None:
         kind = UnitKind(event["kind"])
         trial = event["trial"]
         self.done_units.append(DoneUnit(trial, event["partition"], kind, event["step"]))
+        self.unit_seconds[trial] += event.get("seconds", 0.0)
         if kind is UnitKind.TRAIN:
             self.trials[trial].checkpoint = event["checkpoint"]
             self.trials[trial].checkpoint_sha256 = event["checkpoint_sha256"]

@@ -267,11 +267,20 @@ def _open_state(
         scheduler = spec.build_lr_scheduler(optimizer, task.params)
     samples_seen = 0
     if checkpoint is not None:
+        # A checkpoint of another trial is a clone (PBT's exploit): weights and optimizer
+        # moments come from it, hyperparameters from this trial's params (explore).
+        cloned = checkpoint["trial"]["trial_id"] != task.trial_id
+        own_hyperparameters = [
+            {k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups
+        ]
         with _user_code(task, f"restoring checkpoint {task.checkpoint_in!r}"):
             model.load_state_dict(checkpoint["model"])
             optimizer.load_state_dict(dict(checkpoint["optimizer"]))
+            if cloned:
+                for group, own in zip(optimizer.param_groups, own_hyperparameters, strict=True):
+                    group.update(own)
             saved_scheduler = checkpoint["lr_scheduler"]
-            if scheduler is not None and saved_scheduler is not None:
+            if scheduler is not None and saved_scheduler is not None and not cloned:
                 scheduler.load_state_dict(dict(saved_scheduler))
         samples_seen = checkpoint["counters"]["samples_seen"]
     return _TrialState(model, optimizer, scheduler, samples_seen)

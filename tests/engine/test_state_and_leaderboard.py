@@ -143,3 +143,45 @@ def test_trials_without_metric_rank_last():
     state.trials["t0001"].metrics = {"accuracy": 0.1}
     lines = leaderboard_csv(state.trials.values(), "accuracy", "max").splitlines()
     assert lines[1].startswith("t0001") and lines[2].startswith("t0000,running,0,,")
+
+
+def test_experiment_time_does_not_count_driver_downtime():
+    log = [
+        {"event": "experiment_start", "time": 100.0},
+        {
+            "event": "round_start",
+            "time": 101.0,
+            "round": 0,
+            "trials": [],
+            "visit_orders": None,
+            "procedure_state": None,
+        },
+        {
+            "event": "unit_end",
+            "time": 110.0,
+            "trial": "t",
+            "partition": 0,
+            "kind": "validate",
+            "step": 0,
+            "metric_sums": {},
+            "rows": 1,
+            "seconds": 2.5,
+        },
+        # the driver died at 110; resumed an hour later
+        {"event": "experiment_start", "time": 3710.0},
+        {
+            "event": "unit_end",
+            "time": 3715.0,
+            "trial": "t",
+            "partition": 1,
+            "kind": "validate",
+            "step": 1,
+            "metric_sums": {},
+            "rows": 1,
+            "seconds": 1.5,
+        },
+    ]
+    state = ExperimentState.from_events(log)
+    assert state.experiment_seconds == 15.0
+    assert state.active_seconds == 10.0
+    assert state.unit_seconds["t"] == 4.0

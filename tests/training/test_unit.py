@@ -298,3 +298,47 @@ def test_corrupt_or_incompatible_checkpoints_become_trial_errors(store):
     )
     with pytest.raises(TrialError, match=r"restoring checkpoint 't0/e0s0\.pt'"):
         run_unit(wider, blobs(0), store, BLOBS_INFO)
+
+
+def test_a_clone_keeps_the_donors_weights_and_moments_but_takes_its_own_hyperparameters(store):
+    donor = train_task("donor", params={"hidden_units": [8], "lr": 0.01, "weight_decay": 0.0})
+    run_unit(donor, blobs(0, rows=40), store, BLOBS_INFO)
+    donor_checkpoint = decode_checkpoint(store.get(donor.checkpoint_out))
+    # the same trial continuing keeps the restored hyperparameters...
+    same = train_task(
+        "donor",
+        params={"hidden_units": [8], "lr": 0.5},
+        partition=1,
+        step=1,
+        epoch_units=2,
+        checkpoint_in=donor.checkpoint_out,
+    )
+    run_unit(same, blobs(1, rows=40), store, BLOBS_INFO)
+    assert (
+        decode_checkpoint(store.get(same.checkpoint_out))["optimizer"]["param_groups"][0]["lr"]
+        == 0.01
+    )
+    # ...a clone (PBT exploit + explore) takes its own params' hyperparameters
+    clone = train_task(
+        "clone",
+        params={"hidden_units": [8], "lr": 0.02, "weight_decay": 0.001},
+        seed=9,
+        partition=1,
+        checkpoint_in=donor.checkpoint_out,
+    )
+    run_unit(clone, blobs(1, rows=40), store, BLOBS_INFO)
+    group = decode_checkpoint(store.get(clone.checkpoint_out))["optimizer"]["param_groups"][0]
+    assert (group["lr"], group["weight_decay"]) == (0.02, 0.001)
+    # and it started from the donor's weights, not from its own seed's initialisation
+    fresh = train_task(
+        "clone",
+        params={"hidden_units": [8], "lr": 0.02, "weight_decay": 0.001},
+        seed=9,
+        partition=1,
+        checkpoint_out="fresh.pt",
+    )
+    run_unit(fresh, blobs(1, rows=40), store, BLOBS_INFO)
+    assert weights_digest(store.get(fresh.checkpoint_out)) != weights_digest(
+        store.get(clone.checkpoint_out)
+    )
+    assert donor_checkpoint["optimizer"]["state"]  # the donor had moments to hand over
