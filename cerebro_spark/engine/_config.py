@@ -50,6 +50,20 @@ class DataConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class SparkConfig:
+    """How to reach Spark when ``backend: spark``.
+
+    Attributes:
+        master: Master URL (``local[2]``, ``spark://host:7077``, ``yarn`` ...); ``None``
+            keeps the one ``spark-submit`` or the environment set.
+        conf: Extra Spark settings, e.g. ``{spark.executor.memory: 1g}``.
+    """
+
+    master: str | None = None
+    conf: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     """A whole model-selection experiment.
 
@@ -66,7 +80,9 @@ class ExperimentConfig:
         workers: Number of workers.
         store: Store URI for datasets, checkpoints and experiment logs.
         seed: Seed of everything random in the experiment.
-        backend: ``local`` (worker processes on this machine).
+        backend: ``spark`` (a long-lived worker per Spark executor slot) or ``local``
+            (worker processes on this machine, no Spark).
+        spark: The Spark section (master and settings) for ``backend: spark``.
         rule: MOP scheduling rule: ``work-aware`` (default; the idle trial with the most
             remaining measured work first) or ``randomized`` (Cerebro Alg. 1). With seeded
             visit orders work-aware is closer to the makespan bound
@@ -89,6 +105,7 @@ class ExperimentConfig:
     store: str = "runs"
     seed: int = 0
     backend: str = "local"
+    spark: SparkConfig = dataclasses.field(default_factory=SparkConfig)
     rule: Rule = "work-aware"
     visit_order: VisitOrder = "seeded"
     torch_threads: int = 1
@@ -99,6 +116,7 @@ class ExperimentConfig:
         procedure = {"name": out.pop("procedure"), **out.pop("procedure_options")}
         out["procedure"] = procedure
         out["data"] = {k: v for k, v in out["data"].items() if v is not None}
+        out["spark"] = {k: v for k, v in out["spark"].items() if v is not None}
         return out
 
     def replace(self, **changes: Any) -> ExperimentConfig:
@@ -173,7 +191,8 @@ def parse_config(raw: Any) -> ExperimentConfig:
         workers=top.take_int("workers", 2, minimum=1),
         store=top.take("store", str, "runs"),
         seed=top.take_int("seed", 0, minimum=0),
-        backend=top.take_choice("backend", ("local",), "local"),
+        backend=top.take_choice("backend", ("local", "spark"), "local"),
+        spark=_parse_spark(top.take("spark", dict, {})),
         rule=top.take_choice("rule", ("randomized", "work-aware"), "work-aware"),  # type: ignore[arg-type]
         visit_order=top.take_choice("visit_order", ("seeded", "dynamic"), "seeded"),  # type: ignore[arg-type]
         torch_threads=top.take_int("torch_threads", 1, minimum=1),
@@ -220,6 +239,20 @@ def _parse_data(raw: Mapping[str, Any]) -> DataConfig:
         validation_column=section.take("validation_column", str, None),
         feature_shapes=shapes,
         seed=seed,
+    )
+    section.finish()
+    return config
+
+
+def _parse_spark(raw: Mapping[str, Any]) -> SparkConfig:
+    section = _Section(raw, "spark.")
+    conf = section.take("conf", dict, {})
+    bad = [key for key, value in conf.items() if isinstance(value, (dict, list)) or value is None]
+    if bad:
+        raise ConfigError(f"spark.conf.{bad[0]} must be a string, number or boolean")
+    config = SparkConfig(
+        master=section.take("master", str, None),
+        conf={str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in conf.items()},
     )
     section.finish()
     return config

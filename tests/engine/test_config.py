@@ -45,6 +45,23 @@ def test_round_trip_without_default_model():
     assert parse_config(config.to_dict()) == config
 
 
+def test_spark_section():
+    config = parse_config(
+        minimal(
+            backend="spark",
+            spark={"master": "local[2]", "conf": {"spark.ui.enabled": False, "spark.task.cpus": 1}},
+        )
+    )
+    assert config.backend == "spark"
+    assert config.spark.master == "local[2]"
+    assert config.spark.conf == {"spark.ui.enabled": "false", "spark.task.cpus": "1"}
+    assert parse_config(config.to_dict()) == config
+    with pytest.raises(ConfigError, match="unknown field"):
+        parse_config(minimal(spark={"mastr": "local"}))
+    with pytest.raises(ConfigError, match=r"spark\.conf\.a must be a string"):
+        parse_config(minimal(spark={"conf": {"a": [1]}}))
+
+
 def test_procedure_options_are_kept():
     config = parse_config(minimal(procedure={"name": "random", "num_trials": 5}))
     assert config.procedure == "random"
