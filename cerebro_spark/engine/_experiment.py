@@ -223,6 +223,16 @@ class Experiment:
                 self._end_round()
             for worker_id, info in sorted(backend.workers().items()):
                 self._emit("worker_bytes", worker=worker_id, bytes_read=info.bytes_read)
+            for trial in sorted(self.state.trials.values(), key=lambda t: t.trial_id):
+                if trial.status == PAUSED:  # the procedure finished without resuming it
+                    self._emit(
+                        "decision",
+                        round=self.state.round,
+                        trial=trial.trial_id,
+                        epoch=trial.epochs,
+                        decision=Decision.STOP.value,
+                        status=STOPPED,
+                    )
         finally:
             backend.close()
         ranked = rank(self.state.trials.values(), self.config.metric, self.config.mode)
@@ -411,6 +421,7 @@ class Experiment:
             self._emit("unit_failed", **where, reason="trial_error", error=str(error))
             scheduler.remove_trial(unit.trial)
             self._emit("trial_failed", trial=unit.trial, error=str(error))
+            self.procedure.on_trial_failed(unit.trial)
             logger.error("trial %s failed: %s", unit.trial, error)
             return
         previous = self.state.trials[unit.trial].checkpoint

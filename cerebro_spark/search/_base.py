@@ -156,6 +156,14 @@ class SearchProcedure(abc.ABC):
     def on_epoch_end(self, report: EpochReport) -> Decision:
         """Decide a live trial's fate after one of its epochs."""
 
+    def on_trial_failed(self, trial_id: str) -> None:
+        """Hear that a trial's user code failed; it will never report again.
+
+        The default does nothing; a procedure that waits for every live trial's report
+        (a rung, a PBT generation) must drop ``trial_id`` from what it waits for.
+        """
+        del trial_id
+
     def resources(self, trial_id: str) -> int:
         """Return the number of workers ``trial_id`` trains on in its next epoch (default 1)."""
         del trial_id
