@@ -4,14 +4,22 @@ A *training unit* is one sub-epoch of one trial on one data partition (Cerebro ย
 *validation unit* evaluates a trial's latest checkpoint on one validation partition. Both
 are plain, picklable, JSON-friendly dataclasses with no torch or Spark inside, so the
 scheduler, the event log and the backends can share them.
+
+A *group unit* (Cerebro ยง5.7 and appendix D, "Horovod hybrid") is one train unit of one
+trial run data-parallel by ``k`` workers at once, each on its own partition: it is sent as
+``k`` :class:`UnitTask` s that differ only in ``partition`` and ``group.rank``
+(:func:`group_tasks` builds them, :func:`check_group` checks them); the semantics are in
+:mod:`cerebro_spark.training._group`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
+
+from cerebro_spark.errors import ConfigError, WorkerLostError
 
 
 class UnitKind(str, enum.Enum):
@@ -19,6 +27,89 @@ class UnitKind(str, enum.Enum):
 
     TRAIN = "train"
     VALIDATE = "validate"
+
+
+class GroupBrokenError(WorkerLostError):
+    """A group unit could not finish because its group broke; *this* worker lives on.
+
+    Raised by a rank of a group unit when a peer died, did not join within
+    ``GroupSpec.timeout_s``, or the rendezvous failed. Like :class:`WorkerLostError` the
+    unit goes back to the queue (the trial is not at fault); unlike it, the worker that
+    reports it is alive and idle, so the engine must not drop it: the workers actually
+    lost are those missing from ``Backend.workers()``.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSpec:
+    """A rank's place in a group unit: ``size`` workers train one trial data-parallel.
+
+    Attributes:
+        rank: This task's rank, in ``range(size)``; rank 0 hosts the rendezvous and writes
+            the checkpoint.
+        size: Number of workers in the group (``k >= 1``).
+        address: Host of rank 0's rendezvous (a ``torch.distributed`` TCP store).
+        port: Its TCP port; ``0`` means "not chosen yet": the backend's ``submit_group``
+            picks a free one (and the address) before the tasks are sent.
+        partitions: The partition each rank trains, by rank (``partitions[rank]`` equals
+            the task's ``partition``); distinct.
+        group_id: Identifies this group unit (unique per attempt, for logs and checks).
+        timeout_s: Seconds a rank waits for its peers at the rendezvous and at each
+            collective before the unit fails with :class:`GroupBrokenError`.
+
+    Raises:
+        ConfigError: A field breaks the rules above.
+    """
+
+    rank: int
+    size: int
+    address: str
+    port: int
+    partitions: tuple[int, ...]
+    group_id: str
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "partitions", tuple(self.partitions))
+        for name in ("rank", "size", "port"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"GroupSpec.{name} must be an int, got {value!r}")
+        if self.size < 1:
+            raise ConfigError(f"GroupSpec.size must be >= 1, got {self.size}")
+        if not 0 <= self.rank < self.size:
+            raise ConfigError(f"GroupSpec.rank must be in range(size={self.size}), got {self.rank}")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"GroupSpec.port must be in [0, 65535], got {self.port}")
+        if len(self.partitions) != self.size:
+            raise ConfigError(
+                f"GroupSpec.partitions must name one partition per rank (size={self.size}), "
+                f"got {list(self.partitions)}"
+            )
+        bad = [p for p in self.partitions if isinstance(p, bool) or not isinstance(p, int) or p < 0]
+        if bad or len(set(self.partitions)) != self.size:
+            raise ConfigError(
+                "GroupSpec.partitions must be distinct non-negative ints, got "
+                f"{list(self.partitions)}"
+            )
+        if not isinstance(self.group_id, str) or not self.group_id:
+            raise ConfigError(f"GroupSpec.group_id must be a non-empty str, got {self.group_id!r}")
+        timeout = self.timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ConfigError(f"GroupSpec.timeout_s must be a number > 0, got {timeout!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        """Return a JSON-serialisable dict (the inverse of :meth:`from_json`)."""
+        out = dataclasses.asdict(self)
+        out["partitions"] = list(self.partitions)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> GroupSpec:
+        """Build a group spec from :meth:`to_json` output."""
+        fields = dict(data)
+        fields["partitions"] = tuple(fields["partitions"])
+        return cls(**fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +129,11 @@ class UnitTask:
             ``step == epoch_units - 1`` ends the epoch and steps the LR scheduler).
         checkpoint_in: Store key of the checkpoint to start from; ``None`` initialises.
         checkpoint_out: Store key the new checkpoint is written to (train units only).
+        group: For a rank of a group unit (a train unit trained data-parallel by
+            ``group.size`` workers), its place in the group; ``None`` (the default) for an
+            ordinary unit. In a group unit ``step`` counts the trial's partitions already
+            trained this epoch, and the unit ends the epoch when
+            ``step + group.size == epoch_units``.
     """
 
     kind: UnitKind
@@ -51,12 +147,20 @@ class UnitTask:
     epoch_units: int = 1
     checkpoint_in: str | None = None
     checkpoint_out: str | None = None
+    group: GroupSpec | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """Return a JSON-serialisable dict (the inverse of :meth:`from_json`)."""
+        """Return a JSON-serialisable dict (the inverse of :meth:`from_json`).
+
+        ``"group"`` is present only for a rank of a group unit.
+        """
         out = dataclasses.asdict(self)
         out["kind"] = self.kind.value
         out["params"] = dict(self.params)
+        if self.group is None:
+            del out["group"]
+        else:
+            out["group"] = self.group.to_json()
         return out
 
     @classmethod
@@ -64,6 +168,8 @@ class UnitTask:
         """Build a task from :meth:`to_json` output."""
         fields = dict(data)
         fields["kind"] = UnitKind(fields["kind"])
+        if fields.get("group") is not None:
+            fields["group"] = GroupSpec.from_json(fields["group"])
         return cls(**fields)
 
 
@@ -98,3 +204,101 @@ class UnitResult:
         if self.rows == 0:
             return {}
         return {name: total / self.rows for name, total in self.metric_sums.items()}
+
+
+def group_tasks(
+    task: UnitTask,
+    partitions: Sequence[int],
+    group_id: str,
+    *,
+    address: str = "",
+    port: int = 0,
+    timeout_s: float = 60.0,
+) -> tuple[UnitTask, ...]:
+    """Return the ``len(partitions)`` rank tasks of one group unit, by rank.
+
+    Rank ``r`` trains ``partitions[r]``; everything else is ``task``'s (a train unit whose
+    ``step`` counts the trial's partitions already trained this epoch). Leave ``port`` at
+    0 to let the backend's ``submit_group`` choose the rendezvous address and port.
+
+    Args:
+        task: The unit every rank shares (its ``partition`` and ``group`` are replaced).
+        partitions: Distinct partitions, one per rank.
+        group_id: Unique id of this group unit (per attempt).
+        address: Rank 0's host, or ``""`` for the backend to fill in.
+        port: Rendezvous port, or 0 for the backend to choose.
+        timeout_s: See :attr:`GroupSpec.timeout_s`.
+
+    Returns:
+        The tasks, rank 0 first; they pass :func:`check_group`.
+
+    Raises:
+        ConfigError: The group breaks a rule of :class:`GroupSpec` or :func:`check_group`.
+    """
+    parts = tuple(partitions)
+    tasks = tuple(
+        dataclasses.replace(
+            task,
+            partition=partition,
+            group=GroupSpec(rank, len(parts), address, port, parts, group_id, timeout_s),
+        )
+        for rank, partition in enumerate(parts)
+    )
+    check_group(tasks)
+    return tasks
+
+
+def check_group(tasks: Collection[UnitTask]) -> None:
+    """Check that ``tasks`` are exactly the ranks of one group unit.
+
+    Rules: every task is a train unit with a ``group``; the ranks are ``0 .. size-1``,
+    each once, with ``size == len(tasks)``; rank ``r`` trains ``group.partitions[r]``;
+    all tasks are equal except for ``partition`` and ``group.rank``; ``step + size <=
+    epoch_units``.
+
+    Raises:
+        ConfigError: A rule is broken (the message names the rule and the values).
+    """
+    listed = list(tasks)
+    if not listed:
+        raise ConfigError("a group unit needs at least one task, got none")
+    groups = [task.group for task in listed]
+    if any(group is None for group in groups):
+        raise ConfigError("every task of a group unit needs a GroupSpec in task.group")
+    by_rank = {group.rank: task for task, group in zip(listed, groups, strict=True) if group}
+    first = listed[0]
+    assert first.group is not None  # ok: checked above
+    size = first.group.size
+    if sorted(by_rank) != list(range(size)) or len(listed) != size:
+        raise ConfigError(
+            f"group {first.group.group_id!r} of size {size} needs ranks 0..{size - 1} once "
+            f"each, got ranks {sorted(g.rank for g in groups if g)}"
+        )
+    shared = _shared_fields(first)
+    for task in listed:
+        assert task.group is not None  # ok: checked above
+        if task.kind is not UnitKind.TRAIN:
+            raise ConfigError(f"group units train; got a {task.kind.value} task")
+        if task.partition != task.group.partitions[task.group.rank]:
+            raise ConfigError(
+                f"rank {task.group.rank} of group {task.group.group_id!r} must train "
+                f"partition {task.group.partitions[task.group.rank]}, got {task.partition}"
+            )
+        if _shared_fields(task) != shared:
+            raise ConfigError(
+                f"the tasks of group {first.group.group_id!r} must differ only in partition "
+                f"and rank; rank {task.group.rank} differs from rank {first.group.rank}"
+            )
+    if first.step + size > first.epoch_units:
+        raise ConfigError(
+            f"group unit of size {size} at step {first.step} overruns the epoch of "
+            f"epoch_units={first.epoch_units} partitions (needs step + size <= epoch_units)"
+        )
+
+
+def _shared_fields(task: UnitTask) -> dict[str, Any]:
+    """The fields every rank of a group unit has in common, as JSON."""
+    out = task.to_json()
+    out.pop("partition")
+    out["group"].pop("rank")
+    return out

@@ -19,6 +19,23 @@ Rules every implementation keeps (``tests/backends/contract.py`` is the shared s
 * :attr:`WorkerInfo.bytes_read` counts every byte a worker read from storage for
   partitions, so that "each partition is read once" can be checked.
 * :meth:`Backend.close` stops every worker and is idempotent.
+
+Group units (optional; Cerebro §5.7's "Horovod hybrid", semantics in
+:mod:`cerebro_spark.training._group`): :meth:`Backend.submit_group` starts the ``k`` rank
+tasks of one group unit on ``k`` workers *together* (a rank blocks until its peers join).
+A backend that cannot keeps the default, which raises :class:`NotImplementedError` naming
+the backend; one that can keeps these rules:
+
+* The tasks pass :func:`cerebro_spark.units.check_group`; every worker is live, idle and
+  holds its rank's partition; otherwise :class:`ValueError` (or
+  :class:`~cerebro_spark.errors.ConfigError`) is raised and **no** task is sent.
+* A task whose ``group.port`` is 0 gets a rendezvous address and port the backend chose,
+  reachable by every rank (rank 0's host); other tasks are sent as given.
+  :meth:`Backend.submit` refuses a group task with :class:`ValueError`.
+* Each rank's future resolves to that rank's :class:`~cerebro_spark.units.UnitResult`. A
+  rank whose worker died fails with ``WorkerLostError``; the surviving ranks fail with
+  :class:`~cerebro_spark.units.GroupBrokenError` (a ``WorkerLostError`` subclass) within
+  about ``group.timeout_s``, and their workers live on and serve the next unit.
 """
 
 from __future__ import annotations
@@ -86,6 +103,23 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def submit(self, worker_id: str, task: UnitTask) -> Future[UnitResult]:
         """Run ``task`` on ``worker_id``; the future resolves when the unit ends."""
+
+    def submit_group(self, assignments: Mapping[str, UnitTask]) -> dict[str, Future[UnitResult]]:
+        """Start the ranks of one group unit together (see the module docstring).
+
+        Args:
+            assignments: Worker id to the rank task it runs, one per rank.
+
+        Returns:
+            Worker id to the future of its rank's result.
+
+        Raises:
+            NotImplementedError: This backend does not run group units (the default).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not run group units (data-parallel trials); "
+            "run the trial's units one at a time with submit()"
+        )
 
     @abc.abstractmethod
     def close(self) -> None:

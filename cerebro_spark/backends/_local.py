@@ -33,6 +33,14 @@ its new worker as soon as it is assigned; units submitted for it run after the l
 :meth:`LocalBackend.add_worker` starts a worker that loads *replicas* of a fair share of
 the partitions (Cerebro §5.5-5.6: the scheduler uses the availability map), so it can
 take units at once and no live worker has to give anything up.
+
+Group units (:meth:`LocalBackend.submit_group`): the ``k`` rank tasks are checked, then
+sent to their ``k`` idle workers under one lock acquisition, so they start together;
+a task whose ``group.port`` is 0 gets ``127.0.0.1`` and a port that was free when chosen
+(bound to port 0 and released; another process could take it in between, in which case
+the group fails with :class:`~cerebro_spark.units.GroupBrokenError` and can be resubmitted).
+A :class:`~cerebro_spark.units.GroupBrokenError` raised in a worker reaches the driver as
+itself (not as a ``TrialError``): the worker lives on.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import socket
 import sys
 import threading
 import traceback
@@ -61,7 +70,7 @@ from typing import Any, Literal
 from cerebro_spark.backends._base import Backend, WorkerInfo, WorkerJob
 from cerebro_spark.backends._worker import Worker
 from cerebro_spark.errors import ConfigError, StoreError, TrialError, WorkerLostError
-from cerebro_spark.units import UnitResult, UnitTask
+from cerebro_spark.units import GroupBrokenError, UnitResult, UnitTask, check_group
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +105,7 @@ class _RemoteError:
     trial_error: bool
     transient: bool
     pickled: bytes | None
+    group_broken: bool = False
 
     @classmethod
     def capture(cls, exc: BaseException) -> _RemoteError:
@@ -111,6 +121,7 @@ class _RemoteError:
             trial_error=isinstance(exc, TrialError),
             transient=isinstance(exc, OSError),
             pickled=pickled,
+            group_broken=isinstance(exc, GroupBrokenError),
         )
 
 
@@ -393,8 +404,79 @@ class LocalBackend(Backend):
                     f"cannot run partition {task.partition} on worker {worker_id}: it "
                     f"holds partitions {sorted(handle.partitions)}"
                 )
+            if task.group is not None:
+                raise ValueError(
+                    f"cannot run partition {task.partition} on worker {worker_id} alone: "
+                    f"the task is rank {task.group.rank} of group {task.group.group_id!r}; "
+                    "use submit_group"
+                )
             future: Future[UnitResult] = self._send_locked(handle, _Command("run", task=task))
             return future
+
+    def submit_group(self, assignments: Mapping[str, UnitTask]) -> dict[str, Future[UnitResult]]:
+        """Start the ``k`` ranks of one group unit together, one per worker.
+
+        Tasks with ``group.port == 0`` get the rendezvous ``127.0.0.1:<free port>``.
+
+        Args:
+            assignments: Worker id to the rank task it runs (see
+                :func:`cerebro_spark.units.group_tasks`); ``k`` distinct workers.
+
+        Returns:
+            Worker id to the future of its rank's :class:`UnitResult`.
+
+        Raises:
+            ConfigError: The tasks are not the ranks of one group unit (``check_group``).
+            ValueError: A worker is unknown (or dead), busy, or lacks its rank's partition;
+                nothing was sent.
+        """
+        check_group(list(assignments.values()))
+        first = next(iter(assignments.values())).group
+        assert first is not None  # ok: check_group
+        if first.port == 0:
+            port = _free_port()
+            tasks = {
+                worker_id: dataclasses.replace(
+                    task,
+                    group=dataclasses.replace(task.group, address="127.0.0.1", port=port),
+                )
+                for worker_id, task in assignments.items()
+                if task.group is not None
+            }
+        else:
+            tasks = dict(assignments)
+        with self._lock:
+            handles: list[tuple[_Handle, UnitTask]] = []
+            for worker_id, task in tasks.items():
+                handle = self._handles.get(worker_id)
+                what = f"rank {task.group.rank if task.group else '?'} (partition {task.partition})"
+                if handle is None or not handle.listed:
+                    raise ValueError(
+                        f"cannot run {what} of group {first.group_id!r} on worker {worker_id!r}: "
+                        f"no such live worker (live: {sorted(self.workers())})"
+                    )
+                running = handle.running
+                if running is not None:
+                    raise ValueError(
+                        f"cannot run {what} of group {first.group_id!r} on worker {worker_id}: "
+                        f"it is busy with the {_describe(running)}"
+                    )
+                if task.partition not in handle.partitions:
+                    raise ValueError(
+                        f"cannot run {what} of group {first.group_id!r} on worker {worker_id}: "
+                        f"it holds partitions {sorted(handle.partitions)}"
+                    )
+                handles.append((handle, task))
+            futures: dict[str, Future[UnitResult]] = {}
+            for handle, task in handles:
+                futures[handle.worker_id] = self._send_locked(handle, _Command("run", task=task))
+        logger.debug(
+            "group %s of trial %s started on workers %s",
+            first.group_id,
+            next(iter(tasks.values())).trial_id,
+            list(futures),
+        )
+        return futures
 
     def close(self) -> None:
         """Stop every worker process and the monitor thread (idempotent).
@@ -681,7 +763,9 @@ class LocalBackend(Backend):
         cause = _RemoteTraceback(f"\nworker {handle.worker_id} traceback:\n{error.traceback}")
         exc: Exception
         if command.op == "run" and command.task is not None:
-            if error.trial_error:
+            if error.group_broken:
+                exc = GroupBrokenError(f"on worker {handle.worker_id}: {error.message}")
+            elif error.trial_error:
                 exc = TrialError(error.message)
             elif error.transient:
                 exc = StoreError(
@@ -745,6 +829,14 @@ class LocalBackend(Backend):
                     "its traceback, if any, is on stderr"
                 )
             _fail(pending.future, WorkerLostError(f"worker {handle.worker_id} died ({how}) {what}"))
+
+
+def _free_port() -> int:
+    """Return a TCP port of 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
 
 
 def _fail(future: Future[Any], exc: BaseException) -> None:

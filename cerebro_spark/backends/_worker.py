@@ -4,7 +4,9 @@ A :class:`Worker` is what runs inside a worker process (``LocalBackend``) or a l
 Spark task (``SparkBackend``). It knows nothing about processes, pipes or Spark: it reads
 the dataset's manifest once, loads train **and** validation partition ``i`` together for
 every index it is given (Cerebro §3.1: the data stays, the models hop), and runs units on
-the partition a unit names.
+the partition a unit names. A task with ``task.group`` set is one rank of a group unit
+(data-parallel training of one trial by several workers, Cerebro §5.7) and runs through
+:func:`cerebro_spark.training.run_group_unit`.
 """
 
 from __future__ import annotations
@@ -149,7 +151,9 @@ class Worker:
         """Run one unit on the held partition of the split its kind reads.
 
         Args:
-            task: The unit; ``task.partition`` must be held.
+            task: The unit; ``task.partition`` must be held. With ``task.group`` set it is
+                this worker's rank of a group unit: it blocks until the group's other
+                ranks join (they run on other workers at the same time).
 
         Returns:
             The unit's result.
@@ -157,6 +161,7 @@ class Worker:
         Raises:
             ValueError: The partition is not held by this worker.
             cerebro_spark.errors.TrialError: The trial's user code raised.
+            cerebro_spark.units.GroupBrokenError: A group unit's peer was lost.
         """
         split = split_of(task.kind)
         data = self._data.get((split, task.partition))
@@ -166,6 +171,17 @@ class Worker:
                 f"(holds {sorted(self.partitions)})"
             )
         self._prepare_torch()
+        if task.group is not None:
+            from cerebro_spark.training import run_group_unit
+
+            return run_group_unit(
+                task,
+                data,
+                self._job.store,
+                self.manifest.info,
+                worker_id=self._worker_id,
+                device=self._device,
+            )
         from cerebro_spark.training import run_unit
 
         return run_unit(

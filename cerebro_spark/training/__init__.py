@@ -1,4 +1,8 @@
-"""Training units: the user's ModelSpec, ready specs, and the unit that trains one sub-epoch."""
+"""Training units: the user's ModelSpec, ready specs, and the unit that trains one sub-epoch.
+
+``run_group_unit`` runs one rank of a group unit (a trial trained data-parallel by k
+workers, Cerebro §5.7).
+"""
 
 from cerebro_spark.training._checkpoint import (
     CHECKPOINT_FORMAT_VERSION,
@@ -10,6 +14,7 @@ from cerebro_spark.training._checkpoint import (
     state_digest,
     weights_digest,
 )
+from cerebro_spark.training._group import run_group_unit
 from cerebro_spark.training._loading import load_spec
 from cerebro_spark.training._models import CNNSpec, MLPSpec
 from cerebro_spark.training._spec import ModelSpec
@@ -26,6 +31,7 @@ __all__ = [
     "decode_checkpoint",
     "encode_checkpoint",
     "load_spec",
+    "run_group_unit",
     "run_unit",
     "state_digest",
     "weights_digest",
