@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of ``cerebro-spark``."""
     parser = argparse.ArgumentParser(
         prog="cerebro-spark",
+        allow_abbrev=False,
         description="Deep learning model selection with model hopper parallelism.",
     )
     parser.add_argument("--version", action="version", version=f"cerebro-spark {__version__}")
@@ -168,6 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--seed", type=int, default=0)
     prepare.add_argument("--store", default="runs")
     prepare.set_defaults(handler=_cmd_prepare)
+
+    from cerebro_spark.simulate import add_plan_command, add_simulate_command
+
+    add_simulate_command(commands)
+    add_plan_command(commands)
     return parser
 
 

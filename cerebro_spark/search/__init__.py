@@ -1,5 +1,8 @@
 """Search spaces and search procedures (Cerebro's epoch template)."""
 
+from typing import Any
+
+from cerebro_spark.search._asha import ASHA
 from cerebro_spark.search._base import (
     Clock,
     Decision,
@@ -9,8 +12,13 @@ from cerebro_spark.search._base import (
     TrialSpec,
 )
 from cerebro_spark.search._grid import MAX_GRID_TRIALS, GridSearch
+from cerebro_spark.search._hyperband import Hyperband
+from cerebro_spark.search._hypersched import HyperSched
+from cerebro_spark.search._pbt import PBT
 from cerebro_spark.search._random import RandomSearch
 from cerebro_spark.search._registry import PROCEDURES, make_procedure, procedure_options
+from cerebro_spark.search._seer import SEER, SeerPlan, seer_plan
+from cerebro_spark.search._sha import SuccessiveHalving
 from cerebro_spark.search.space import (
     Choice,
     Distribution,
@@ -23,8 +31,11 @@ from cerebro_spark.search.space import (
 )
 
 __all__ = [
+    "ASHA",
     "MAX_GRID_TRIALS",
+    "PBT",
     "PROCEDURES",
+    "SEER",
     "Choice",
     "Clock",
     "Decision",
@@ -32,6 +43,8 @@ __all__ = [
     "EpochReport",
     "Grid",
     "GridSearch",
+    "HyperSched",
+    "Hyperband",
     "IntUniform",
     "LogUniform",
     "Mode",
@@ -39,8 +52,20 @@ __all__ = [
     "RandomSearch",
     "SearchProcedure",
     "SearchSpace",
+    "SeerPlan",
+    "SuccessiveHalving",
+    "TPESearch",
     "TrialSpec",
     "Uniform",
     "make_procedure",
     "procedure_options",
+    "seer_plan",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TPESearch":  # imports optuna: only on demand
+        from cerebro_spark.search._tpe import TPESearch
+
+        return TPESearch
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
