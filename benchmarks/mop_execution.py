@@ -1,0 +1,132 @@
+"""What model hopping costs on a real backend, measured from a run's events.jsonl.
+
+Runs a digits experiment (or reads an existing one with --experiment) and prints:
+
+1. bytes each worker read from storage, against the bytes of the partitions it holds
+   (each partition must be read once, however many epochs run);
+2. the per-hop overhead: checkpoint read + write seconds as a fraction of unit seconds;
+3. each round's makespan over the schedule lower bound max(max worker load, max trial
+   total) computed from the measured unit times.
+
+    python benchmarks/mop_execution.py --backend spark --master local[2] --epochs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from collections import defaultdict
+
+from cerebro_spark.engine import parse_config, read_events, run_experiment
+from cerebro_spark.store import open_store
+
+
+def run(args: argparse.Namespace) -> tuple[str, str]:
+    store = args.store or tempfile.mkdtemp(prefix="cerebro-bench-")
+    raw = {
+        "name": "bench",
+        "seed": 1,
+        "store": store,
+        "data": {"source": "sklearn:digits", "partitions": args.partitions},
+        "procedure": "grid",
+        "epochs": args.epochs,
+        "workers": args.workers,
+        "backend": args.backend,
+        "space": {
+            "choice": [
+                {
+                    "model": "cerebro_spark.training:MLPSpec",
+                    "hidden_units": {"grid": [[64], [128], [256, 128]]},
+                    "lr": {"grid": [0.001, 0.003]},
+                },
+                {
+                    "model": "cerebro_spark.training:CNNSpec",
+                    "channels": {"grid": [[16, 32]]},
+                    "lr": {"grid": [0.001, 0.003]},
+                },
+            ]
+        },
+    }
+    if args.backend == "spark":
+        raw["spark"] = {"master": args.master, "conf": {"spark.ui.enabled": "false"}}
+    result = run_experiment(parse_config(raw), experiment_id="bench")
+    return store, result.experiment_id
+
+
+def report(store_uri: str, experiment_id: str) -> None:
+    store = open_store(store_uri)
+    events = read_events(store.child(f"experiments/{experiment_id}"))
+    dataset = next(e for e in events if e["event"] == "dataset")
+    manifest = json.loads(store.get(f"datasets/{dataset['dataset_id']}/manifest.json"))
+    part_bytes: dict[int, int] = defaultdict(int)
+    for part in manifest["partitions"]:
+        part_bytes[part["index"]] += part["bytes"]
+    holds = {e["worker"]: e["partitions"] for e in events if e["event"] == "worker_joined"}
+    read = {e["worker"]: e["bytes_read"] for e in events if e["event"] == "worker_bytes"}
+    rounds = max(e["round"] for e in events if e["event"] == "round_end") + 1
+    print(f"experiment {experiment_id}: {rounds} epochs, {len(holds)} workers")
+    print()
+    print("| worker | partitions | partition bytes | bytes read | read / held |")
+    print("|---|---|--:|--:|--:|")
+    for worker in sorted(read):
+        held = sum(part_bytes[p] for p in holds.get(worker, []))
+        ratio = read[worker] / held if held else float("nan")
+        print(f"| {worker} | {holds.get(worker)} | {held} | {read[worker]} | {ratio:.3f} |")
+
+    ends = [e for e in events if e["event"] == "unit_end"]
+    train = [e for e in ends if e["kind"] == "train"]
+    fractions = [e["io_seconds"] / e["seconds"] for e in train if e["seconds"] > 0]
+    print()
+    print("| units | median unit s | median hop (ckpt read+write) s | median hop / unit |")
+    print("|--:|--:|--:|--:|")
+    unit = statistics.median(e["seconds"] for e in train)
+    hop = statistics.median(e["io_seconds"] for e in train)
+    print(f"| {len(train)} train | {unit:.4f} | {hop:.4f} | {statistics.median(fractions):.3f} |")
+
+    starts = {e["round"]: e["time"] for e in events if e["event"] == "round_start"}
+    finish: dict[int, float] = {}
+    for e in events:
+        if e["event"] == "trial_epoch":
+            finish[e["round"]] = max(finish.get(e["round"], 0.0), e["time"])
+    print()
+    print("| epoch | makespan s | lower bound s | makespan / bound |")
+    print("|--:|--:|--:|--:|")
+    ratios = []
+    for number in sorted(starts):
+        units = [e for e in ends if e["round"] == number]
+        load: dict[str, float] = defaultdict(float)
+        total: dict[str, float] = defaultdict(float)
+        for e in units:
+            load[e["worker"]] += e["seconds"]
+            total[e["trial"]] += e["seconds"]
+        bound = max(max(load.values()), max(total.values()))
+        makespan = finish[number] - starts[number]
+        ratios.append(makespan / bound)
+        print(f"| {number + 1} | {makespan:.2f} | {bound:.2f} | {makespan / bound:.3f} |")
+    print(f"| mean | | | {statistics.mean(ratios):.3f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--backend", choices=("local", "spark"), default="spark")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--store")
+    parser.add_argument(
+        "--experiment", help="report on this experiment id in --store instead of running"
+    )
+    args = parser.parse_args()
+    if args.experiment:
+        report(args.store, args.experiment)
+    else:
+        report(*run(args))
+
+
+if __name__ == "__main__":
+    main()
