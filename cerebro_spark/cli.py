@@ -87,37 +87,6 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_prepare(args: argparse.Namespace) -> int:
-    from cerebro_spark.data import load_source, prepare_dataset, read_table
-
-    shapes = {}
-    if args.source.startswith("sklearn:"):
-        table, meta = load_source(args.source)
-        shapes = dict(meta.get("feature_shapes", {}))
-    else:
-        table = read_table(args.source)
-    features = args.features or [
-        c for c in table.column_names if c not in {args.label, args.validation_column}
-    ]
-    manifest = prepare_dataset(
-        table,
-        args.store,
-        features=features,
-        label=args.label,
-        num_partitions=args.partitions,
-        seed=args.seed,
-        validation_fraction=args.validation_fraction,
-        validation_column=args.validation_column,
-        feature_shapes=shapes or None,
-        source=args.source,
-    )
-    _out(
-        f"dataset {manifest.dataset_id}: {manifest.rows('train')} train rows, "
-        f"{manifest.rows('validation')} validation rows, {manifest.num_partitions} partitions"
-    )
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of ``cerebro-spark``."""
     parser = argparse.ArgumentParser(
@@ -157,18 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     board.add_argument("--limit", type=int, default=50)
     board.set_defaults(handler=_cmd_leaderboard)
 
-    prepare = commands.add_parser("prepare", help="shuffle, split and partition a dataset")
-    prepare.add_argument(
-        "--source", required=True, help="sklearn:digits, or a Parquet/CSV/JSON path"
+    from cerebro_spark.data._prepare_cli import add_prepare_arguments, run_prepare
+
+    prepare = commands.add_parser(
+        "prepare", help="shuffle once, split and partition a dataset (Spark or plain Python)"
     )
-    prepare.add_argument("--label", default="label")
-    prepare.add_argument("--features", nargs="*", help="feature columns (default: all but label)")
-    prepare.add_argument("--partitions", type=int, default=4)
-    prepare.add_argument("--validation-fraction", type=float, default=0.2)
-    prepare.add_argument("--validation-column")
-    prepare.add_argument("--seed", type=int, default=0)
-    prepare.add_argument("--store", default="runs")
-    prepare.set_defaults(handler=_cmd_prepare)
+    add_prepare_arguments(prepare)
+    prepare.set_defaults(handler=run_prepare)
 
     from cerebro_spark.simulate import add_plan_command, add_simulate_command
 

@@ -1,4 +1,10 @@
-"""Prepared datasets: the partitioned-Parquet format, its writer and its reader."""
+"""Prepared datasets: the partitioned-Parquet format, its writers and its reader.
+
+Two writers produce the same datasets: :func:`prepare_dataset` (plain Python, the data in
+memory) and :func:`prepare_with_spark` (Spark tasks; the data never passes through the
+driver). ``prepare_with_spark`` is re-exported here because its module imports pyspark
+only when the function is called: ``import cerebro_spark.data`` works without pyspark.
+"""
 
 from cerebro_spark.data._format import (
     FORMAT_VERSION,
@@ -13,6 +19,7 @@ from cerebro_spark.data._format import (
 )
 from cerebro_spark.data._reader import read_manifest, read_partition
 from cerebro_spark.data._sources import SOURCES, load_source, read_table
+from cerebro_spark.data._spark_prepare import prepare_with_spark
 from cerebro_spark.data._writer import (
     PARQUET_OPTIONS,
     content_hash,
@@ -39,6 +46,7 @@ __all__ = [
     "load_source",
     "partition_path",
     "prepare_dataset",
+    "prepare_with_spark",
     "read_manifest",
     "read_partition",
     "read_table",

@@ -163,23 +163,41 @@ def check_label_type(name: str, arrow_type: pa.DataType, task: str) -> None:
 # -- values -----------------------------------------------------------------------------------
 
 
+def check_null_count(name: str, nulls: int, rows: int, role: str = "column") -> None:
+    """Raise if a column has ``nulls`` null rows (of ``rows``); for counts computed elsewhere."""
+    if nulls:
+        raise DataError(
+            f"{role} {name!r} has {nulls} null values of {rows} rows; nulls are not allowed"
+        )
+
+
+def check_null_elements(name: str, nulls: int, depth: int, role: str = "column") -> None:
+    """Raise if an array column has ``nulls`` null elements at nesting ``depth`` (>= 1)."""
+    if nulls:
+        raise DataError(
+            f"{role} {name!r} has {nulls} null array elements "
+            f"(at nesting depth {depth}); nulls are not allowed"
+        )
+
+
 def check_no_nulls(name: str, array: pa.Array | pa.ChunkedArray, role: str = "column") -> None:
     """Raise if ``array`` (or any nested array value) holds nulls, naming the count."""
     array = as_array(array)
-    if array.null_count:
-        raise DataError(
-            f"{role} {name!r} has {array.null_count} null values of {len(array)} rows; "
-            "nulls are not allowed"
-        )
+    check_null_count(name, array.null_count, len(array), role)
     depth = 0
     while _is_list(array.type):
         array = array.flatten()
         depth += 1
-        if array.null_count:
-            raise DataError(
-                f"{role} {name!r} has {array.null_count} null array elements "
-                f"(at nesting depth {depth}); nulls are not allowed"
-            )
+        check_null_elements(name, array.null_count, depth, role)
+
+
+def check_finite_counts(name: str, nans: int, infs: int, values: int, role: str = "column") -> None:
+    """Raise if ``nans`` or ``infs`` (of ``values`` values) is non-zero, with the counts."""
+    if nans or infs:
+        raise DataError(
+            f"{role} {name!r} has {nans} NaN and {infs} infinite values "
+            f"(of {values} values); values must be finite"
+        )
 
 
 def check_finite(name: str, values: pa.Array | pa.ChunkedArray, role: str = "column") -> None:
@@ -189,11 +207,7 @@ def check_finite(name: str, values: pa.Array | pa.ChunkedArray, role: str = "col
         return
     nans = pc.sum(pc.is_nan(values)).as_py() or 0
     infs = pc.sum(pc.is_inf(values)).as_py() or 0
-    if nans or infs:
-        raise DataError(
-            f"{role} {name!r} has {nans} NaN and {infs} infinite values "
-            f"(of {len(values)} values); values must be finite"
-        )
+    check_finite_counts(name, nans, infs, len(values), role)
 
 
 def element_shape(name: str, array: pa.Array | pa.ChunkedArray) -> tuple[int, ...]:
@@ -213,13 +227,7 @@ def element_shape(name: str, array: pa.Array | pa.ChunkedArray) -> tuple[int, ..
             length = array.type.list_size
         else:
             lengths = pc.unique(pc.list_value_length(array))
-            if len(lengths) > 1:
-                seen = sorted(int(v) for v in lengths.to_pylist())
-                where = f" at nesting depth {depth}" if depth else ""
-                raise DataError(
-                    f"feature column {name!r} has arrays of different lengths{where}: "
-                    f"{_listing(seen)}; every row must have the same shape"
-                )
+            check_lengths(name, [int(v) for v in lengths.to_pylist()], depth)
             length = int(lengths[0].as_py()) if len(lengths) else 0
         if length == 0 and len(array):
             raise DataError(f"feature column {name!r} holds empty arrays")
@@ -227,6 +235,23 @@ def element_shape(name: str, array: pa.Array | pa.ChunkedArray) -> tuple[int, ..
         array = array.flatten()
         depth += 1
     return tuple(shape)
+
+
+def check_lengths(name: str, lengths: Sequence[int], depth: int) -> None:
+    """Raise if the arrays of a feature column at nesting ``depth`` have several lengths.
+
+    Args:
+        name: The feature column.
+        lengths: The distinct lengths seen (any order).
+        depth: Nesting depth of the arrays (0: the rows' own arrays).
+    """
+    if len(lengths) > 1:
+        seen = sorted(lengths)
+        where = f" at nesting depth {depth}" if depth else ""
+        raise DataError(
+            f"feature column {name!r} has arrays of different lengths{where}: "
+            f"{_listing(seen)}; every row must have the same shape"
+        )
 
 
 def flat_values(array: pa.Array | pa.ChunkedArray) -> pa.Array:

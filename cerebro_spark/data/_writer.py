@@ -185,27 +185,45 @@ def _feature_column(
     return array, ColumnInfo(name, "float32", shape)
 
 
-def _label_column(
-    name: str, column: pa.ChunkedArray, task: Task | None
-) -> tuple[pa.Array, ColumnInfo, Task, tuple[Any, ...] | None]:
+def _label_input(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Return a label column as the label rules see it: dictionaries decoded, decimals float64."""
     array = v.as_array(column)
     if pa.types.is_dictionary(array.type):
         array = array.dictionary_decode()
     if pa.types.is_decimal(array.type):
         array = array.cast(pa.float64())
+    return array
+
+
+def _sorted_classes(array: pa.Array) -> pa.Array:
+    """Return the distinct values of a classification label, sorted (class ``k`` = item ``k``)."""
+    unique = pc.unique(array)
+    return unique.take(pc.array_sort_indices(unique))
+
+
+def _encode_label(array: pa.Array, task: Task, classes: pa.Array | None) -> pa.Array:
+    """Return the written label: ``float32`` (regression) or ``int64`` class indices."""
+    if task == "regression":
+        return array.cast(pa.float32(), safe=False)
+    return pc.index_in(array, value_set=classes).cast(pa.int64())
+
+
+def _label_column(
+    name: str, column: pa.ChunkedArray, task: Task | None
+) -> tuple[pa.Array, ColumnInfo, Task, tuple[Any, ...] | None]:
+    array = _label_input(column)
     v.check_no_nulls(name, array, "label column")
     if task is None:
         task = v.infer_task(name, array.type)
     v.check_label_type(name, array.type, task)
     if task == "regression":
-        labels = array.cast(pa.float32(), safe=False)
+        labels = _encode_label(array, task, None)
         v.check_finite(name, labels, "label column")
         return labels, ColumnInfo(name, "float32"), task, None
     v.check_finite(name, array, "label column")
-    unique = pc.unique(array)
-    classes = unique.take(pc.array_sort_indices(unique))
+    classes = _sorted_classes(array)
     v.check_classes(name, classes.to_pylist())
-    labels = pc.index_in(array, value_set=classes).cast(pa.int64())
+    labels = _encode_label(array, task, classes)
     return labels, ColumnInfo(name, "int64"), task, tuple(classes.to_pylist())
 
 
@@ -226,8 +244,7 @@ def _check_seed(seed: object) -> int:
     return int(seed)
 
 
-def _normalize(
-    data: DataLike,
+def _check_params(
     *,
     features: Sequence[str],
     label: str,
@@ -237,8 +254,12 @@ def _normalize(
     validation_column: str | None,
     task: Task | None,
     feature_shapes: Mapping[str, Sequence[int]] | None,
-) -> _Normalized:
-    """Check everything and return the normalised columns and the dataset id."""
+) -> tuple[int, float, dict[str, Sequence[int]]]:
+    """Check the writer's parameters (not the data).
+
+    Returns:
+        ``(seed, validation_fraction, shape hints)``, checked.
+    """
     v.check_num_partitions(num_partitions)
     seed = _check_seed(seed)
     v.check_roles(features, label, validation_column)
@@ -253,6 +274,74 @@ def _normalize(
             f"feature_shapes names {', '.join(map(repr, unknown))}, which are not features "
             f"(features: {', '.join(features)})"
         )
+    return seed, validation_fraction, hints
+
+
+def _id_params(
+    features: Sequence[ColumnInfo],
+    *,
+    label: str,
+    task: Task,
+    classes: Sequence[Any] | None,
+    num_partitions: int,
+    seed: int,
+    validation_fraction: float,
+    validation_column: str | None,
+    rows: int,
+) -> bytes:
+    """Return the parameter part of the dataset id's hash input (canonical JSON bytes).
+
+    The id is ``sha256(this + every normalised column's flat values in row order + the
+    packed validation mask)``, first 24 hex digits.
+    """
+    params = {
+        "writer_version": WRITER_VERSION,
+        "format_version": FORMAT_VERSION,
+        "features": [[info.name, list(info.shape)] for info in features],
+        "label": label,
+        "task": task,
+        "classes": list(classes) if classes is not None else None,
+        "num_partitions": num_partitions,
+        "seed": seed,
+        "split": (
+            {"validation_column": validation_column}
+            if validation_column
+            else {"validation_fraction": validation_fraction}
+        ),
+        "rows": rows,
+    }
+    return json.dumps(params, sort_keys=True).encode()
+
+
+def _hash_values(digest: Any, column: pa.Array | pa.ChunkedArray) -> None:
+    """Feed a normalised column's flat values (native byte order) to ``digest``."""
+    values = v.flat_values(column)
+    digest.update(np.ascontiguousarray(values.to_numpy(zero_copy_only=False)).data)
+
+
+def _normalize(
+    data: DataLike,
+    *,
+    features: Sequence[str],
+    label: str,
+    num_partitions: int,
+    seed: int,
+    validation_fraction: float,
+    validation_column: str | None,
+    task: Task | None,
+    feature_shapes: Mapping[str, Sequence[int]] | None,
+) -> _Normalized:
+    """Check everything and return the normalised columns and the dataset id."""
+    seed, validation_fraction, hints = _check_params(
+        features=features,
+        label=label,
+        num_partitions=num_partitions,
+        seed=seed,
+        validation_fraction=validation_fraction,
+        validation_column=validation_column,
+        task=task,
+        feature_shapes=feature_shapes,
+    )
     columns = [*features, label] + ([validation_column] if validation_column else [])
     table, pandas_shapes = _to_arrow(data, columns)
     v.check_total_rows(table.num_rows, num_partitions)
@@ -276,26 +365,21 @@ def _normalize(
     schema = pa.schema([pa.field(name, array.type) for name, array in arrays.items()])
     normalized = pa.Table.from_arrays(list(arrays.values()), schema=schema)
 
-    params = {
-        "writer_version": WRITER_VERSION,
-        "format_version": FORMAT_VERSION,
-        "features": [[info.name, list(info.shape)] for info in infos],
-        "label": label,
-        "task": task,
-        "classes": list(classes) if classes is not None else None,
-        "num_partitions": num_partitions,
-        "seed": seed,
-        "split": (
-            {"validation_column": validation_column}
-            if validation_column
-            else {"validation_fraction": validation_fraction}
-        ),
-        "rows": normalized.num_rows,
-    }
-    digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode())
+    digest = hashlib.sha256(
+        _id_params(
+            infos,
+            label=label,
+            task=task,
+            classes=classes,
+            num_partitions=num_partitions,
+            seed=seed,
+            validation_fraction=validation_fraction,
+            validation_column=validation_column,
+            rows=normalized.num_rows,
+        )
+    )
     for name in normalized.column_names:
-        values = v.flat_values(normalized.column(name))
-        digest.update(np.ascontiguousarray(values.to_numpy(zero_copy_only=False)).data)
+        _hash_values(digest, normalized.column(name))
     if mask is not None:
         digest.update(np.packbits(mask).tobytes())
     return _Normalized(
@@ -316,14 +400,49 @@ def _split_sizes(
     rows: int, mask: np.ndarray | None, validation_fraction: float, num_partitions: int
 ) -> int:
     """Return the number of validation rows; raise if a split cannot fill P partitions."""
-    if mask is None:
+    count = None if mask is None else int(np.count_nonzero(mask))
+    return _validation_rows(rows, count, validation_fraction, num_partitions)
+
+
+def _validation_rows(
+    rows: int, validation_count: int | None, validation_fraction: float, num_partitions: int
+) -> int:
+    """Return the number of validation rows; raise if a split cannot fill P partitions.
+
+    Args:
+        rows: Total rows.
+        validation_count: Rows flagged by the validation column, or ``None`` to split by
+            ``validation_fraction``.
+        validation_fraction: Share of validation rows (used when ``validation_count`` is
+            ``None``).
+        num_partitions: P.
+    """
+    if validation_count is None:
         n_val = round(rows * validation_fraction)
         how = f" ({rows} rows, validation_fraction={validation_fraction})"
     else:
-        n_val = int(np.count_nonzero(mask))
+        n_val = validation_count
         how = f" ({rows} rows, by the validation column)"
     v.check_split_rows({"train": rows - n_val, "validation": n_val}, num_partitions, how)
     return n_val
+
+
+def _split_indices(
+    rows: int, mask: np.ndarray | None, n_val: int, num_partitions: int, seed: int
+) -> dict[str, list[np.ndarray]]:
+    """Return the row indices of every partition: ``{split: [P index arrays]}``.
+
+    One shuffle (``default_rng(seed).permutation(rows)``); validation rows are the first
+    ``n_val`` shuffled rows, or the shuffled rows flagged in ``mask``; each split is cut
+    into P contiguous slices whose sizes differ by at most one.
+    """
+    order = np.random.default_rng(seed).permutation(rows)
+    if mask is None:
+        chosen = {"train": order[n_val:], "validation": order[:n_val]}
+    else:
+        in_val = mask[order]
+        chosen = {"train": order[~in_val], "validation": order[in_val]}
+    return {split: np.array_split(idx, num_partitions) for split, idx in chosen.items()}
 
 
 def _split(
@@ -332,13 +451,7 @@ def _split(
     """Shuffle once and cut each split into P contiguous slices (sizes differ by <= 1)."""
     rows = norm.table.num_rows
     n_val = _split_sizes(rows, norm.validation_mask, validation_fraction, num_partitions)
-    order = np.random.default_rng(seed).permutation(rows)
-    if norm.validation_mask is None:
-        chosen = {"train": order[n_val:], "validation": order[:n_val]}
-    else:
-        in_val = norm.validation_mask[order]
-        chosen = {"train": order[~in_val], "validation": order[in_val]}
-    return {split: np.array_split(idx, num_partitions) for split, idx in chosen.items()}
+    return _split_indices(rows, norm.validation_mask, n_val, num_partitions, seed)
 
 
 def encode_partition(table: pa.Table) -> bytes:

@@ -1,0 +1,1380 @@
+"""The Spark prepare path: :func:`prepare_with_spark` (``jobs/prepare.py``, ``prepare``).
+
+Design's data flow, step 1: a Spark DataFrame, a table or a path (Parquet, CSV, JSON; Delta
+when ``delta-spark`` is installed) becomes the same prepared dataset the plain-Python
+:func:`~cerebro_spark.data.prepare_dataset` writes for the same rows: the same dataset id
+and byte-identical partition files (and manifest, given the same ``source`` text). The
+data is read, checked, normalised and written by Spark tasks; the driver only sees
+counts, class values and file hashes.
+
+Pipeline (each step a Spark job; nothing is visible in the store until the commit):
+
+1. **Checks** (one Spark aggregation; the classes by ``collect_set`` in it): row count,
+   nulls per column and per nesting depth, array lengths per depth (ragged arrays are
+   listed by a second query only when they occur), NaN and infinite counts (after the
+   ``float32`` conversion, as the plain writer sees them), label classes, validation-flag
+   count. Errors are the plain writer's :class:`~cerebro_spark.errors.DataError` messages
+   (:mod:`cerebro_spark.data._validate`), raised before anything is written.
+2. **Staging**: ``mapInArrow`` tasks normalise their rows with the plain writer's own
+   functions (``float32`` features, fixed-size lists, class indices) and write them as
+   *chunks* under a temporary prefix ``<store>/datasets/.prepare-<uuid>/``; a chunk is up
+   to 64 MiB of consecutive rows of one Spark input split (file path + split start) or of
+   one Spark partition.
+3. **Sequencing** (one task): reads the chunks in row order, column by column, and feeds
+   the same SHA-256 the plain writer computes (so the dataset id is identical), draws the
+   plain writer's permutation (``default_rng(seed).permutation(rows)``, the same split
+   and ``array_split`` cut: ``_writer._split_indices``) and stores each row's destination
+   (partition, position) in ``placement.bin`` (8 bytes a row). This is the one serial
+   step, and what exact equality with the plain writer costs: the id is one SHA-256
+   stream over the whole data and numpy's permutation is one sequential draw. The task
+   reads the data once (column projections of the chunks) and holds about 30 bytes per
+   row (the permutation, the placement, the validation flags), never the data.
+4. **Reuse**: a complete dataset ``<store>/datasets/<id>/`` (manifest present, every file
+   listed) is returned as it is; nothing in it is rewritten. The id depends on all the
+   data, so a reused dataset still costs steps 1-3; only the shuffle and the writes are
+   skipped.
+5. **Shuffle and write**: tasks route every chunk's rows (as Arrow IPC pieces) to their
+   partition with ``repartitionById`` (min(2 * P, default parallelism) write tasks, each
+   receiving whole partitions, grouped); a task orders a partition's rows by position,
+   checks it got exactly the rows it expects, and writes the Parquet file with
+   :func:`~cerebro_spark.data.encode_partition` through pyarrow, straight to the store's
+   file system (``s3://...?endpoint_override=...`` works without ``hadoop-aws``).
+6. **Commit**: the manifest is written last. Local disk: the manifest goes into the
+   temporary dataset directory, which is then renamed to ``datasets/<id>`` in one step
+   (or, when that directory exists, every file is moved over it and the manifest comes
+   last). Object stores: each file is copied to ``datasets/<id>/``, then the manifest is
+   written. The temporary prefix is deleted on success and on failure; a dataset
+   directory without ``manifest.json`` is invisible to the reader and to reuse.
+
+**What "same input" means (row order).** The dataset id hashes the rows in input order,
+so the order must be stable:
+
+* ``order="input"`` (default). For a path or a table name: file order, then row order in
+  each file (Spark's ``_metadata.file_path`` and ``_metadata.file_block_start`` name each
+  input split; the chunks are sorted by decoded file path, then split start). That is the
+  order :func:`~cerebro_spark.data.read_table` reads a file or a directory in (pyarrow
+  sorts a directory's files by path), hence the plain-writer equality. For a DataFrame:
+  its partition order, then row order within each partition: deterministic for a
+  deterministic plan (``createDataFrame``, a file scan, a sort), not after an unsorted
+  shuffle. Tables or DataFrames without file metadata fall back to partition order.
+* ``order="sorted"``: the rows sorted by all selected columns (features, label,
+  validation column): the dataset depends only on the multiset of rows, not on files or
+  partitioning. It equals the plain writer given the rows in the same sorted order.
+
+Every read is checked against the others (row counts, classes, expected rows per
+partition): an input that changes between reads raises :class:`DataError` instead of
+writing a wrong dataset.
+
+Executors need ``cerebro-spark`` installed and, for S3, credentials in their environment
+(``spark.executorEnv.AWS_ACCESS_KEY_ID`` ...; in local mode they inherit the driver's).
+The RDD API is not used; the path runs on classic Spark (it uses ``sparkContext`` only to
+name its jobs, when there is one).
+
+pyspark is imported only inside functions, so this module imports without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import importlib.util
+import itertools
+import logging
+import math
+import os
+import re
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.ipc as paipc
+import pyarrow.parquet as pq
+
+from cerebro_spark.data import _validate as v
+from cerebro_spark.data import _writer as w
+from cerebro_spark.data._format import (
+    MANIFEST_NAME,
+    ColumnInfo,
+    Manifest,
+    PartitionInfo,
+    Split,
+    Task,
+    partition_path,
+)
+from cerebro_spark.errors import CerebroError, ConfigError, DataError, StoreError
+from cerebro_spark.store import FileSystemStore, Store, open_store
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import DataType
+
+logger = logging.getLogger(__name__)
+
+#: How rows are ordered before the shuffle (see the module docstring).
+Order = Literal["input", "sorted"]
+
+#: File formats :func:`prepare_with_spark` reads (``"delta"`` needs ``delta-spark``).
+FILE_FORMATS: tuple[str, ...] = ("parquet", "csv", "json", "delta")
+
+_SUFFIXES: dict[str, str] = {
+    ".parquet": "parquet",
+    ".parq": "parquet",
+    ".pq": "parquet",
+    ".csv": "csv",
+    ".json": "json",
+    ".jsonl": "json",
+    ".ndjson": "json",
+}
+_CSV_DEFAULTS: dict[str, str] = {"header": "true", "inferSchema": "true"}
+_PATH_COL = "__cerebro_file_path"
+_START_COL = "__cerebro_block_start"
+_POS_COL = "__cerebro_pos"
+_POS_BITS = 40
+_POS_MASK = (1 << _POS_BITS) - 1
+_TMP_PREFIX = ".prepare-"
+_PLACEMENT = "placement.bin"
+_PIECE_BYTES = 8 << 20
+#: ``float64`` magnitudes at or above this become infinite as ``float32`` (round to even).
+_FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
+_CHUNK_BYTES = 64 << 20
+_STAGING_OPTIONS: Mapping[str, Any] = {"compression": "snappy", "write_statistics": False}
+_TABLE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*){0,2}")
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.*)$")
+
+_T = TypeVar("_T")
+
+
+# -- plans shipped to tasks (small, picklable) -------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _StagePlan:
+    """What a staging task needs: how to normalise and where to put its chunks."""
+
+    tmp_uri: str
+    env: Mapping[str, str]
+    features: tuple[str, ...]
+    hints: Mapping[str, tuple[int, ...]]
+    shapes: Mapping[str, tuple[int, ...]]
+    label: str
+    task: Task
+    classes: pa.Array | None
+    validation_column: str | None
+    file_keys: bool
+    schema: pa.Schema
+
+
+@dataclasses.dataclass(frozen=True)
+class _Chunk:
+    """One staged chunk: ``rows`` rows that start at global row ``offset``."""
+
+    name: str
+    offset: int
+    rows: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _SequencePlan:
+    """What the sequencing task needs to compute the id and the placement."""
+
+    tmp_uri: str
+    env: Mapping[str, str]
+    chunks: tuple[_Chunk, ...]
+    columns: tuple[str, ...]
+    params: bytes
+    validation_column: str | None
+    rows: int
+    n_val: int
+    num_partitions: int
+    seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _WritePlan:
+    """What the routing and writing tasks need."""
+
+    tmp_uri: str
+    env: Mapping[str, str]
+    chunks: tuple[_Chunk, ...]
+    schema: pa.Schema
+    num_partitions: int
+    expected_rows: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+    """Result of the checks: everything the dataset id needs except the data."""
+
+    rows: int
+    features: tuple[ColumnInfo, ...]
+    inferred_shapes: Mapping[str, tuple[int, ...]]
+    label: ColumnInfo
+    task: Task
+    classes: pa.Array | None
+    n_val: int
+
+
+# -- small helpers ----------------------------------------------------------------------------
+
+
+def _require_pyspark() -> None:
+    if importlib.util.find_spec("pyspark") is None:
+        raise ConfigError(
+            "prepare_with_spark needs pyspark (pip install 'cerebro-spark[spark]'); "
+            "without it use prepare_dataset (the plain-Python writer)"
+        )
+
+
+def _require_delta() -> None:
+    if importlib.util.find_spec("delta") is None:
+        raise ConfigError(
+            "reading a Delta table needs the delta-spark package (pip install delta-spark, "
+            "the release matching your Spark) and a session configured with "
+            "spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension and "
+            "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog"
+        )
+
+
+def _task_error(exc: BaseException) -> str:
+    """Return the last ``SomeError: message`` line of a (Spark task) exception's text."""
+    found = ""
+    for line in str(exc).splitlines():
+        match = _EXCEPTION_LINE.match(line.strip())
+        if match:
+            found = line.strip()
+    return found
+
+
+def _run_job(spark: SparkSession, description: str, action: Callable[[], _T]) -> _T:
+    """Run a Spark action; turn a failed task into a clear :class:`CerebroError`.
+
+    A :class:`DataError` raised in a task stays a :class:`DataError` (message kept);
+    anything else becomes a :class:`StoreError` naming the step and the task's error.
+    """
+    context = None
+    with contextlib.suppress(Exception):  # Spark Connect has no SparkContext
+        context = spark.sparkContext
+        context.setJobDescription(f"cerebro-spark prepare: {description}")
+    started = time.perf_counter()
+    try:
+        result = action()
+    except CerebroError:
+        raise
+    except Exception as exc:
+        line = _task_error(exc)
+        if line.split(":", 1)[0].rsplit(".", 1)[-1] == "DataError":
+            raise DataError(line.split(": ", 1)[1]) from exc
+        detail = line or f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        raise StoreError(f"prepare step {description!r} failed in Spark: {detail}") from exc
+    finally:
+        if context is not None:
+            context.setJobDescription(None)  # type: ignore[arg-type]
+    logger.info("prepare: %s took %.2f s", description, time.perf_counter() - started)
+    return result
+
+
+def _split_sizes(rows: int, num_partitions: int) -> list[int]:
+    """Sizes ``np.array_split`` gives when cutting ``rows`` rows into P slices."""
+    base, extra = divmod(rows, num_partitions)
+    return [base + 1 if index < extra else base for index in range(num_partitions)]
+
+
+def _fs_store(store: Store) -> FileSystemStore:
+    if not isinstance(store, FileSystemStore):
+        raise ConfigError(
+            f"prepare_with_spark writes with pyarrow and needs a FileSystemStore (a local "
+            f"path, file://, s3:// ... URI), got {type(store).__name__}"
+        )
+    return store
+
+
+def _task_store(uri: str, env: Mapping[str, str]) -> FileSystemStore:
+    """In a task: apply the forwarded environment, then open the store at ``uri``."""
+    for key, value in env.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+    return _fs_store(open_store(uri))
+
+
+def _task_env(session: SparkSession, given: Mapping[str, str] | None) -> dict[str, str]:
+    """The environment forwarded to tasks: the driver's ``AWS_*`` in local mode, + ``given``."""
+    env: dict[str, str] = {}
+    master = ""
+    with contextlib.suppress(Exception):
+        master = str(session.conf.get("spark.master", ""))
+    if master.startswith("local"):
+        env.update({k: val for k, val in os.environ.items() if k.startswith("AWS_")})
+    env.update(given or {})
+    return env
+
+
+def _is_local(store: FileSystemStore) -> bool:
+    return isinstance(store.filesystem, pafs.LocalFileSystem)
+
+
+# -- input ------------------------------------------------------------------------------------
+
+
+def _path_format(path: str, given: str | None) -> str:
+    """Return the file format of ``path`` (given, or from its name or contents)."""
+    if given is not None:
+        fmt = given.lower()
+        if fmt not in FILE_FORMATS:
+            raise ConfigError(
+                f"format must be one of {', '.join(FILE_FORMATS)} or 'table', got {given!r}"
+            )
+        return fmt
+    local = _local_path(path)
+    if local is not None and os.path.isdir(local):
+        if os.path.isdir(os.path.join(local, "_delta_log")):
+            return "delta"
+        names: list[str] = []
+        for folder, dirs, files in os.walk(local):
+            dirs[:] = [name for name in dirs if not name.startswith(("_", "."))]
+            names += [os.path.join(folder, f) for f in files if not f.startswith(("_", "."))]
+        names.sort()
+        if not names:
+            raise DataError(f"directory {path} holds no data files")
+        path = names[0]
+    for suffix, fmt in _SUFFIXES.items():
+        if path.lower().endswith(suffix):
+            return fmt
+    raise ConfigError(
+        f"cannot tell the format of {path!r} from its name (known endings: "
+        f"{', '.join(_SUFFIXES)}); pass format= one of {', '.join(FILE_FORMATS)}"
+    )
+
+
+def _local_path(path: str) -> str | None:
+    """Return the local path ``path`` names (plain path or ``file:`` URI), else ``None``."""
+    if "://" not in path and not path.startswith("file:"):
+        return os.path.abspath(path)
+    parts = urllib.parse.urlsplit(path)
+    if parts.scheme == "file":
+        return os.path.abspath(urllib.parse.unquote(parts.path))
+    return None
+
+
+def _read_path(
+    spark: SparkSession, path: str, fmt: str | None, options: Mapping[str, str]
+) -> DataFrame:
+    local = _local_path(path)
+    if local is None:
+        if "?" in path:
+            raise ConfigError(
+                f"Spark cannot read {path!r}: its query options are pyarrow's (stores take "
+                "them, Spark's readers do not); give Spark a path it can read (local, "
+                "hdfs://, s3a:// with hadoop-aws), or use the plain-Python engine"
+            )
+        target = path
+    else:
+        if not os.path.exists(local):
+            raise FileNotFoundError(f"no file or directory at {path}")
+        target = local
+    fmt = _path_format(path, fmt)
+    if fmt == "delta":
+        _require_delta()
+    settings = dict(_CSV_DEFAULTS) if fmt == "csv" else {}
+    settings.update(options)
+    try:
+        return spark.read.format(fmt).options(**settings).load(target)
+    except Exception as exc:
+        if fmt == "delta":
+            raise ConfigError(
+                f"cannot read the Delta table at {path}: {exc}; is the session configured "
+                "for Delta (io.delta.sql.DeltaSparkSessionExtension)?"
+            ) from exc
+        raise DataError(f"Spark cannot read {fmt} data at {path}: {exc}") from exc
+
+
+def _load(
+    spark: SparkSession,
+    data: DataFrame | str,
+    fmt: str | None,
+    options: Mapping[str, str],
+) -> tuple[DataFrame, bool, str]:
+    """Return ``(frame, ordered by files, description)`` for the input."""
+    from pyspark.sql import DataFrame
+
+    if isinstance(data, DataFrame):
+        if fmt is not None:
+            raise ConfigError(f"format={fmt!r} is for a path or a table name, not a DataFrame")
+        return data, False, "spark DataFrame"
+    if not isinstance(data, str) or not data:
+        raise ConfigError(
+            "data must be a Spark DataFrame, a table name or a path, got "
+            f"{type(data).__name__} {data!r}"
+        )
+    is_table = fmt == "table" or (
+        fmt is None
+        and _TABLE_NAME.fullmatch(data) is not None
+        and not os.path.exists(data)
+        and _table_exists(spark, data)
+    )
+    if is_table:
+        if not _table_exists(spark, data):
+            raise DataError(f"no table named {data!r} in the Spark catalog")
+        return spark.table(data), True, f"table {data}"
+    return _read_path(spark, data, fmt, options), True, data
+
+
+def _table_exists(spark: SparkSession, name: str) -> bool:
+    try:
+        return bool(spark.catalog.tableExists(name))
+    except Exception as exc:  # a name Spark cannot parse
+        logger.debug("%r is not a table name: %s", name, exc)
+        return False
+
+
+def _with_file_keys(frame: DataFrame) -> DataFrame | None:
+    """Return ``frame`` with its rows' file path and split start, or ``None`` if unknown."""
+    from pyspark.sql import functions as F
+
+    try:
+        keyed = frame.select(
+            "*",
+            F.col("_metadata.file_path").alias(_PATH_COL),
+            F.col("_metadata.file_block_start").alias(_START_COL),
+        )
+        keyed.schema  # noqa: B018  (analyses the plan now, also on Spark Connect)
+        return keyed
+    except Exception as exc:  # AnalysisException: not a file scan
+        logger.info("input has no file metadata (%s); ordering rows by partition", exc)
+        return None
+
+
+def _col(name: str) -> Column:
+    """A reference to column ``name`` (dots and backticks taken literally)."""
+    from pyspark.sql import functions as F
+
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def _spark_type_name(data_type: DataType) -> str:
+    return str(data_type.simpleString())
+
+
+def _arrow_type(name: str, data_type: DataType, role: str) -> pa.DataType:
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    try:
+        return to_arrow_type(data_type)
+    except Exception as exc:
+        raise DataError(
+            f"{role} {name!r} has Spark type {_spark_type_name(data_type)}, which has no Arrow "
+            "equivalent; features must be numbers, arrays of numbers or ML vectors, a label "
+            "integer, boolean, string or floating point"
+        ) from exc
+
+
+def _is_vector(data_type: DataType) -> bool:
+    return type(data_type).__name__ == "VectorUDT"
+
+
+# -- checks (Spark aggregations) --------------------------------------------------------------
+
+
+def _array_depth(data_type: DataType) -> tuple[int, DataType]:
+    from pyspark.sql.types import ArrayType
+
+    depth = 0
+    while isinstance(data_type, ArrayType):
+        data_type = data_type.elementType
+        depth += 1
+    return depth, data_type
+
+
+def _levels(column: Column, depth: int) -> list[Column]:
+    """``levels[d]``: per row, the arrays whose elements sit at nesting depth ``d + 1``."""
+    from pyspark.sql import functions as F
+
+    levels = [column]
+    for _ in range(1, depth):
+        levels.append(F.flatten(levels[-1]))
+    return levels
+
+
+def _count(expr: Column) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.coalesce(F.sum(F.coalesce(expr, F.lit(0))), F.lit(0))
+
+
+class _Aggs:
+    """Named aggregate expressions, evaluated in one Spark job."""
+
+    def __init__(self) -> None:
+        self.exprs: list[Column] = []
+        self.names: list[str] = []
+
+    def add(self, key: str, expr: Column) -> None:
+        self.names.append(key)
+        self.exprs.append(expr.alias(f"a{len(self.exprs)}"))
+
+    def run(self, frame: DataFrame) -> dict[str, Any]:
+        row = frame.agg(*self.exprs).collect()[0]
+        return {key: row[index] for index, key in enumerate(self.names)}
+
+
+def _float_threshold(element: DataType, cast_to_float32: bool) -> float | None:
+    """Magnitude from which a value counts as infinite; ``None`` for non-floating types."""
+    from pyspark.sql.types import DoubleType, FloatType
+
+    if isinstance(element, FloatType):
+        return math.inf
+    if isinstance(element, DoubleType):
+        return _FLOAT32_OVERFLOW if cast_to_float32 else math.inf
+    return None
+
+
+def _add_finite(aggs: _Aggs, key: str, flat: Column, depth: int, threshold: float) -> None:
+    from pyspark.sql import functions as F
+
+    limit = F.lit(threshold)
+
+    def infinite(x: Column) -> Column:  # Spark orders NaN above every number: exclude it
+        return ~F.isnan(x) & (F.abs(x) >= limit)
+
+    if depth:
+        aggs.add(f"{key}:nan", _count(F.size(F.filter(flat, lambda x: F.isnan(x)))))
+        aggs.add(f"{key}:inf", _count(F.size(F.filter(flat, infinite))))
+    else:
+        aggs.add(f"{key}:nan", F.count_if(F.isnan(flat)))
+        aggs.add(f"{key}:inf", F.count_if(infinite(flat)))
+
+
+def _add_feature_aggs(aggs: _Aggs, name: str, column: Column, data_type: DataType) -> None:
+    from pyspark.sql import functions as F
+
+    depth, element = _array_depth(data_type)
+    aggs.add(f"{name}:nulls", F.count_if(column.isNull()))
+    levels = _levels(column, depth)
+    for d in range(1, depth + 1):
+        aggs.add(f"{name}:nulls{d}", _count(F.size(F.filter(levels[d - 1], lambda x: x.isNull()))))
+    for d in range(depth):
+        if d == 0:
+            lengths = F.when(column.isNotNull(), F.size(column))
+            aggs.add(f"{name}:min0", F.min(lengths))
+            aggs.add(f"{name}:max0", F.max(lengths))
+        else:
+            sizes = F.transform(levels[d - 1], lambda x: F.size(x))
+            aggs.add(f"{name}:min{d}", F.min(F.array_min(sizes)))
+            aggs.add(f"{name}:max{d}", F.max(F.array_max(sizes)))
+    threshold = _float_threshold(element, cast_to_float32=True)
+    if threshold is not None:
+        _add_finite(aggs, name, levels[-1] if depth else column, depth, threshold)
+
+
+def _distinct_lengths(frame: DataFrame, column: Column, depth: int) -> list[int]:
+    """The distinct array lengths at nesting ``depth`` (only run to report ragged arrays)."""
+    from pyspark.sql import functions as F
+
+    if depth == 0:
+        lengths = frame.where(column.isNotNull()).select(F.size(column).alias("n"))
+    else:
+        level = _levels(column, depth)[depth - 1]
+        lengths = frame.select(F.explode(F.transform(level, lambda x: F.size(x))).alias("n"))
+    return sorted(int(row["n"]) for row in lengths.distinct().limit(1000).collect())
+
+
+def _check_feature(
+    frame: DataFrame,
+    name: str,
+    column: Column,
+    data_type: DataType,
+    stats: Mapping[str, Any],
+    rows: int,
+    hint: Sequence[int] | None,
+) -> tuple[ColumnInfo, tuple[int, ...]]:
+    """Raise the plain writer's errors for one feature; return its info and inferred shape."""
+    depth, element = _array_depth(data_type)
+    v.check_null_count(name, int(stats[f"{name}:nulls"]), rows, "feature column")
+    for d in range(1, depth + 1):
+        v.check_null_elements(name, int(stats[f"{name}:nulls{d}"]), d, "feature column")
+    shape: list[int] = []
+    for d in range(depth):
+        low, high = stats[f"{name}:min{d}"], stats[f"{name}:max{d}"]
+        if low != high:
+            v.check_lengths(name, _distinct_lengths(frame, column, d), d)
+            raise DataError(  # not reached: the lengths differ
+                f"feature column {name!r} has arrays of different lengths: {low} to {high}"
+            )
+        if not low:
+            raise DataError(f"feature column {name!r} holds empty arrays")
+        shape.append(int(low))
+    inferred = tuple(shape)
+    final = v.check_shape_hint(name, inferred, hint) if hint is not None else inferred
+    if _float_threshold(element, cast_to_float32=True) is not None:
+        values = rows * math.prod(inferred)
+        v.check_finite_counts(
+            name, int(stats[f"{name}:nan"]), int(stats[f"{name}:inf"]), values, "feature column"
+        )
+    return ColumnInfo(name, "float32", final), inferred
+
+
+def _check(
+    frame: DataFrame,
+    *,
+    features: Sequence[str],
+    label: str,
+    num_partitions: int,
+    validation_fraction: float,
+    validation_column: str | None,
+    task: Task | None,
+    hints: Mapping[str, Sequence[int]],
+) -> _Checked:
+    """Check the selected columns with Spark aggregations, in the plain writer's order."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BooleanType
+
+    types = {field.name: field.dataType for field in frame.schema.fields}
+    for name in features:
+        v.check_feature_type(name, _arrow_type(name, types[name], "feature column"))
+    label_type = _arrow_type(label, types[label], "label column")
+    if pa.types.is_decimal(label_type):
+        label_type = pa.float64()
+    resolved: Task = task if task is not None else v.infer_task(label, label_type)
+    v.check_label_type(label, label_type, resolved)
+    if validation_column is not None and not isinstance(types[validation_column], BooleanType):
+        raise DataError(
+            f"validation_column {validation_column!r} has type "
+            f"{_arrow_type(validation_column, types[validation_column], 'validation_column')}; "
+            "it must be boolean (true = validation row)"
+        )
+
+    aggs = _Aggs()
+    aggs.add("rows", F.count(F.lit(1)))
+    for name in features:
+        _add_feature_aggs(aggs, name, _col(name), types[name])
+    label_col = _col(label)
+    aggs.add("label:nulls", F.count_if(label_col.isNull()))
+    threshold = _float_threshold(_array_depth(types[label])[1], resolved == "regression")
+    if threshold is not None:
+        _add_finite(aggs, "label", label_col, 0, threshold)
+    if resolved == "classification":
+        aggs.add("label:classes", F.collect_set(label_col))
+    if validation_column is not None:
+        flag = _col(validation_column)
+        aggs.add("val:nulls", F.count_if(flag.isNull()))
+        aggs.add("val:true", F.count_if(flag))
+    stats = aggs.run(frame)
+
+    rows = int(stats["rows"])
+    v.check_total_rows(rows, num_partitions)
+    infos: list[ColumnInfo] = []
+    inferred: dict[str, tuple[int, ...]] = {}
+    for name in features:
+        info, shape = _check_feature(
+            frame, name, _col(name), types[name], stats, rows, hints.get(name)
+        )
+        infos.append(info)
+        inferred[name] = shape
+    v.check_null_count(label, int(stats["label:nulls"]), rows, "label column")
+    if threshold is not None:
+        v.check_finite_counts(
+            label, int(stats["label:nan"]), int(stats["label:inf"]), rows, "label column"
+        )
+    classes = None
+    if resolved == "classification":
+        raw = pa.array(list(stats["label:classes"]), type=_arrow_type(label, types[label], ""))
+        classes = w._sorted_classes(w._label_input(raw))
+        v.check_classes(label, classes.to_pylist())
+        label_info = ColumnInfo(label, "int64")
+    else:
+        label_info = ColumnInfo(label, "float32")
+    count = None
+    if validation_column is not None:
+        v.check_null_count(validation_column, int(stats["val:nulls"]), rows, "validation_column")
+        count = int(stats["val:true"])
+    n_val = w._validation_rows(rows, count, validation_fraction, num_partitions)
+    return _Checked(rows, tuple(infos), inferred, label_info, resolved, classes, n_val)
+
+
+# -- tasks ------------------------------------------------------------------------------------
+
+
+def _normalize_chunk(table: pa.Table, plan: _StagePlan) -> pa.Table:
+    """Normalise one chunk exactly as the plain writer normalises a table."""
+    arrays: list[pa.Array] = []
+    for name in plan.features:
+        array, _ = w._feature_column(
+            name, table.column(name), plan.shapes[name], plan.hints.get(name)
+        )
+        arrays.append(array)
+    labels = w._label_input(table.column(plan.label))
+    v.check_no_nulls(plan.label, labels, "label column")
+    classes = None if plan.classes is None else plan.classes.cast(labels.type)
+    encoded = w._encode_label(labels, plan.task, classes)
+    if encoded.null_count:
+        raise DataError(
+            f"label column {plan.label!r} has values that the class scan did not see: the "
+            "input changed between two reads; make it deterministic (e.g. write it to a "
+            "table first) and prepare again"
+        )
+    if plan.task == "regression":
+        v.check_finite(plan.label, encoded, "label column")
+    arrays.append(encoded)
+    if plan.validation_column is not None:
+        flags = v.as_array(table.column(plan.validation_column))
+        v.check_no_nulls(plan.validation_column, flags, "validation_column")
+        arrays.append(flags)
+    return pa.Table.from_arrays(arrays, schema=plan.schema)
+
+
+def _encode_staging(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, **_STAGING_OPTIONS)
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
+
+
+def _runs(
+    batch: pa.RecordBatch, file_keys: bool
+) -> Iterator[tuple[tuple[str, int], pa.RecordBatch]]:
+    """Split a batch into runs of rows from one input split: ``((file path, start), rows)``."""
+    if not file_keys:
+        yield ("", 0), batch
+        return
+    paths = batch.column(_PATH_COL)
+    starts = batch.column(_START_COL)
+    changed = pc.or_(pc.not_equal(paths[1:], paths[:-1]), pc.not_equal(starts[1:], starts[:-1]))
+    cuts = [0, *(np.flatnonzero(np.asarray(changed)) + 1).tolist(), batch.num_rows]
+    for begin, end in itertools.pairwise(cuts):
+        key = (str(paths[begin].as_py()), int(starts[begin].as_py()))
+        yield key, batch.slice(begin, end - begin)
+
+
+def _stage(batches: Iterator[pa.RecordBatch], plan: _StagePlan) -> Iterator[pa.RecordBatch]:
+    """Staging task: normalise this partition's rows and write them as chunks.
+
+    A chunk holds consecutive rows of one input split (file mode) or of this partition,
+    at most about :data:`_CHUNK_BYTES` of input; it is named after its position
+    (file path, split start or partition, sequence number) so a retried task rewrites
+    the same chunks.
+    """
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    partition = context.partitionId() if context is not None else 0
+    store: FileSystemStore | None = None
+    written: list[tuple[str, str, int, int, int]] = []  # name, path, start, seq, rows
+    pending: list[pa.RecordBatch] = []
+    pending_key: tuple[str, int] | None = None
+    pending_bytes = 0
+    seq = 0
+
+    def flush() -> None:
+        nonlocal store, pending, pending_bytes, seq
+        if not pending or pending_key is None:
+            return
+        path, start = pending_key
+        where = f"{path}\n{start}" if plan.file_keys else f"partition {partition}"
+        name = hashlib.sha256(f"{where}\n{seq}".encode()).hexdigest()[:32]
+        chunk = _normalize_chunk(pa.Table.from_batches(pending), plan)
+        if store is None:
+            store = _task_store(plan.tmp_uri, plan.env)
+        store.put(f"staging/{name}.parquet", _encode_staging(chunk))
+        written.append((name, path, start, seq, chunk.num_rows))
+        pending, pending_bytes, seq = [], 0, seq + 1
+
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        for key, rows in _runs(batch, plan.file_keys):
+            if key != pending_key:
+                flush()
+                pending_key, seq = key, 0
+            pending.append(rows)
+            pending_bytes += rows.nbytes
+            if pending_bytes >= _CHUNK_BYTES:
+                flush()
+    flush()
+    if written:
+        names, paths, starts, seqs, counts = zip(*written, strict=True)
+        yield pa.record_batch(
+            [
+                pa.array(names, pa.string()),
+                pa.array(paths, pa.string()),
+                pa.array(starts, pa.int64()),
+                pa.array([partition] * len(written), pa.int64()),
+                pa.array(seqs, pa.int64()),
+                pa.array(counts, pa.int64()),
+            ],
+            names=["chunk", "file_path", "block_start", "part", "seq", "rows"],
+        )
+
+
+def _staging_path(store: FileSystemStore, name: str) -> str:
+    return store.path(f"staging/{name}.parquet")
+
+
+def _sequence(_: Iterator[pa.RecordBatch], plan: _SequencePlan) -> Iterator[pa.RecordBatch]:
+    """Sequencing task: the plain writer's dataset id and permutation, as a placement file."""
+    store = _task_store(plan.tmp_uri, plan.env)
+    filesystem = store.filesystem
+    digest = hashlib.sha256(plan.params)
+    flags: list[np.ndarray] = []
+    for name in (*plan.columns, *([plan.validation_column] if plan.validation_column else [])):
+        for chunk in plan.chunks:
+            with filesystem.open_input_file(_staging_path(store, chunk.name)) as source:
+                column = pq.ParquetFile(source).read(columns=[name]).column(0)
+            if len(column) != chunk.rows:
+                raise DataError(
+                    f"staged chunk {chunk.name} has {len(column)} rows, expected {chunk.rows}"
+                )
+            if name == plan.validation_column:
+                flags.append(np.asarray(column.to_numpy(), dtype=bool))
+            else:
+                w._hash_values(digest, column)
+    mask = None
+    if plan.validation_column is not None:
+        mask = np.concatenate(flags)
+        digest.update(np.packbits(mask).tobytes())
+    slices = w._split_indices(plan.rows, mask, plan.n_val, plan.num_partitions, plan.seed)
+    codes = np.full(plan.rows, -1, dtype="<i8")
+    for split_index, split in enumerate(("train", "validation")):
+        for part, indices in enumerate(slices[split]):
+            dest = split_index * plan.num_partitions + part
+            codes[indices] = (dest << _POS_BITS) | np.arange(len(indices), dtype=np.int64)
+    store.put(_PLACEMENT, codes.tobytes())
+    yield pa.record_batch([pa.array([digest.hexdigest()[:24]])], names=["dataset_id"])
+
+
+def _route(batches: Iterator[pa.RecordBatch], plan: _WritePlan) -> Iterator[pa.RecordBatch]:
+    """Routing task: send each staged row to its partition, as Arrow IPC pieces."""
+    store = _task_store(plan.tmp_uri, plan.env)
+    filesystem = store.filesystem
+    row_bytes = 16 + sum(
+        4 * (field.type.list_size if pa.types.is_fixed_size_list(field.type) else 2)
+        for field in plan.schema
+    )
+    piece_rows = max(1, _PIECE_BYTES // row_bytes)
+    for batch in batches:
+        for index in batch.column(0).to_pylist():
+            chunk = plan.chunks[int(index)]
+            with filesystem.open_input_file(_staging_path(store, chunk.name)) as source:
+                table = pq.ParquetFile(source).read(columns=plan.schema.names)
+            with filesystem.open_input_file(store.path(_PLACEMENT)) as source:
+                raw = source.read_at(8 * chunk.rows, 8 * chunk.offset)
+            codes = np.frombuffer(raw, dtype="<i8")
+            if len(codes) != chunk.rows or table.num_rows != chunk.rows or (codes < 0).any():
+                raise DataError(f"staged chunk {chunk.name} does not match its placement")
+            dests = codes >> _POS_BITS
+            positions = codes & _POS_MASK
+            order = np.argsort(dests, kind="stable")
+            bounds = np.flatnonzero(np.diff(dests[order])) + 1
+            for group in np.split(order, bounds):
+                for begin in range(0, len(group), piece_rows):
+                    rows = group[begin : begin + piece_rows]
+                    piece = table.take(pa.array(rows)).append_column(
+                        _POS_COL, pa.array(positions[rows])
+                    )
+                    sink = pa.BufferOutputStream()
+                    with paipc.new_stream(sink, piece.schema) as writer:
+                        writer.write_table(piece)
+                    yield pa.record_batch(
+                        [
+                            pa.array([int(dests[rows[0]])], pa.int32()),
+                            pa.array([sink.getvalue().to_pybytes()], pa.binary()),
+                        ],
+                        names=["dest", "payload"],
+                    )
+
+
+def _write_partitions(
+    batches: Iterator[pa.RecordBatch], plan: _WritePlan
+) -> Iterator[pa.RecordBatch]:
+    """Writing task: write every partition routed here, one at a time (rows come grouped)."""
+    store = _task_store(plan.tmp_uri, plan.env)
+    current: int | None = None
+    pieces: list[pa.Table] = []
+    for batch in batches:
+        for dest, payload in zip(
+            batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True
+        ):
+            if dest != current:
+                if current is not None:
+                    yield _write_partition(store, plan, current, pieces)
+                current, pieces = int(dest), []
+            pieces.append(paipc.open_stream(payload).read_all())
+    if current is not None:
+        yield _write_partition(store, plan, current, pieces)
+
+
+def _write_partition(
+    store: FileSystemStore, plan: _WritePlan, dest: int, pieces: list[pa.Table]
+) -> pa.RecordBatch:
+    """Order one partition's rows by position, check them, write the file, describe it."""
+    table = pa.concat_tables(pieces)
+    table = table.take(pc.sort_indices(table.column(_POS_COL)))
+    positions = np.asarray(v.as_array(table.column(_POS_COL)))
+    expected = plan.expected_rows[dest]
+    if len(positions) != expected or not np.array_equal(positions, np.arange(expected)):
+        raise DataError(
+            f"partition {dest} received {len(positions)} rows, expected {expected}: the "
+            "input changed between two reads"
+        )
+    table = pa.Table.from_arrays(
+        [v.as_array(table.column(name)) for name in plan.schema.names], schema=plan.schema
+    )
+    split = "train" if dest < plan.num_partitions else "validation"
+    index = dest % plan.num_partitions
+    data = w.encode_partition(table)
+    path = partition_path(split, index)
+    store.put(f"dataset/{path}", data)
+    return pa.record_batch(
+        [
+            pa.array([split]),
+            pa.array([index], pa.int64()),
+            pa.array([table.num_rows], pa.int64()),
+            pa.array([len(data)], pa.int64()),
+            pa.array([hashlib.sha256(data).hexdigest()]),
+        ],
+        names=["split", "index", "rows", "bytes", "sha256"],
+    )
+
+
+# -- driver -----------------------------------------------------------------------------------
+
+
+def _select(
+    frame: DataFrame,
+    features: Sequence[str],
+    label: str,
+    validation_column: str | None,
+    file_keys: bool,
+) -> DataFrame:
+    """Select the columns in their roles; ML vectors become arrays of doubles."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+
+    types = {field.name: field.dataType for field in frame.schema.fields}
+    columns: list[Column] = []
+    for name in features:
+        column = _col(name)
+        if _is_vector(types[name]):
+            column = vector_to_array(column, "float64")
+        columns.append(column.alias(name))
+    columns.append(_col(label).alias(label))
+    if validation_column is not None:
+        columns.append(_col(validation_column).alias(validation_column))
+    if file_keys:
+        columns += [F.col(_PATH_COL), F.col(_START_COL)]
+    return frame.select(*columns)
+
+
+def _sort_key(row: Any) -> tuple[str, int, int, int]:
+    """Row order of a chunk: decoded file path (as pyarrow sorts files), split start, part, seq."""
+    path = str(row["file_path"])
+    if path:
+        parts = urllib.parse.urlsplit(path)
+        path = urllib.parse.unquote(parts.path) if parts.scheme == "file" else path
+    return path, int(row["block_start"]), int(row["part"]), int(row["seq"])
+
+
+def _complete(target: FileSystemStore, dataset_id: str) -> Manifest | None:
+    """The manifest of a complete dataset ``dataset_id`` at ``target``, else ``None``."""
+    from cerebro_spark.data._reader import read_manifest
+
+    if not target.exists(MANIFEST_NAME):
+        return None
+    manifest = read_manifest(target)
+    if manifest.dataset_id != dataset_id:
+        raise DataError(
+            f"{target.url(MANIFEST_NAME)} describes dataset {manifest.dataset_id}, "
+            f"not {dataset_id}; remove the directory to prepare the data again"
+        )
+    missing = {part.path for part in manifest.partitions} - set(target.list())
+    if missing:
+        logger.warning(
+            "dataset %s at %s lacks %d partition files; writing it again",
+            dataset_id,
+            target.uri,
+            len(missing),
+        )
+        return None
+    return manifest
+
+
+def _commit(
+    root: FileSystemStore, tmp: FileSystemStore, dataset_id: str, manifest: Manifest
+) -> Manifest:
+    """Make the dataset visible: files first, ``manifest.json`` last (see module docstring)."""
+    target = _fs_store(root.child(f"datasets/{dataset_id}"))
+    filesystem = root.filesystem
+    text = manifest.to_json().encode()
+    if _is_local(root) and not os.path.lexists(target.root):
+        tmp.put(f"dataset/{MANIFEST_NAME}", text)
+        os.makedirs(os.path.dirname(target.root), exist_ok=True)
+        try:
+            os.rename(tmp.path("dataset"), target.root)
+            return manifest
+        except OSError as exc:  # another writer committed first
+            logger.info("dataset directory %s appeared meanwhile (%s)", target.root, exc)
+            tmp.delete(f"dataset/{MANIFEST_NAME}")
+            done = _complete(target, dataset_id)
+            if done is not None:
+                return done
+    old_keys = w._clear_target(target, overwrite=True)  # drops an old manifest first
+    created: list[str] = []
+    try:
+        for part in manifest.partitions:
+            source = tmp.path(f"dataset/{part.path}")
+            destination = target.path(part.path)
+            if _is_local(root):
+                os.makedirs(os.path.dirname(destination), exist_ok=True)
+                os.replace(source, destination)
+            else:
+                filesystem.copy_file(source, destination)
+            if part.path not in old_keys:
+                created.append(part.path)
+        for stale in sorted(old_keys - {part.path for part in manifest.partitions}):
+            target.delete(stale)
+        target.put(MANIFEST_NAME, text)
+    except BaseException:
+        for key in created:  # best effort: leave no new files without a manifest
+            with contextlib.suppress(OSError):
+                target.delete(key)
+        raise
+    return manifest
+
+
+def _remove_tmp(tmp: FileSystemStore) -> None:
+    try:
+        tmp.filesystem.delete_dir(tmp.root)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        logger.warning("could not remove the temporary prefix %s: %s", tmp.uri, exc)
+
+
+def prepare_with_spark(
+    data: DataFrame | str,
+    store: str | Store,
+    *,
+    features: Sequence[str],
+    label: str,
+    num_partitions: int,
+    seed: int,
+    validation_fraction: float = 0.2,
+    validation_column: str | None = None,
+    task: Task | None = None,
+    source: str | None = None,
+    feature_shapes: Mapping[str, Sequence[int]] | None = None,
+    format: str | None = None,
+    options: Mapping[str, str] | None = None,
+    order: Order = "input",
+    spark: SparkSession | None = None,
+    task_env: Mapping[str, str] | None = None,
+) -> Manifest:
+    """Shuffle, split and write ``data`` with Spark to ``<store>/datasets/<dataset_id>/``.
+
+    Gives the dataset :func:`~cerebro_spark.data.prepare_dataset` gives for the same rows
+    in the same order (same id, byte-identical files and manifest), and reuses a complete
+    dataset with that id instead of rewriting it. See the module docstring for the steps
+    and for what "the same order" means.
+
+    Args:
+        data: A Spark DataFrame, a table name (``format="table"``, or any name that is
+            not an existing path but a table in the catalog), or a path to a Parquet, CSV
+            (header row, types inferred), JSON-lines or Delta file or directory.
+        store: The store (local path, ``file://`` or ``s3://`` URI, or a
+            :class:`~cerebro_spark.store.FileSystemStore`).
+        features: Feature columns (numbers, arrays of numbers, Spark ML vectors), in the
+            order they are concatenated.
+        label: The label column.
+        num_partitions: P, the number of partitions of each split.
+        seed: Seed of the one shuffle (a non-negative integer).
+        validation_fraction: Share of validation rows, in (0, 1) (without
+            ``validation_column``).
+        validation_column: A boolean column: true marks a validation row.
+        task: ``"classification"`` or ``"regression"``; inferred from the label type
+            when ``None``.
+        source: Text recorded in the manifest (default: the path, ``table NAME`` or
+            ``spark DataFrame``).
+        feature_shapes: Per-row shapes of array features, e.g. ``{"image": (1, 8, 8)}``.
+        format: ``"parquet"``, ``"csv"``, ``"json"``, ``"delta"`` or ``"table"``; from the
+            path's name (or a directory's files, or ``_delta_log``) when ``None``.
+        options: Spark reader options (for CSV ``header`` and ``inferSchema`` default to
+            ``"true"``).
+        order: ``"input"`` or ``"sorted"`` (see the module docstring).
+        spark: The session (default: the active one, or a new one from
+            :func:`~cerebro_spark.spark_session.spark_session`).
+        task_env: Environment variables set in every task before it opens the store
+            (e.g. S3 credentials executors lack). They travel with the tasks, so pass
+            secrets only on a trusted cluster; prefer ``spark.executorEnv.*`` or instance
+            roles. With a ``local`` master the driver's ``AWS_*`` variables are always
+            forwarded (same machine, same user), so credentials set after the session
+            started still reach the tasks.
+
+    Returns:
+        The manifest of the new or reused dataset.
+
+    Raises:
+        DataError: Bad parameters or data, with the column and the counts (missing
+            columns, wrong types, nulls, NaN/inf, ragged arrays, one class, too few rows
+            for 2 * P partitions), raised before anything is written.
+        ConfigError: Bad format, an unreadable path form, Delta without delta-spark, no
+            pyspark, or a store that is not a :class:`FileSystemStore`.
+        FileNotFoundError: No file or directory at ``data``.
+        StoreError: A Spark task failed to read or write the store (nothing is left
+            visible).
+    """
+    _require_pyspark()
+    from cerebro_spark.spark_session import spark_session
+
+    started = time.perf_counter()
+    seed, validation_fraction, hints = w._check_params(
+        features=features,
+        label=label,
+        num_partitions=num_partitions,
+        seed=seed,
+        validation_fraction=validation_fraction,
+        validation_column=validation_column,
+        task=task,
+        feature_shapes=feature_shapes,
+    )
+    if order not in ("input", "sorted"):
+        raise ConfigError(f"order must be 'input' or 'sorted', got {order!r}")
+    features = list(features)
+    root = _fs_store(open_store(store))
+    session = spark if spark is not None else spark_session()
+    frame, by_files, description = _load(session, data, format, dict(options or {}))
+    required = [*features, label] + ([validation_column] if validation_column else [])
+    v.check_columns(frame.columns, required)
+    keyed = _with_file_keys(frame) if by_files and order == "input" else None
+    file_keys = keyed is not None
+    selected = _select(
+        keyed if keyed is not None else frame, features, label, validation_column, file_keys
+    )
+    checked = _run_job(
+        session,
+        "checks",
+        lambda: _check(
+            selected.drop(_PATH_COL, _START_COL) if file_keys else selected,
+            features=features,
+            label=label,
+            num_partitions=num_partitions,
+            validation_fraction=validation_fraction,
+            validation_column=validation_column,
+            task=task,
+            hints=hints,
+        ),
+    )
+    fields = [
+        pa.field(info.name, pa.list_(pa.float32(), info.size) if info.shape else pa.float32())
+        for info in checked.features
+    ]
+    label_type = pa.int64() if checked.task == "classification" else pa.float32()
+    schema = pa.schema([*fields, pa.field(label, label_type)])
+    staged_schema = (
+        schema.append(pa.field(validation_column, pa.bool_())) if validation_column else schema
+    )
+    if order == "sorted":
+        selected = selected.orderBy(*[_col(name) for name in required])
+
+    env = _task_env(session, task_env)
+    tmp = _fs_store(root.child(f"datasets/{_TMP_PREFIX}{uuid.uuid4().hex}"))
+    try:
+        stage_plan = _StagePlan(
+            tmp_uri=tmp.uri,
+            env=env,
+            features=tuple(features),
+            hints={name: tuple(int(d) for d in hint) for name, hint in hints.items()},
+            shapes=dict(checked.inferred_shapes),
+            label=label,
+            task=checked.task,
+            classes=checked.classes,
+            validation_column=validation_column,
+            file_keys=file_keys,
+            schema=staged_schema,
+        )
+        staged = _run_job(
+            session,
+            f"stage {checked.rows} rows to {tmp.uri}",
+            lambda: selected.mapInArrow(
+                functools.partial(_stage, plan=stage_plan),
+                "chunk string, file_path string, block_start long, part long, seq long, rows long",
+            ).collect(),
+        )
+        chunks = _order_chunks(staged, checked.rows, file_keys)
+        sequence_plan = _SequencePlan(
+            tmp_uri=tmp.uri,
+            env=env,
+            chunks=chunks,
+            columns=tuple(schema.names),
+            params=w._id_params(
+                checked.features,
+                label=label,
+                task=checked.task,
+                classes=None if checked.classes is None else checked.classes.to_pylist(),
+                num_partitions=num_partitions,
+                seed=seed,
+                validation_fraction=validation_fraction,
+                validation_column=validation_column,
+                rows=checked.rows,
+            ),
+            validation_column=validation_column,
+            rows=checked.rows,
+            n_val=checked.n_val,
+            num_partitions=num_partitions,
+            seed=seed,
+        )
+        dataset_id = _run_job(
+            session,
+            "dataset id and shuffle",
+            lambda: (
+                session.range(1, numPartitions=1)
+                .mapInArrow(functools.partial(_sequence, plan=sequence_plan), "dataset_id string")
+                .collect()[0]["dataset_id"]
+            ),
+        )
+        target = _fs_store(root.child(f"datasets/{dataset_id}"))
+        reused = _complete(target, dataset_id)
+        if reused is not None:
+            logger.info("dataset %s already prepared at %s; reusing it", dataset_id, target.uri)
+            return reused
+        manifest = _write(
+            session,
+            root,
+            tmp,
+            dataset_id=dataset_id,
+            checked=checked,
+            chunks=chunks,
+            schema=schema,
+            num_partitions=num_partitions,
+            seed=seed,
+            source=description if source is None else source,
+            env=env,
+        )
+    finally:
+        _remove_tmp(tmp)
+    logger.info(
+        "prepared dataset %s (%d rows, %d + %d partitions) at %s in %.1f s",
+        manifest.dataset_id,
+        checked.rows,
+        num_partitions,
+        num_partitions,
+        target.uri,
+        time.perf_counter() - started,
+    )
+    return manifest
+
+
+def _order_chunks(staged: Sequence[Any], rows: int, file_keys: bool) -> tuple[_Chunk, ...]:
+    """Sort the staged chunks into row order and give each its first global row."""
+    keyed = sorted(((_sort_key(row), row) for row in staged), key=lambda item: item[0])
+    names = [row["chunk"] for _, row in keyed]
+    if len(set(names)) != len(names):
+        raise DataError(
+            "the input's row order is ambiguous (one input split was read by two tasks); "
+            "pass order='sorted' or prepare from a path"
+        )
+    chunks: list[_Chunk] = []
+    offset = 0
+    for _, row in keyed:
+        chunks.append(_Chunk(row["chunk"], offset, int(row["rows"])))
+        offset += int(row["rows"])
+    if offset != rows:
+        raise DataError(
+            f"the input had {rows} rows when checked and {offset} when staged: it changed "
+            "between two reads; make it deterministic (e.g. write it to a table first)"
+        )
+    logger.info(
+        "staged %d rows in %d chunks (%s order)",
+        rows,
+        len(chunks),
+        "file" if file_keys else "partition",
+    )
+    return tuple(chunks)
+
+
+def _write(
+    session: SparkSession,
+    root: FileSystemStore,
+    tmp: FileSystemStore,
+    *,
+    dataset_id: str,
+    checked: _Checked,
+    chunks: tuple[_Chunk, ...],
+    schema: pa.Schema,
+    num_partitions: int,
+    seed: int,
+    source: str,
+    env: Mapping[str, str],
+) -> Manifest:
+    """Shuffle the staged rows into 2 * P partition files, then commit with the manifest."""
+    expected = _split_sizes(checked.rows - checked.n_val, num_partitions) + _split_sizes(
+        checked.n_val, num_partitions
+    )
+    plan = _WritePlan(tmp.uri, env, chunks, schema, num_partitions, tuple(expected))
+    parallelism = 2 * num_partitions
+    with contextlib.suppress(Exception):  # no SparkContext on Spark Connect
+        parallelism = max(1, int(session.sparkContext.defaultParallelism))
+    results = _run_job(
+        session,
+        f"write {2 * num_partitions} partitions to {tmp.uri}",
+        lambda: (
+            session.range(len(chunks), numPartitions=min(len(chunks), 2 * parallelism))
+            .mapInArrow(functools.partial(_route, plan=plan), "dest int, payload binary")
+            .repartitionById(min(2 * num_partitions, parallelism), "dest")
+            .sortWithinPartitions("dest")
+            .mapInArrow(
+                functools.partial(_write_partitions, plan=plan),
+                "split string, index long, rows long, bytes long, sha256 string",
+            )
+            .collect()
+        ),
+    )
+    found = {(row["split"], int(row["index"])): row for row in results}
+    splits: tuple[Split, Split] = ("train", "validation")
+    partitions: list[PartitionInfo] = []
+    for split in splits:
+        for index in range(num_partitions):
+            row = found.get((split, index))
+            if row is None or len(results) != 2 * num_partitions:
+                raise StoreError(
+                    f"writing dataset {dataset_id} returned {len(results)} partition files, "
+                    f"expected {2 * num_partitions}"
+                )
+            partitions.append(
+                PartitionInfo(
+                    split=split,
+                    index=index,
+                    path=partition_path(split, index),
+                    rows=int(row["rows"]),
+                    bytes=int(row["bytes"]),
+                    sha256=str(row["sha256"]),
+                )
+            )
+    classes = None if checked.classes is None else tuple(checked.classes.to_pylist())
+    manifest = Manifest(
+        dataset_id=dataset_id,
+        features=checked.features,
+        label=checked.label,
+        task=checked.task,
+        num_classes=len(classes) if classes is not None else None,
+        num_partitions=num_partitions,
+        seed=seed,
+        partitions=tuple(partitions),
+        content_hash=w.content_hash(partitions),
+        schema={field.name: str(field.type) for field in schema},
+        source=source,
+        classes=classes,
+    )
+    try:
+        return _commit(root, tmp, dataset_id, manifest)
+    except OSError as exc:
+        if isinstance(exc, (CerebroError, FileExistsError)):
+            raise  # FileExistsError: the target holds foreign files (as the plain writer)
+        raise StoreError(
+            f"committing dataset {dataset_id} to {root.url(f'datasets/{dataset_id}')} failed: {exc}"
+        ) from exc
