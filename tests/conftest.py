@@ -94,11 +94,15 @@ def s3_server(_moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> S3Server:
 
 @pytest.fixture(scope="session")
 def spark():
-    """A local[2] Spark session shared by the Spark tests of a session (stopped at the end)."""
+    """A local[4] Spark session shared by the Spark tests of a session (stopped at the end).
+
+    Four slots: every SparkBackend worker holds a task slot for its whole life, and the
+    backend contract runs a shared backend beside private ones.
+    """
     from cerebro_spark.spark_session import spark_session
 
     session = spark_session(
-        "local[2]",
+        "local[4]",
         "cerebro-spark-tests",
         {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"},
     )

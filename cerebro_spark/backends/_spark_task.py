@@ -1,0 +1,296 @@
+"""What runs inside a Spark task: one long-lived worker serving the driver.
+
+``SparkBackend`` starts every worker as the only task of its own Spark job, whose body is
+:func:`run_worker_task` with a :class:`TaskSpec` bound in (the closure is Spark's to ship;
+see :mod:`._control` for why that is the trust boundary of the secret). The task:
+
+1. learns its attempt number, task attempt id and resources from
+   :class:`pyspark.TaskContext`; chooses its torch device (:func:`choose_device`);
+2. connects back to the driver's control server and registers (worker id, attempt,
+   task attempt id, pid, hostname, device, an executor-id hint);
+3. waits for ``welcome`` -- or ``refuse``, which the driver answers to a worker id that
+   already registered once or was lost: a task attempt that Spark retried after its
+   executor died then ends at once instead of serving as a ghost of a lost worker;
+4. serves commands in order with a :class:`~._worker.Worker` (``load`` reads partitions
+   once and keeps them for the task's life, ``run`` runs a unit, ``drop``), replying to
+   each, while a thread sends a ``heartbeat`` every ``heartbeat_s``;
+5. ends on ``stop``, when the driver closes the connection, or when the driver has been
+   silent (no ``ping``) for ``driver_timeout_s``.
+
+This module imports neither torch nor pyspark at import time (the driver imports it to
+build the closure); :class:`~._worker.Worker` imports torch when it loads partitions, and
+the task imports :mod:`pyspark` only inside the executor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from cerebro_spark.backends._base import WorkerJob
+from cerebro_spark.backends._control import (
+    Channel,
+    ChannelClosed,
+    ProtocolError,
+    connect,
+    error_to_json,
+    result_to_json,
+)
+from cerebro_spark.backends._worker import Worker
+from cerebro_spark.errors import ConfigError
+from cerebro_spark.units import UnitTask
+
+logger = logging.getLogger(__name__)
+
+_STANDALONE_WORK_DIR = re.compile(r"/app-[0-9]+-[0-9]+/([0-9]+)$")
+
+# Outcomes the task reports to its Spark job (the job's only output row).
+STOPPED = "stopped"
+REFUSED = "refused"
+DRIVER_GONE = "driver-gone"
+DRIVER_SILENT = "driver-silent"
+REJECTED = "rejected"
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """Everything a worker task needs; pickled into the Spark task closure.
+
+    Attributes:
+        worker_id: The worker's id (``"w0"`` ...).
+        driver_host: Address of the driver's control server.
+        driver_port: Its port.
+        secret: The per-experiment HMAC secret (not shown in ``repr``).
+        job: Dataset and store of the experiment, torch thread count.
+        device: Torch device to use; ``None`` chooses from the task's resources.
+        heartbeat_s: Seconds between heartbeats to the driver.
+        driver_timeout_s: Seconds of driver silence after which the task ends.
+        connect_timeout_s: Seconds to keep trying to reach the driver.
+    """
+
+    worker_id: str
+    driver_host: str
+    driver_port: int
+    secret: bytes = dataclasses.field(repr=False)
+    job: WorkerJob
+    device: str | None = None
+    heartbeat_s: float = 5.0
+    driver_timeout_s: float = 60.0
+    connect_timeout_s: float = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskInfo:
+    """What a worker task knows about itself from Spark.
+
+    Attributes:
+        attempt: Spark's attempt number of the task (0 first, higher when retried).
+        task_attempt_id: Spark's unique task attempt id (locates the executor).
+        resources: Resource name to addresses (``{"gpu": ["0"]}``).
+    """
+
+    attempt: int = 0
+    task_attempt_id: int = -1
+    resources: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+
+def choose_device(resources: Mapping[str, Iterable[str]]) -> str:
+    """Return the torch device for a task with these Spark resources.
+
+    A task that was given a ``gpu`` resource trains on ``cuda:<address>`` (its first
+    address; Spark's GPU addresses are the device indices it discovered), any other on
+    ``cpu``.
+
+    Raises:
+        ConfigError: A GPU address is not a non-negative integer.
+    """
+    addresses = [str(a) for a in resources.get("gpu", ())]
+    if not addresses:
+        return "cpu"
+    first = addresses[0].strip()
+    if not first.isdigit():
+        raise ConfigError(
+            f"Spark gave this task GPU addresses {addresses}; the first must be a CUDA "
+            "device index (a non-negative integer, as the GPU discovery script reports)"
+        )
+    return f"cuda:{int(first)}"
+
+
+def executor_hint(environ: Mapping[str, str], cwd: str) -> str | None:
+    """Guess the executor id from inside the task (the driver asks Spark first).
+
+    Kubernetes executors have ``SPARK_EXECUTOR_ID`` in their environment; standalone
+    executors run in ``<work-dir>/app-<id>/<executor id>``.
+    """
+    if environ.get("SPARK_EXECUTOR_ID"):
+        return environ["SPARK_EXECUTOR_ID"]
+    match = _STANDALONE_WORK_DIR.search(cwd)
+    return match.group(1) if match else None
+
+
+def spark_task_info() -> TaskInfo:
+    """Read :class:`TaskInfo` from :class:`pyspark.TaskContext` (inside a Spark task)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        return TaskInfo()
+    return TaskInfo(
+        attempt=context.attemptNumber(),
+        task_attempt_id=context.taskAttemptId(),
+        resources={name: tuple(info.addresses) for name, info in context.resources().items()},
+    )
+
+
+def run_worker_task(spec: TaskSpec, rows: Iterable[Any]) -> Iterator[str]:
+    """The ``mapPartitions`` body of a worker's Spark job: serve, then yield the outcome."""
+    for _ in rows:  # the job's single row carries nothing; the spec is in the closure
+        pass
+    yield serve(spec, spark_task_info())
+
+
+def _connect(spec: TaskSpec) -> Channel:
+    """Connect to the driver, retrying until ``connect_timeout_s`` has passed."""
+    deadline = time.monotonic() + spec.connect_timeout_s
+    delay = 0.1
+    while True:
+        try:
+            return connect(
+                spec.driver_host,
+                spec.driver_port,
+                spec.secret,
+                timeout_s=min(10.0, spec.connect_timeout_s),
+            )
+        except OSError as exc:
+            if time.monotonic() + delay > deadline:
+                raise ConnectionError(
+                    f"worker {spec.worker_id} could not reach the driver's control server at "
+                    f"{spec.driver_host}:{spec.driver_port} within {spec.connect_timeout_s} s: "
+                    f"{exc}"
+                ) from exc
+            time.sleep(delay)
+            delay = min(2.0, delay * 2)
+
+
+def serve(spec: TaskSpec, info: TaskInfo) -> str:
+    """Register with the driver and serve its commands until told to stop.
+
+    Args:
+        spec: The worker's spec.
+        info: What Spark says about this task attempt.
+
+    Returns:
+        Why the worker ended: ``"stopped"``, ``"refused"``, ``"driver-gone"``,
+        ``"driver-silent"`` or ``"rejected"`` (the driver's message failed a check).
+
+    Raises:
+        ConnectionError: The driver could not be reached (Spark may retry the task).
+    """
+    device = spec.device or choose_device(info.resources)
+    channel = _connect(spec)
+    try:
+        channel.settimeout(spec.driver_timeout_s)
+        channel.send(
+            {
+                "op": "register",
+                "worker_id": spec.worker_id,
+                "attempt": info.attempt,
+                "task_attempt_id": info.task_attempt_id,
+                "pid": os.getpid(),
+                "hostname": socket.gethostname(),
+                "device": device,
+                "executor_hint": executor_hint(os.environ, os.getcwd()),
+            }
+        )
+        answer = channel.recv()
+        if answer["op"] == "refuse":
+            logger.warning(
+                "worker %s (task attempt %d) was refused by the driver: %s",
+                spec.worker_id,
+                info.attempt,
+                answer.get("reason"),
+            )
+            return REFUSED
+        if answer["op"] != "welcome":
+            logger.warning("worker %s: expected welcome, got %r", spec.worker_id, answer["op"])
+            return REJECTED
+        return _serve_commands(spec, channel, Worker(spec.worker_id, spec.job, device))
+    except ChannelClosed:
+        return DRIVER_GONE
+    except ProtocolError:
+        return REJECTED
+    except TimeoutError:
+        logger.warning(
+            "worker %s: the driver was silent for %s s; exiting",
+            spec.worker_id,
+            spec.driver_timeout_s,
+        )
+        return DRIVER_SILENT
+    except OSError:
+        return DRIVER_GONE
+    finally:
+        channel.close()
+
+
+def _serve_commands(spec: TaskSpec, channel: Channel, worker: Worker) -> str:
+    stop = threading.Event()
+    beat = threading.Thread(
+        target=_heartbeat,
+        args=(channel, spec.heartbeat_s, stop),
+        name=f"cerebro-heartbeat-{spec.worker_id}",
+        daemon=True,
+    )
+    beat.start()
+    try:
+        while True:
+            message = channel.recv()
+            op = message["op"]
+            if op == "ping":
+                continue
+            if op == "stop":
+                logger.info("worker %s stops", spec.worker_id)
+                return STOPPED
+            channel.send(_execute(worker, message))
+    finally:
+        stop.set()
+        channel.close()
+        beat.join(timeout=spec.heartbeat_s + 5.0)
+        worker.drop(worker.partitions)  # a reused Python worker must not keep the data
+
+
+def _heartbeat(channel: Channel, interval_s: float, stop: threading.Event) -> None:
+    while not stop.wait(interval_s):
+        try:
+            channel.send({"op": "heartbeat"})
+        except OSError:
+            return
+
+
+def _execute(worker: Worker, message: Mapping[str, Any]) -> dict[str, Any]:
+    """Run one command on ``worker`` and return its ``reply`` message."""
+    reply: dict[str, Any] = {"op": "reply", "id": message.get("id")}
+    try:
+        op = message["op"]
+        if op == "load":
+            worker.load([int(p) for p in message["partitions"]])
+            reply["value"] = None
+        elif op == "drop":
+            worker.drop([int(p) for p in message["partitions"]])
+            reply["value"] = None
+        elif op == "run":
+            reply["value"] = result_to_json(worker.run(UnitTask.from_json(message["task"])))
+        else:
+            raise ValueError(f"unknown control command {op!r}")
+        reply["ok"] = True
+    except Exception as exc:
+        reply["ok"] = False
+        reply["error"] = error_to_json(exc)
+    reply["state"] = {"partitions": sorted(worker.partitions), "bytes_read": worker.bytes_read}
+    return reply

@@ -1,0 +1,477 @@
+"""SparkBackend on a real standalone cluster on 127.0.0.1: executor loss and arrival.
+
+The module starts a master and two worker daemons (one core each) with
+``$SPARK_HOME/sbin/spark-daemon.sh``, logs and pid files under a temporary directory, and
+stops them all at the end. The Spark driver runs in a child process (this very module, run
+with ``python -m``): a process has one SparkContext, and the test process may already hold
+a local one. The child runs both scenarios in one Spark application (the second reuses the
+executors and warm Python workers of the first), kills and starts worker daemons itself at
+the moments a scenario needs, and writes a JSON report per scenario that the tests check.
+
+Run alone: ``pytest tests/backends/test_standalone_cluster.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHILD_TIMEOUT_S = 600
+MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+
+pytestmark = [pytest.mark.spark, pytest.mark.torch, pytest.mark.slow]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _wait(condition: Callable[[], bool], what: str, timeout_s: float) -> float:
+    """Wait for ``condition``; return the seconds it took."""
+    begun = time.monotonic()
+    while not condition():
+        if time.monotonic() - begun > timeout_s:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.2)
+    return time.monotonic() - begun
+
+
+@dataclasses.dataclass
+class Cluster:
+    """A standalone master and its worker daemons, driven through ``spark-daemon.sh``.
+
+    Picklable to JSON (:meth:`to_json`) so the child driver can kill and start daemons.
+    """
+
+    root: str
+    master_port: int
+    master_ui_port: int
+
+    @property
+    def url(self) -> str:
+        return f"spark://127.0.0.1:{self.master_port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        import pyspark
+
+        return {
+            **os.environ,
+            "SPARK_HOME": str(Path(pyspark.__file__).parent),
+            "SPARK_LOG_DIR": f"{self.root}/logs",
+            "SPARK_PID_DIR": f"{self.root}/pids",
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_IDENT_STRING": "cerebro-test",
+            "PYSPARK_PYTHON": sys.executable,
+        }
+
+    def _daemon(self, action: str, klass: str, instance: int, *args: str) -> None:
+        script = Path(self.env["SPARK_HOME"]) / "sbin" / "spark-daemon.sh"
+        subprocess.run(
+            ["bash", str(script), action, klass, str(instance), *args],
+            env=self.env,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+
+    def pid_of(self, klass: str, instance: int) -> int | None:
+        path = Path(self.root) / "pids" / f"spark-cerebro-test-{klass}-{instance}.pid"
+        return int(path.read_text()) if path.exists() else None
+
+    def work_dir(self, instance: int) -> Path:
+        return Path(self.root) / f"work-{instance}"
+
+    def start_master(self) -> None:
+        self._daemon(
+            "start",
+            MASTER_CLASS,
+            1,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.master_port),
+            "--webui-port",
+            str(self.master_ui_port),
+        )
+
+    def start_worker(self, instance: int) -> None:
+        self.work_dir(instance).mkdir(parents=True, exist_ok=True)
+        self._daemon(
+            "start",
+            WORKER_CLASS,
+            instance,
+            "--host",
+            "127.0.0.1",
+            "--cores",
+            "1",
+            "--memory",
+            "2g",
+            "--webui-port",
+            str(_free_port()),
+            "--work-dir",
+            str(self.work_dir(instance)),
+            self.url,
+        )
+
+    def stop(self, klass: str, instance: int, timeout_s: float = 30.0) -> None:
+        """Stop a daemon (SIGTERM, then SIGKILL) and wait until its process is gone."""
+        pid = self.pid_of(klass, instance)
+        if pid is None:
+            return
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self._daemon("stop", klass, instance)
+        deadline = time.monotonic() + timeout_s
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def stop_worker(self, instance: int) -> None:
+        self.stop(WORKER_CLASS, instance)
+
+    def alive_workers(self) -> int:
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.master_ui_port}/json/", timeout=5
+            ) as response:
+                state = json.load(response)
+        except OSError:
+            return -1
+        return int(state.get("aliveworkers", 0))
+
+    def instance_running(self, executor_id: str) -> int:
+        """The worker daemon whose work directory holds executor ``executor_id``."""
+        for path in sorted(Path(self.root).glob(f"work-*/app-*/{executor_id}")):
+            instance = int(path.parent.parent.name.split("-")[1])
+            pid = self.pid_of(WORKER_CLASS, instance)
+            if pid is not None and _alive(pid):
+                return instance
+        raise AssertionError(f"no live worker daemon runs executor {executor_id}")
+
+    def ensure_workers(self, count: int) -> None:
+        """Start worker daemons (new instance numbers) until ``count`` are alive."""
+        pids = Path(self.root) / "pids"
+        while self.alive_workers() < count:
+            used = [int(p.stem.rsplit("-", 1)[1]) for p in pids.glob("*Worker*.pid")]
+            self.start_worker(max(used, default=0) + 1)
+            before = self.alive_workers()
+            _wait(
+                lambda before=before: self.alive_workers() > before,  # type: ignore[misc]
+                "a worker daemon to register",
+                120,
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("standalone")
+    cluster = Cluster(str(root), _free_port(), _free_port())
+    started: list[tuple[str, int]] = []
+    try:
+        cluster.start_master()
+        started.append((MASTER_CLASS, 1))
+        for instance in (1, 2):
+            cluster.start_worker(instance)
+            started.append((WORKER_CLASS, instance))
+        _wait(lambda: cluster.alive_workers() == 2, "two worker daemons to register", 120)
+        yield cluster
+    finally:
+        for pid_file in sorted((root / "pids").glob("*Worker*.pid")):
+            cluster.stop_worker(int(pid_file.stem.rsplit("-", 1)[1]))
+        cluster.stop(MASTER_CLASS, 1)
+        leftovers = [p for p in (root / "pids").glob("*.pid") if _alive(int(p.read_text()))]
+        assert not leftovers, f"daemons still running: {leftovers}"
+
+
+@pytest.fixture(scope="module")
+def reports(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Run both scenarios in a child driver process; return its reports by scenario."""
+    tmp = tmp_path_factory.mktemp("driver")
+    report = tmp / "report.json"
+    args = {"cluster": cluster.to_json(), "tmp": str(tmp), "report": str(report)}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.backends.test_standalone_cluster", json.dumps(args)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        output, _ = child.communicate(timeout=CHILD_TIMEOUT_S)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    tail = "\n".join(line for line in output.splitlines() if " WARN " not in line)[-8000:]
+    assert child.returncode == 0 and report.exists(), f"driver failed ({child.returncode}):\n{tail}"
+    result: dict[str, Any] = json.loads(report.read_text())
+    logging.getLogger(__name__).info("reports: %s", result)
+    return result
+
+
+def scenario(reports: dict[str, Any], name: str) -> dict[str, Any]:
+    report: dict[str, Any] = reports[name]
+    if "error" in report:
+        pytest.fail(f"scenario {name} failed in the driver:\n{report['error']}")
+    return report
+
+
+# -- the tests -----------------------------------------------------------------------------------
+
+
+def test_executor_loss_and_arrival(reports: dict[str, Any]) -> None:
+    report = scenario(reports, "backend")
+    assert report["workers_at_start"] == {"w0": [0, 2], "w1": [1, 3]}
+    assert len(set(report["executors_at_start"].values())) == 2
+    assert "driver" not in report["executors_at_start"].values()
+    assert report["lost_error"].startswith("WorkerLostError: worker w1 was lost")
+    assert "while it ran the train unit" in report["lost_error"]
+    assert report["after_loss"] == {"w0": [0, 1, 2, 3]}
+    assert report["joined"]["worker"] == "w2" and report["joined"]["partitions"]
+    assert report["joined"]["executor"] not in report["executors_at_start"].values()
+    assert report["after_executor_kill"] == ["w0"]
+    assert report["stats"]["registered"] >= 3  # the cluster may replace the killed executor
+    assert sum(report["stats"]["lost"].values()) == 2
+
+
+def test_engine_survives_a_lost_executor_mid_epoch(reports: dict[str, Any]) -> None:
+    report = scenario(reports, "engine")
+    ends = Counter(tuple(key) for key in report["unit_ends"])
+    assert len(ends) == 2 * 2 * 2 * 4  # trials x epochs x kinds x partitions
+    assert set(ends.values()) == {1}, [key for key, n in ends.items() if n > 1]
+    assert report["lost_workers"], "no worker was lost"
+    assert report["finished"] and report["trials_completed"] == 2
+
+
+# -- the child driver --------------------------------------------------------------------------
+
+
+def _child_session(cluster: Cluster, name: str) -> Any:
+    from cerebro_spark.spark_session import spark_session
+
+    return spark_session(
+        cluster.url,
+        name,
+        {
+            "spark.ui.enabled": "false",
+            "spark.executor.memory": "1g",
+            "spark.executor.cores": "1",
+            "spark.task.cpus": "1",
+            "spark.dynamicAllocation.enabled": "false",
+            "spark.executorEnv.PYTHONPATH": str(ROOT),
+        },
+    )
+
+
+def _executors(session: Any) -> list[str]:
+    ids = session.sparkContext._jsc.sc().getExecutorIds().mkString("\n")
+    return [i for i in str(ids).split("\n") if i]
+
+
+def _scenario_backend(cluster: Cluster, session: Any, tmp: Path) -> dict[str, Any]:
+    """Loss of an executor mid-unit, re-homing, then a new executor's worker joining."""
+    from cerebro_spark.backends import SparkBackend, WorkerJob
+    from cerebro_spark.errors import WorkerLostError
+    from cerebro_spark.store import open_store
+    from tests.backends.contract import GATED, gated, make_dataset, result, train_task
+
+    report: dict[str, Any] = {}
+    dataset = make_dataset(tmp / "dataset")
+    job = WorkerJob(dataset.uri, open_store(str(tmp / "store")), torch_threads=1)
+    _wait(lambda: len(_executors(session)) == 2, "two executors", 120)
+    backend = SparkBackend(spark=session, heartbeat_s=1.0, heartbeat_timeout_s=10.0, poll_s=1.0)
+    try:
+        begun = time.monotonic()
+        backend.start(job)  # num_workers=None: one per executor slot
+        report["start_seconds"] = time.monotonic() - begun
+        held = {w: sorted(i.partitions) for w, i in backend.workers().items()}
+        report["workers_at_start"] = held
+        report["executors_at_start"] = backend.executors()
+        for worker_id, partitions in held.items():
+            assert result(backend.submit(worker_id, train_task("t", partitions[0]))).rows > 0
+        # Stop the worker daemon of w1's executor while w1 runs a unit.
+        victim = cluster.instance_running(str(backend.executors()["w1"]))
+        marker = tmp / "started"
+        running = backend.submit(
+            "w1", train_task("k", 1, spec=GATED, params=gated(marker, [tmp / "never"]))
+        )
+        _wait(marker.exists, "the unit to start", 60)
+        killed_at = time.monotonic()
+        cluster.stop_worker(victim)
+        try:
+            running.result(timeout=120)
+            raise AssertionError("the unit on the killed executor succeeded")
+        except WorkerLostError as exc:
+            report["lost_error"] = f"{type(exc).__name__}: {exc}"
+        report["loss_seconds"] = time.monotonic() - killed_at
+        report["after_loss"] = {w: sorted(i.partitions) for w, i in backend.workers().items()}
+        for partition in (1, 3):  # re-homed from w1: they still run
+            out = result(backend.submit("w0", train_task("m", partition)))
+            assert out.rows == dataset.manifest.partition("train", partition).rows
+        info = backend.workers()["w0"]
+        assert info.bytes_read == dataset.bytes_of(info.partitions), info
+        # A new worker daemon: its executor gets a new worker, which joins with replicas.
+        begun = time.monotonic()
+        cluster.start_worker(victim + 10)
+        _wait(lambda: "w2" in backend.workers(), "a worker on the new executor", 180)
+        report["join_seconds"] = time.monotonic() - begun
+        joined = backend.workers()["w2"]
+        report["joined"] = {
+            "worker": "w2",
+            "partitions": sorted(joined.partitions),
+            "executor": backend.executors()["w2"],
+        }
+        assert result(backend.submit("w2", train_task("j", min(joined.partitions)))).rows > 0
+        # Killing a worker's executor through Spark is a loss like any other.
+        begun = time.monotonic()
+        backend.kill_worker("w2", executor=True)
+        report["executor_kill_seconds"] = time.monotonic() - begun
+        report["after_executor_kill"] = sorted(backend.workers())
+        report["stats"] = dataclasses.asdict(backend.stats())
+    finally:
+        backend.close()
+    return report
+
+
+def _scenario_engine(cluster: Cluster, session: Any, tmp: Path) -> dict[str, Any]:
+    """The engine end to end on digits, an executor lost in the first epoch."""
+    from cerebro_spark.backends import SparkBackend
+    from cerebro_spark.engine import parse_config, read_events, run_experiment
+    from cerebro_spark.store import open_store
+
+    store = tmp / "store"
+    config = parse_config(
+        {
+            "name": "standalone",
+            "seed": 3,
+            "store": str(store),
+            "data": {"source": "sklearn:digits", "partitions": 4},
+            "procedure": "grid",
+            "epochs": 2,
+            "workers": 2,
+            "space": {
+                "model": "cerebro_spark.training:MLPSpec",
+                "hidden_units": {"grid": [[16], [32]]},
+                "lr": 0.01,
+                "batch_size": 64,
+            },
+        }
+    )
+    cluster.ensure_workers(2)
+    _wait(lambda: len(_executors(session)) == 2, "two executors", 120)
+    backends: list[SparkBackend] = []
+    outcome: dict[str, Any] = {}
+
+    def factory(config: Any) -> SparkBackend:
+        backend = SparkBackend(
+            config.workers,
+            spark=session,
+            heartbeat_s=1.0,
+            heartbeat_timeout_s=10.0,
+            start_timeout_s=150.0,
+        )
+        backends.append(backend)
+        return backend
+
+    def run() -> None:
+        try:
+            result = run_experiment(config, experiment_id="e2e", backend_factory=factory)
+            outcome["trials"] = [t.status for t in result.trials]
+        except BaseException as exc:
+            outcome["error"] = repr(exc)
+            raise
+
+    thread = threading.Thread(target=run, name="experiment")
+    thread.start()
+    events_path = store / "experiments" / "e2e" / "events.jsonl"
+
+    def unit_ends() -> int:
+        return events_path.read_text().count('"unit_end"') if events_path.exists() else 0
+
+    _wait(lambda: unit_ends() >= 3 or not thread.is_alive(), "the first units of epoch 0", 200)
+    assert thread.is_alive(), outcome
+    executor = str(backends[0].executors()["w1"])
+    cluster.stop_worker(cluster.instance_running(executor))
+    thread.join(timeout=300)
+    assert not thread.is_alive(), "the experiment did not finish"
+    assert "error" not in outcome, outcome
+    events = read_events(open_store(str(store)).child("experiments/e2e"))
+    return {
+        "unit_ends": [
+            [e["trial"], e["epoch"], e["kind"], e["partition"]]
+            for e in events
+            if e["event"] == "unit_end"
+        ],
+        "lost_workers": [e["worker"] for e in events if e["event"] == "worker_lost"],
+        "lost_units": [
+            [e["trial"], e["epoch"], e["kind"], e["partition"]]
+            for e in events
+            if e["event"] == "unit_failed" and e["reason"] == "worker_lost"
+        ],
+        "finished": any(e["event"] == "experiment_end" for e in events),
+        "trials_completed": sum(1 for status in outcome.get("trials", []) if status == "completed"),
+    }
+
+
+def _child_main(raw: str) -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(threadName)s %(name)s: %(message)s"
+    )
+    args = json.loads(raw)
+    cluster = Cluster(**args["cluster"])
+    tmp = Path(args["tmp"])
+    reports: dict[str, Any] = {}
+    session = _child_session(cluster, "cerebro-standalone")
+    try:
+        for name, run in (("backend", _scenario_backend), ("engine", _scenario_engine)):
+            (tmp / name).mkdir()
+            begun = time.monotonic()
+            try:
+                reports[name] = run(cluster, session, tmp / name)
+            except Exception:
+                logging.getLogger("standalone").exception("scenario %s failed", name)
+                reports[name] = {"error": traceback.format_exc()}
+            reports[name]["seconds"] = time.monotonic() - begun
+    finally:
+        session.stop()
+    Path(args["report"]).write_text(json.dumps(reports, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1])
