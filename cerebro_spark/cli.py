@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from collections.abc import Sequence
@@ -40,6 +41,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if v is not None
     }
     config = config.replace(**changes)
+    if args.master is not None:
+        spark = dataclasses.replace(config.spark, master=args.master)
+        config = config.replace(backend="spark", spark=spark)
+    elif args.backend is not None:
+        config = config.replace(backend=args.backend)
     result = run_experiment(config, experiment_id=args.experiment_id)
     _out(format_table(result.trials, config.metric, config.mode))
     _out(f"experiment {result.experiment_id}: {result.url}")
@@ -105,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=int, help="override the config's number of workers")
     run.add_argument("--store", help="override the config's store URI")
     run.add_argument("--seed", type=int, help="override the config's seed")
+    run.add_argument("--backend", choices=("spark", "local"), help="override the config's backend")
+    run.add_argument(
+        "--master", help="Spark master URL (local[2], spark://host:7077, yarn ...); implies spark"
+    )
     run.set_defaults(handler=_cmd_run)
 
     store_help = "store URI when EXPERIMENT is an id (default: runs)"

@@ -53,7 +53,15 @@ def default_backend(config: ExperimentConfig) -> Backend:
         from cerebro_spark.backends import LocalBackend
 
         return LocalBackend(config.workers)
-    raise ConfigError(f"backend must be 'local', got {config.backend!r}")
+    if config.backend == "spark":
+        from cerebro_spark.backends import SparkBackend
+        from cerebro_spark.spark_session import spark_session
+
+        session = spark_session(
+            config.spark.master, f"cerebro-spark {config.name}", config.spark.conf
+        )
+        return SparkBackend(config.workers, spark=session)
+    raise ConfigError(f"backend must be 'local' or 'spark', got {config.backend!r}")
 
 
 def new_experiment_id(config: ExperimentConfig, store: Store) -> str:
