@@ -1,0 +1,77 @@
+"""The digits experiment submitted with spark-submit to a local-cluster (2 executors)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cerebro_spark.engine import load_state, read_events
+from cerebro_spark.store import open_store
+
+pytestmark = [pytest.mark.spark, pytest.mark.torch, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_spark_submit_to_local_cluster(tmp_path):
+    config = {
+        "name": "submitted",
+        "seed": 2,
+        "store": str(tmp_path / "store"),
+        "data": {"source": "sklearn:digits", "partitions": 4},
+        "epochs": 2,
+        "workers": 2,
+        "backend": "spark",
+        "spark": {"conf": {"spark.ui.enabled": False}},
+        "space": {
+            "model": "cerebro_spark.training:MLPSpec",
+            "hidden_units": {"grid": [[32], [64]]},
+            "lr": 0.003,
+        },
+    }
+    path = tmp_path / "submitted.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {
+        **os.environ,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PYTHONUNBUFFERED": "1",
+    }
+    submit = Path(sys.executable).with_name("spark-submit")
+    completed = subprocess.run(
+        [
+            str(submit),
+            "--master",
+            "local-cluster[2,1,1024]",
+            "--conf",
+            "spark.executor.memory=1g",
+            str(ROOT / "jobs/run.py"),
+            str(path),
+            "--experiment-id",
+            "submitted",
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    _, state = load_state(str(tmp_path / "store"), "submitted")
+    assert state.finished
+    assert all(t.status == "completed" and t.epochs == 2 for t in state.trials.values())
+    assert max(t.metrics["accuracy"] for t in state.trials.values()) > 0.85
+    events = read_events(open_store(str(tmp_path / "store")).child("experiments/submitted"))
+    joined = [e for e in events if e["event"] == "worker_joined"]
+    assert len(joined) == 2
+    assert len({e["host"] for e in joined}) >= 1
+    ends = [
+        (e["trial"], e["epoch"], e["kind"], e["partition"])
+        for e in events
+        if e["event"] == "unit_end"
+    ]
+    assert len(ends) == len(set(ends)) == 2 * 2 * 4 * 2
