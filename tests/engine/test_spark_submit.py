@@ -16,11 +16,11 @@ pytestmark = [pytest.mark.spark, pytest.mark.torch, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_spark_submit_to_local_cluster(tmp_path):
+def submit(tmp_path, store, extra_conf=()):
     config = {
         "name": "submitted",
         "seed": 2,
-        "store": str(tmp_path / "store"),
+        "store": store,
         "data": {"source": "sklearn:digits", "partitions": 4},
         "epochs": 2,
         "workers": 2,
@@ -49,6 +49,7 @@ def test_spark_submit_to_local_cluster(tmp_path):
             "local-cluster[2,1,1024]",
             "--conf",
             "spark.executor.memory=1g",
+            *extra_conf,
             str(ROOT / "jobs/run.py"),
             str(path),
             "--experiment-id",
@@ -61,6 +62,10 @@ def test_spark_submit_to_local_cluster(tmp_path):
         timeout=540,
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
+
+
+def test_spark_submit_to_local_cluster(tmp_path):
+    submit(tmp_path, str(tmp_path / "store"))
     _, state = load_state(str(tmp_path / "store"), "submitted")
     assert state.finished
     assert all(t.status == "completed" and t.epochs == 2 for t in state.trials.values())
@@ -75,3 +80,22 @@ def test_spark_submit_to_local_cluster(tmp_path):
         if e["event"] == "unit_end"
     ]
     assert len(ends) == len(set(ends)) == 2 * 2 * 4 * 2
+
+
+def test_spark_submit_with_dataset_and_checkpoints_on_s3(tmp_path, s3_server):
+    store = s3_server.uri("lake")
+    credentials = [
+        f"spark.executorEnv.{name}={os.environ[name]}"
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+    ]
+    submit(tmp_path, store, [arg for pair in credentials for arg in ("--conf", pair)])
+    _, state = load_state(store, "submitted")
+    assert state.finished
+    assert all(t.status == "completed" for t in state.trials.values())
+    keys = [
+        o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_server.bucket)["Contents"]
+    ]
+    assert any(
+        k.startswith("lake/experiments/submitted/checkpoints/") and k.endswith(".pt") for k in keys
+    )
+    assert sum(k.startswith("lake/datasets/") and k.endswith(".parquet") for k in keys) == 8
