@@ -1,5 +1,6 @@
 """The digits experiment submitted with spark-submit to a local-cluster (2 executors)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -80,6 +81,16 @@ def test_spark_submit_to_local_cluster(tmp_path):
         if e["event"] == "unit_end"
     ]
     assert len(ends) == len(set(ends)) == 2 * 2 * 4 * 2
+    # each worker read exactly the partitions it holds, once, over the whole run
+    dataset = next(e for e in events if e["event"] == "dataset")
+    manifest = json.loads(
+        open_store(str(tmp_path / "store")).get(f"datasets/{dataset['dataset_id']}/manifest.json")
+    )
+    held = {e["worker"]: set(e["partitions"]) for e in joined}
+    read = {e["worker"]: e["bytes_read"] for e in events if e["event"] == "worker_bytes"}
+    for worker, partitions in held.items():
+        expected = sum(p["bytes"] for p in manifest["partitions"] if p["index"] in partitions)
+        assert read[worker] == expected
 
 
 def test_spark_submit_with_dataset_and_checkpoints_on_s3(tmp_path, s3_server):
