@@ -13,7 +13,12 @@ from cerebro_spark.engine._api import (
 )
 from cerebro_spark.engine._config import DataConfig, ExperimentConfig, load_config, parse_config
 from cerebro_spark.engine._events import EventLog, read_events
-from cerebro_spark.engine._experiment import Experiment, experiment_prefix, trial_seed
+from cerebro_spark.engine._experiment import (
+    Experiment,
+    experiment_prefix,
+    logged_group_plans,
+    trial_seed,
+)
 from cerebro_spark.engine._leaderboard import format_table, leaderboard_csv, rank
 from cerebro_spark.engine._state import ExperimentState, TrialState
 
@@ -33,6 +38,7 @@ __all__ = [
     "leaderboard_csv",
     "load_config",
     "load_state",
+    "logged_group_plans",
     "logged_visit_orders",
     "parse_config",
     "rank",

@@ -12,7 +12,14 @@ from collections.abc import Callable
 from cerebro_spark.backends import Backend
 from cerebro_spark.engine._config import ExperimentConfig, parse_config
 from cerebro_spark.engine._events import read_events
-from cerebro_spark.engine._experiment import CONFIG_NAME, Experiment, VisitOrders, experiment_prefix
+from cerebro_spark.engine._experiment import (
+    CONFIG_NAME,
+    Experiment,
+    GroupPlans,
+    VisitOrders,
+    experiment_prefix,
+    logged_group_plans,
+)
 from cerebro_spark.engine._state import ExperimentState, TrialState
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.store import Store, open_store
@@ -81,6 +88,7 @@ def run_experiment(
     experiment_id: str | None = None,
     backend_factory: BackendFactory = default_backend,
     visit_orders: VisitOrders | None = None,
+    group_plans: GroupPlans | None = None,
 ) -> ExperimentResult:
     """Run a new experiment to the end.
 
@@ -89,6 +97,7 @@ def run_experiment(
         experiment_id: Its id (default: ``<name>-<UTC time>``); must not exist yet.
         backend_factory: Builds the backend (default: from ``config.backend``).
         visit_orders: Visit orders to impose by round and trial (used by replay).
+        group_plans: Data-parallel group sizes to impose along them (used by replay).
     """
     store = open_store(config.store)
     experiment_id = experiment_id or new_experiment_id(config, store)
@@ -199,6 +208,7 @@ def replay_experiment(
         experiment_id=f"{experiment_id}-replay-{n}",
         backend_factory=backend_factory,
         visit_orders=logged_visit_orders(store, experiment_id),
+        group_plans=logged_group_plans(store, experiment_id),
     )
     replayed = {t.trial_id: t for t in result.trials}
     rows = [

@@ -12,11 +12,23 @@ Event kinds and their fields:
 * ``worker_lost``: ``worker``, ``unit`` (or null)
 * ``trial_added``: ``trial``, ``params``, ``seed``, ``spec``, ``clone_from``
 * ``round_start``: ``round``, ``trials`` (live ids), ``epochs`` ({trial: its epoch}),
-  ``visit_orders`` ({trial: [partitions]} or null when dynamic), ``procedure_state``
+  ``visit_orders`` ({trial: [partitions]} or null when dynamic), ``resources`` ({trial:
+  workers it asked for, ``SearchProcedure.resources``}), ``group_plans`` (null, or
+  {trial: [group sizes]} imposed on a replay; trials not named train one unit at a
+  time), ``procedure_state``
 * ``unit_start``: ``round``, ``trial``, ``epoch``, ``kind``, ``partition``, ``step``, ``worker``
 * ``unit_end``: those fields and ``seconds``, ``io_seconds``, ``rows``, ``metric_sums``,
   ``checkpoint``, ``checkpoint_bytes``, ``checkpoint_sha256``
-* ``unit_failed``: those fields and ``error``, ``reason`` (``worker_lost`` | ``trial_error``)
+* ``unit_failed``: those fields and ``error``, ``reason`` (``worker_lost`` |
+  ``group_broken`` | ``io_error`` | ``trial_error``)
+
+  A group unit (Cerebro §5.7: ``k`` partitions of one trial trained data-parallel by
+  ``k`` workers) is logged as ``k`` of each, one per partition: rank ``r`` has ``step``
+  ``base + r``, its own ``partition``, ``worker``, ``seconds``, ``io_seconds``, ``rows``
+  and ``metric_sums``, and every rank the group's checkpoint (written by rank 0) and two
+  more fields: ``group`` (an id unique to the attempt) and ``group_partitions`` (the
+  partitions by rank). The ``k`` ``unit_end`` events are written after all ``k`` results
+  are in and count only together (see :mod:`cerebro_spark.engine._state`).
 * ``trial_failed``: ``trial``, ``error``
 * ``trial_epoch``: ``round``, ``trial``, ``epoch``, ``metrics``, ``checkpoint``,
   ``checkpoint_sha256``

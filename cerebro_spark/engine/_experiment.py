@@ -9,14 +9,27 @@ row-weighted validation metrics and decides continue / pause / stop.
 Every change is an event in ``events.jsonl``, applied to :class:`ExperimentState` through
 the same code path that ``resume`` uses, so a run killed at any point continues from its
 log without redoing a finished unit.
+
+Group units (Cerebro §5.7, the "Horovod hybrid"; SEER's resources per trial): at each
+round start the procedure says how many workers each live trial trains on
+(:meth:`~cerebro_spark.search.SearchProcedure.resources`); the answers are logged in
+``round_start`` and the MOP scheduler forms groups of up to that many workers
+(:class:`~cerebro_spark.mop.MopScheduler`). A group is submitted with
+``Backend.submit_group``; its ``k`` results are combined only when all ``k`` are in (one
+``unit_end`` per partition, see :mod:`~cerebro_spark.engine._events`), and a group that
+fails goes back to the queue whole (§5.6). A backend without groups trains every trial one
+unit at a time (logged once). Replays reproduce groups: the logged visit order, the same
+group sizes and the same workers form the same groups, and :func:`logged_group_plans`
+recovers the groups a run actually formed (after worker losses, too) to impose them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
@@ -26,7 +39,7 @@ from cerebro_spark.backends import Backend, WorkerJob
 from cerebro_spark.data import Manifest
 from cerebro_spark.engine._config import ExperimentConfig
 from cerebro_spark.engine._dataset import resolve_dataset
-from cerebro_spark.engine._events import EventLog
+from cerebro_spark.engine._events import EventLog, read_events
 from cerebro_spark.engine._leaderboard import LEADERBOARD_NAME, leaderboard_csv, rank
 from cerebro_spark.engine._progress import Progress
 from cerebro_spark.engine._state import (
@@ -52,6 +65,7 @@ from cerebro_spark.mop import (
     SchedulingRule,
     Unit,
     WorkAwareRule,
+    grouped_visit_orders,
     seeded_visit_orders,
 )
 from cerebro_spark.search import (
@@ -63,7 +77,7 @@ from cerebro_spark.search import (
 )
 from cerebro_spark.search.space import SearchSpace
 from cerebro_spark.store import Store
-from cerebro_spark.units import UnitKind, UnitResult, UnitTask
+from cerebro_spark.units import GroupBrokenError, UnitKind, UnitResult, UnitTask, group_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -72,12 +86,19 @@ BEST_CHECKPOINT_NAME = "best.pt"
 _WAIT_SECONDS = 0.5
 MAX_UNIT_RETRIES = 3
 """Times a unit is retried after I/O errors before the experiment gives up."""
+GROUP_TIMEOUT_S = 60.0
+"""Seconds a rank of a group unit waits for its peers (``GroupSpec.timeout_s``)."""
+MAX_GROUP_BREAKS = 3
+"""Times a trial's group may break in a round with no worker lost (a rendezvous that
+keeps failing) before the trial trains one unit at a time for the rest of the round."""
 
 # Streams of randomness derived from the experiment seed (never global state).
 _PROCEDURE_STREAM, _SCHEDULER_STREAM, _TRIAL_STREAM = 0, 1, 2
 
 VisitOrders = Mapping[int, Mapping[str, list[int]]]
 """Visit orders to impose, by round then trial (``replay``)."""
+GroupPlans = Mapping[int, Mapping[str, Sequence[int]]]
+"""Group sizes to impose along the visit orders, by round then trial (``replay``)."""
 
 
 def experiment_prefix(experiment_id: str) -> str:
@@ -102,6 +123,10 @@ class Experiment:
         experiment_id: Id of the experiment; its files live in ``experiments/<id>/``.
         backend_factory: Builds the backend for a number of workers.
         visit_orders: Visit orders to impose by round and trial (``replay``).
+        group_plans: Group sizes to impose by round and trial (``replay``, with
+            ``visit_orders``; see :func:`logged_group_plans`). Trials a round does not
+            name train one unit at a time; ``None`` asks the procedure's
+            :meth:`~cerebro_spark.search.SearchProcedure.resources`.
     """
 
     def __init__(
@@ -112,6 +137,7 @@ class Experiment:
         backend_factory: Callable[[ExperimentConfig], Backend],
         *,
         visit_orders: VisitOrders | None = None,
+        group_plans: GroupPlans | None = None,
     ) -> None:
         self.config = config
         self.root = store
@@ -120,6 +146,9 @@ class Experiment:
         self.store = store.child(self.prefix)
         self.backend_factory = backend_factory
         self.imposed_orders = visit_orders
+        self.imposed_plans = group_plans
+        if group_plans is not None and visit_orders is None:
+            raise ConfigError("group_plans size groups along visit orders: impose both")
         self.log = EventLog(self.store)
         self.state = ExperimentState.from_events(self.log.read())
         self._time_before = self.state.experiment_seconds
@@ -132,6 +161,9 @@ class Experiment:
         self._unit_seconds: dict[tuple[str, UnitKind], float] = {}
         self._unit_counts: dict[tuple[str, UnitKind], int] = {}
         self._retries: dict[tuple[Unit, int], int] = {}
+        self._groups_supported = True
+        self._group_attempts = 0
+        self._group_breaks: dict[str, int] = {}
 
     # -- events ---------------------------------------------------------------------------
 
@@ -264,15 +296,34 @@ class Experiment:
                 )
             return False
         number = self.state.round + 1
+        resources = {t: self._resources(t) for t in live}
         self._emit(
             "round_start",
             round=number,
             trials=live,
             epochs={t: self.state.trials[t].epochs for t in live},
-            visit_orders=self._visit_orders(number, live),
+            visit_orders=self._visit_orders(number, live, resources),
+            resources=resources,
+            group_plans=self._imposed_group_plans(number, live),
             procedure_state=self.procedure.state_dict(),
         )
         return True
+
+    def _resources(self, trial_id: str) -> int:
+        """The procedure's number of workers for a trial's next epoch (Cerebro §5.7)."""
+        size = self.procedure.resources(trial_id)
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+            raise ConfigError(
+                f"search procedure {self.config.procedure!r} asked for resources={size!r} "
+                f"for trial {trial_id}; resources must be an integer >= 1 (workers)"
+            )
+        return int(size)
+
+    def _imposed_group_plans(self, number: int, live: list[str]) -> dict[str, list[int]] | None:
+        if self.imposed_plans is None:
+            return None
+        plans = self.imposed_plans.get(number, {})
+        return {t: [int(size) for size in plans[t]] for t in live if t in plans}
 
     def _add_trial(self, trial_id: str, params: Mapping[str, Any], clone_from: str | None) -> None:
         spec = params.get("model", self.config.model)
@@ -290,7 +341,9 @@ class Experiment:
             clone_from=clone_from,
         )
 
-    def _visit_orders(self, number: int, live: list[str]) -> dict[str, list[int]] | None:
+    def _visit_orders(
+        self, number: int, live: list[str], resources: Mapping[str, int]
+    ) -> dict[str, list[int]] | None:
         if self.imposed_orders is not None:
             orders = self.imposed_orders.get(number, {})
             missing = [t for t in live if t not in orders]
@@ -302,9 +355,13 @@ class Experiment:
         if self.config.visit_order == "dynamic":
             return None
         assert self.manifest is not None  # ok: set in run() before any round
-        return seeded_visit_orders(
+        orders = seeded_visit_orders(
             live, range(self.manifest.num_partitions), self._round_rng(number)
         )
+        if not self._groups_supported:
+            return orders
+        # Orders in which every group can be formed on the current workers (§5.7).
+        return grouped_visit_orders(orders, resources, self._known_workers)
 
     def _round_rng(self, number: int) -> np.random.Generator:
         return np.random.default_rng(
@@ -319,6 +376,13 @@ class Experiment:
         live = [t for t in state.round_trials if state.trials[t].status == RUNNING]
         partitions = range(self.manifest.num_partitions)
         done = [Unit(u.trial, u.partition, u.kind) for u in state.done_units if u.trial in live]
+        sizes: dict[str, int] = {}
+        plans: dict[str, list[int]] | None = None
+        if self._groups_supported:
+            if state.round_group_plans is not None:
+                plans = {t: p for t, p in state.round_group_plans.items() if t in live}
+            else:
+                sizes = {t: k for t, k in state.round_resources.items() if t in live and k > 1}
         scheduler = MopScheduler(
             trials=live,
             partitions=partitions,
@@ -328,15 +392,25 @@ class Experiment:
             visit_orders=state.visit_orders,
             validate=True,
             completed=done,
+            group_sizes=sizes,
+            group_plans=plans or None,
         )
+        self._group_breaks = {}
         self.progress.start_round(state.round, 2 * len(live) * len(partitions), len(done))
         for trial_id in live:
             self._maybe_finish_epoch(trial_id)
-        running: dict[Future[UnitResult], Assignment] = {}
+        running: list[_Running] = []
         while not scheduler.finished:
+            requeued = False
             for assignment in scheduler.assign():
-                running[self._submit(backend, assignment)] = assignment
+                started = self._submit(backend, assignment, scheduler)
+                if started is None:
+                    requeued = True
+                else:
+                    running.append(started)
             if not running:
+                if requeued:
+                    continue  # e.g. a group fell back to single units: assign again now
                 if scheduler.stalled:
                     raise CerebroError(
                         "no live worker holds the partitions the remaining units need; "
@@ -345,14 +419,23 @@ class Experiment:
                 time.sleep(_WAIT_SECONDS)
                 self._sync_workers(backend, scheduler)
                 continue
-            finished, _ = wait(list(running), timeout=_WAIT_SECONDS, return_when=FIRST_COMPLETED)
-            for future in finished:
-                self._handle(future, running.pop(future), scheduler)
+            ready = [r for r in running if r.done()]
+            if not ready:
+                waiting = [f for r in running for f in r.futures.values() if not f.done()]
+                wait(waiting, timeout=_WAIT_SECONDS, return_when=FIRST_COMPLETED)
+                ready = [r for r in running if r.done()]
+            for item in ready:
+                running.remove(item)
+                if item.assignment.size == 1:
+                    self._handle(item, scheduler)
+                else:
+                    self._handle_group(item, scheduler, backend)
             self._sync_workers(backend, scheduler, running)
             self.progress.maybe_log()
         self.progress.maybe_log(force=True)
 
-    def _submit(self, backend: Backend, assignment: Assignment) -> Future[UnitResult]:
+    def _task(self, assignment: Assignment) -> UnitTask:
+        """The task of an assignment (rank 0's, for a group)."""
         unit = assignment.unit
         trial = self.state.trials[unit.trial]
         params = {k: v for k, v in trial.params.items() if k != "model"}
@@ -362,7 +445,7 @@ class Experiment:
                 f"{self.prefix}/checkpoints/{trial.trial_id}/"
                 f"e{trial.epochs:04d}-s{assignment.step:04d}.pt"
             )
-        task = UnitTask(
+        return UnitTask(
             kind=unit.kind,
             trial_id=trial.trial_id,
             spec=trial.spec,
@@ -375,31 +458,80 @@ class Experiment:
             checkpoint_in=trial.checkpoint,
             checkpoint_out=checkpoint_out,
         )
-        self.log.append(
-            "unit_start",
-            round=self.state.round,
-            trial=trial.trial_id,
-            epoch=trial.epochs,
-            kind=unit.kind.value,
-            partition=unit.partition,
-            step=assignment.step,
-            worker=assignment.worker,
-        )
-        return backend.submit(assignment.worker, task)
 
-    def _handle(
-        self, future: Future[UnitResult], assignment: Assignment, scheduler: MopScheduler
-    ) -> None:
+    def _where(self, assignment: Assignment, index: int, group: str | None) -> dict[str, Any]:
+        """The fields that place rank ``index`` of an assignment in the event log."""
         unit = assignment.unit
-        where = {
+        where: dict[str, Any] = {
             "round": self.state.round,
             "trial": unit.trial,
             "epoch": self.state.trials[unit.trial].epochs,
             "kind": unit.kind.value,
-            "partition": unit.partition,
-            "step": assignment.step,
-            "worker": assignment.worker,
+            "partition": assignment.partitions[index],
+            "step": assignment.step + index,
+            "worker": assignment.workers[index],
         }
+        if group is not None:
+            where["group"] = group
+            where["group_partitions"] = list(assignment.partitions)
+        return where
+
+    def _submit(
+        self, backend: Backend, assignment: Assignment, scheduler: MopScheduler
+    ) -> _Running | None:
+        """Start an assignment on the backend; None if it went back to the queue."""
+        task = self._task(assignment)
+        group: str | None = None
+        try:
+            if assignment.size == 1:
+                futures = {assignment.worker: backend.submit(assignment.worker, task)}
+            else:
+                group = self._group_id(assignment)
+                tasks = group_tasks(task, assignment.partitions, group, timeout_s=GROUP_TIMEOUT_S)
+                futures = backend.submit_group(dict(zip(assignment.workers, tasks, strict=True)))
+        except NotImplementedError as error:
+            self._no_groups(scheduler, error)
+            scheduler.fail(assignment.unit)
+            return None
+        except ValueError:
+            # A worker died since the last sync (the backend refuses it): queue the work
+            # again and forget the dead; anything else is a bug and propagates.
+            live = backend.workers()
+            if all(w in live for w in assignment.workers):
+                raise
+            scheduler.fail(assignment.unit)
+            self._sync_workers(backend, scheduler)
+            return None
+        for index in range(assignment.size):
+            self.log.append("unit_start", **self._where(assignment, index, group))
+        return _Running(assignment, futures, group)
+
+    def _group_id(self, assignment: Assignment) -> str:
+        """A group id unique to this attempt, also across resumed driver sessions."""
+        self._group_attempts += 1
+        trial = self.state.trials[assignment.unit.trial]
+        return (
+            f"{trial.trial_id}-e{trial.epochs}-s{assignment.step}-"
+            f"d{self.state.sessions}-a{self._group_attempts}"
+        )
+
+    def _no_groups(self, scheduler: MopScheduler, error: NotImplementedError) -> None:
+        """The backend runs no group units: every trial trains one unit at a time."""
+        if self._groups_supported:
+            logger.warning(
+                "%s; every trial trains on one worker at a time instead of the resources "
+                "its search procedure asked for",
+                error,
+            )
+        self._groups_supported = False
+        for trial_id in scheduler.group_sizes:
+            scheduler.set_group_size(trial_id, 1)  # drops imposed plans too
+
+    def _handle(self, item: _Running, scheduler: MopScheduler) -> None:
+        assignment = item.assignment
+        unit = assignment.unit
+        where = self._where(assignment, 0, None)
+        future = item.futures[assignment.worker]
         try:
             result = future.result()
         except WorkerLostError as error:
@@ -408,21 +540,12 @@ class Experiment:
             return
         except StoreError as error:
             self._emit("unit_failed", **where, reason="io_error", error=str(error))
-            key = (unit, self.state.trials[unit.trial].epochs)
-            self._retries[key] = self._retries.get(key, 0) + 1
-            if self._retries[key] > MAX_UNIT_RETRIES:
-                raise CerebroError(
-                    f"unit {unit} failed {self._retries[key]} times with I/O errors; last: {error}"
-                ) from error
-            logger.warning("retrying %s after an I/O error: %s", unit, error)
+            self._count_retry(unit, error)
             scheduler.fail(unit, worker=assignment.worker)
             return
         except TrialError as error:
             self._emit("unit_failed", **where, reason="trial_error", error=str(error))
-            scheduler.remove_trial(unit.trial)
-            self._emit("trial_failed", trial=unit.trial, error=str(error))
-            self.procedure.on_trial_failed(unit.trial)
-            logger.error("trial %s failed: %s", unit.trial, error)
+            self._fail_trial(unit.trial, error, scheduler)
             return
         previous = self.state.trials[unit.trial].checkpoint
         self._emit(
@@ -443,6 +566,102 @@ class Experiment:
             self._drop_checkpoint(previous, unit.trial)
         else:
             self._maybe_finish_epoch(unit.trial)
+
+    def _handle_group(self, item: _Running, scheduler: MopScheduler, backend: Backend) -> None:
+        """Combine the ranks of a group unit once all are in (Cerebro §5.6-§5.7).
+
+        All ranks succeeded: one ``unit_end`` per partition, then the whole group
+        completes. Otherwise the group failed as a whole: a ``TrialError`` on any rank
+        fails the trial; a lost worker or a broken group (``GroupBrokenError``, whose
+        worker lives on) and I/O errors put the group back in the queue. Workers are
+        dropped only if the backend no longer lists them.
+        """
+        assignment = item.assignment
+        trial_id = assignment.unit.trial
+        errors = {w: f.exception() for w, f in item.futures.items()}
+        failed = {w: e for w, e in errors.items() if e is not None}
+        if not failed:
+            results = [item.futures[w].result() for w in assignment.workers]
+            self._finish_group(item, results, scheduler)
+            return
+        reason = _group_failure(failed.values())
+        for index, worker in enumerate(assignment.workers):
+            error = failed.get(worker)
+            text = str(error) if error is not None else f"another rank failed ({reason})"
+            where = self._where(assignment, index, item.group)
+            self._emit("unit_failed", **where, reason=reason, error=text)
+        if reason == "trial_error":
+            first = next(e for e in failed.values() if isinstance(e, TrialError))
+            self._fail_trial(trial_id, first, scheduler)
+        else:
+            if reason == "io_error":
+                first_io = next(e for e in failed.values() if isinstance(e, StoreError))
+                self._count_retry(assignment.unit, first_io)
+            scheduler.fail(assignment.unit)
+        live = backend.workers()
+        lost = [w for w in assignment.workers if w not in live]
+        for worker in lost:
+            self._lose_worker(worker, scheduler)
+        if reason == "group_broken" and not lost:
+            self._group_broke(trial_id, scheduler, failed.values())
+
+    def _finish_group(
+        self, item: _Running, results: list[UnitResult], scheduler: MopScheduler
+    ) -> None:
+        assignment = item.assignment
+        trial_id = assignment.unit.trial
+        previous = self.state.trials[trial_id].checkpoint
+        lead = results[0]  # rank 0 wrote the checkpoint
+        for index, result in enumerate(results):
+            self._emit(
+                "unit_end",
+                **self._where(assignment, index, item.group),
+                seconds=round(result.seconds, 6),
+                io_seconds=round(result.io_seconds, 6),
+                rows=result.rows,
+                metric_sums=dict(result.metric_sums),
+                checkpoint=lead.task.checkpoint_out,
+                checkpoint_bytes=lead.checkpoint_bytes,
+                checkpoint_sha256=lead.checkpoint_sha256,
+            )
+        scheduler.complete(assignment.unit, worker=assignment.worker)
+        wall = max(result.seconds for result in results)
+        for unit in assignment.units:
+            self.progress.unit_done()
+            self._measure(unit, wall / assignment.size)  # the trial's wall time per unit
+        self._drop_checkpoint(previous, trial_id)
+
+    def _group_broke(
+        self, trial_id: str, scheduler: MopScheduler, errors: Iterable[BaseException]
+    ) -> None:
+        breaks = self._group_breaks.get(trial_id, 0) + 1
+        self._group_breaks[trial_id] = breaks
+        if breaks < MAX_GROUP_BREAKS:
+            return
+        logger.warning(
+            "the group of trial %s broke %d times with no worker lost (last: %s); it trains "
+            "one unit at a time for the rest of round %d",
+            trial_id,
+            breaks,
+            next(iter(errors), None),
+            self.state.round,
+        )
+        scheduler.set_group_size(trial_id, 1)
+
+    def _count_retry(self, unit: Unit, error: StoreError) -> None:
+        key = (unit, self.state.trials[unit.trial].epochs)
+        self._retries[key] = self._retries.get(key, 0) + 1
+        if self._retries[key] > MAX_UNIT_RETRIES:
+            raise CerebroError(
+                f"unit {unit} failed {self._retries[key]} times with I/O errors; last: {error}"
+            ) from error
+        logger.warning("retrying %s after an I/O error: %s", unit, error)
+
+    def _fail_trial(self, trial_id: str, error: TrialError, scheduler: MopScheduler) -> None:
+        scheduler.remove_trial(trial_id)
+        self._emit("trial_failed", trial=trial_id, error=str(error))
+        self.procedure.on_trial_failed(trial_id)
+        logger.error("trial %s failed: %s", trial_id, error)
 
     def _drop_checkpoint(self, key: str | None, trial_id: str) -> None:
         """Delete a trial's superseded checkpoint (Cerebro §5.6: only the last is needed)."""
@@ -492,11 +711,17 @@ class Experiment:
         self,
         backend: Backend,
         scheduler: MopScheduler | None,
-        running: Mapping[Future[UnitResult], Assignment] | None = None,
+        running: Iterable[_Running] = (),
     ) -> None:
-        """Tell the scheduler about workers that joined, left or were re-homed."""
+        """Tell the scheduler about workers that joined, left or were re-homed.
+
+        A lost member of a running group is forgotten only when the group's last rank
+        has reported: until then its peers are still busy on the backend (they fail with
+        ``GroupBrokenError`` within ``GROUP_TIMEOUT_S``), so the group must stay in Q'.
+        """
         live = backend.workers()
-        for worker_id in sorted(set(self._known_workers) - set(live)):
+        in_groups = {w for r in running if r.assignment.size > 1 for w in r.assignment.workers}
+        for worker_id in sorted(set(self._known_workers) - set(live) - in_groups):
             self._lose_worker(worker_id, scheduler)
         for worker_id, info in sorted(live.items()):
             known = self._known_workers.get(worker_id)
@@ -562,3 +787,88 @@ class Experiment:
     def _write_leaderboard(self) -> None:
         text = leaderboard_csv(self.state.trials.values(), self.config.metric, self.config.mode)
         self.store.put(LEADERBOARD_NAME, text.encode())
+
+
+@dataclasses.dataclass(frozen=True)
+class _Running:
+    """An assignment submitted to the backend: one future per worker (rank)."""
+
+    assignment: Assignment
+    futures: Mapping[str, Future[UnitResult]]
+    group: str | None = None
+
+    def done(self) -> bool:
+        """Whether every rank has reported."""
+        return all(future.done() for future in self.futures.values())
+
+
+def _group_failure(errors: Iterable[BaseException]) -> str:
+    """Why a group unit failed, from its ranks' errors (the ``unit_failed`` reason).
+
+    A trial error on any rank is the trial's fault; otherwise a lost worker, a broken
+    group (``GroupBrokenError``: the reporting worker lives on) or an I/O error send the
+    group back to the queue. Anything else is a bug and is raised.
+    """
+    errors = list(errors)
+    if any(isinstance(e, TrialError) for e in errors):
+        return "trial_error"
+    if any(isinstance(e, WorkerLostError) and not isinstance(e, GroupBrokenError) for e in errors):
+        return "worker_lost"
+    if any(isinstance(e, GroupBrokenError) for e in errors):
+        return "group_broken"
+    if any(isinstance(e, StoreError) for e in errors):
+        return "io_error"
+    raise errors[0]
+
+
+def group_plans_from_events(events: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, list[int]]]:
+    """Return the groups each trial actually trained in, by round (Cerebro §5.7).
+
+    From the ``unit_end`` events of train units: a complete group (all its
+    ``group_partitions`` logged) covers its steps, an ordinary unit one step; partial
+    groups (a driver killed while logging them) and failed attempts are ignored, and
+    where a step was logged twice the later entry wins. Each trial's plan is the sizes of
+    its groups along its visit order; only trials that trained at least one group in a
+    round are listed (the others trained one unit at a time).
+
+    Args:
+        events: An experiment's event log.
+
+    Returns:
+        Round to trial to its group sizes, for ``Experiment(group_plans=...)``.
+    """
+    starts: dict[int, dict[str, dict[int, int]]] = {}
+    open_groups: dict[str, dict[int, Mapping[str, Any]]] = {}
+    for event in events:
+        if event["event"] != "unit_end" or event["kind"] != UnitKind.TRAIN.value:
+            continue
+        by_step = starts.setdefault(event["round"], {}).setdefault(event["trial"], {})
+        group = event.get("group")
+        if group is None:
+            by_step[event["step"]] = 1
+            continue
+        ends = open_groups.setdefault(group, {})
+        ends[event["step"]] = event
+        if len(ends) == len(event["group_partitions"]):
+            del open_groups[group]
+            by_step[min(ends)] = len(ends)
+    plans: dict[int, dict[str, list[int]]] = {}
+    for round_, trials in sorted(starts.items()):
+        for trial, by_step in sorted(trials.items()):
+            sizes: list[int] = []
+            position = 0
+            while position in by_step:
+                sizes.append(by_step[position])
+                position += by_step[position]
+            if any(size > 1 for size in sizes):
+                plans.setdefault(round_, {})[trial] = sizes
+    return plans
+
+
+def logged_group_plans(store: Store, experiment_id: str) -> dict[int, dict[str, list[int]]]:
+    """Return the groups an experiment's trials trained in, by round then trial.
+
+    See :func:`group_plans_from_events`; impose them on a replay together with the
+    logged visit orders (``Experiment(visit_orders=..., group_plans=...)``).
+    """
+    return group_plans_from_events(read_events(store.child(experiment_prefix(experiment_id))))

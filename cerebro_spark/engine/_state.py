@@ -4,6 +4,11 @@ The engine never keeps a fact twice: every change is an event appended to
 ``events.jsonl`` and applied to an :class:`ExperimentState` with the same
 :meth:`ExperimentState.apply` that ``resume``, ``replay`` and ``leaderboard`` use to
 rebuild the state from the log.
+
+A group unit (Cerebro §5.7) is logged as one ``unit_end`` per partition, all carrying the
+same ``group`` id and ``group_partitions``. They count only together: the state applies
+them once the last one is in, so a driver killed while logging them leaves a group that
+resume treats as not done (it re-runs the whole group from the checkpoint before it).
 """
 
 from __future__ import annotations
@@ -69,6 +74,8 @@ class ExperimentState:
     round_open: bool = False
     round_trials: list[str] = dataclasses.field(default_factory=list)
     visit_orders: dict[str, list[int]] | None = None
+    round_resources: dict[str, int] = dataclasses.field(default_factory=dict)
+    round_group_plans: dict[str, list[int]] | None = None
     procedure_state: dict[str, Any] | None = None
     done_units: list[DoneUnit] = dataclasses.field(default_factory=list)
     reported: set[str] = dataclasses.field(default_factory=set)
@@ -83,6 +90,8 @@ class ExperimentState:
     _last_time: float | None = None
     dataset_id: str | None = None
     finished: bool = False
+    sessions: int = 0
+    _open_groups: dict[str, dict[int, Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_events(cls, events: Iterable[Mapping[str, Any]]) -> ExperimentState:
@@ -119,6 +128,9 @@ class ExperimentState:
         """Ids of trials to train in the next round, in id order."""
         return sorted(t for t, trial in self.trials.items() if trial.status == RUNNING)
 
+    def _on_experiment_start(self, event: Mapping[str, Any]) -> None:
+        self.sessions += 1
+
     def _on_dataset(self, event: Mapping[str, Any]) -> None:
         self.dataset_id = event["dataset_id"]
 
@@ -136,7 +148,11 @@ class ExperimentState:
         self.round_open = True
         self.round_trials = list(event["trials"])
         self.visit_orders = event["visit_orders"]
+        self.round_resources = {t: int(k) for t, k in (event.get("resources") or {}).items()}
+        plans = event.get("group_plans")
+        self.round_group_plans = None if plans is None else {t: list(p) for t, p in plans.items()}
         self.procedure_state = event["procedure_state"]
+        self._open_groups = {}
         self.done_units = []
         self.reported = set()
         self.validation_sums = defaultdict(dict)
@@ -144,6 +160,18 @@ class ExperimentState:
         self.unit_seconds = defaultdict(float)
 
     def _on_unit_end(self, event: Mapping[str, Any]) -> None:
+        group = event.get("group")
+        if group is None:
+            self._apply_unit_end(event)
+            return
+        ends = self._open_groups.setdefault(group, {})
+        ends[event["step"]] = event
+        if len(ends) == len(event["group_partitions"]):  # the group's last unit_end
+            del self._open_groups[group]
+            for step in sorted(ends):
+                self._apply_unit_end(ends[step])
+
+    def _apply_unit_end(self, event: Mapping[str, Any]) -> None:
         kind = UnitKind(event["kind"])
         trial = event["trial"]
         self.done_units.append(DoneUnit(trial, event["partition"], kind, event["step"]))

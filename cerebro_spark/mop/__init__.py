@@ -1,4 +1,4 @@
-"""Model hopper parallelism: the pure MOP scheduler and its schedule simulator."""
+"""Model hopper parallelism: the pure MOP scheduler (with group units) and its simulator."""
 
 from cerebro_spark.mop._base import Assignment, SchedulingRule, Unit
 from cerebro_spark.mop._rules import RandomizedRule, WorkAwareRule
@@ -13,7 +13,7 @@ from cerebro_spark.mop._simulator import (
     homogeneous_instance,
     simulate,
 )
-from cerebro_spark.mop._visit_order import seeded_visit_orders
+from cerebro_spark.mop._visit_order import grouped_visit_orders, seeded_visit_orders
 
 __all__ = [
     "CNN_MFLOPS",
@@ -27,6 +27,7 @@ __all__ = [
     "SimulationResult",
     "Unit",
     "WorkAwareRule",
+    "grouped_visit_orders",
     "heterogeneous_instance",
     "homogeneous_instance",
     "seeded_visit_orders",

@@ -6,6 +6,11 @@ a :class:`~cerebro_spark.mop.MopScheduler` on it, completing units as simulated 
 passes, and compares the makespan with the lower bound ``max(max worker load, max trial
 total)``: no schedule beats the busiest worker's total work nor the longest trial's
 sequential chain of units.
+
+With group sizes (Cerebro §5.7), a trial with ``k > 1`` trains up to ``k`` partitions at
+once on as many workers; a group unit takes the longest of its members' unit times
+(data-parallel ranks wait for each other at every step), and the trial-total term of the
+bound becomes ``total / k`` (each group's time is at least the mean of its members').
 """
 
 from __future__ import annotations
@@ -162,6 +167,7 @@ def simulate(
     *,
     rule: SchedulingRule | None = None,
     visit_orders: Mapping[str, Sequence[int]] | None = None,
+    group_sizes: Mapping[str, int] | None = None,
 ) -> SimulationResult:
     """Run one epoch of train units of ``instance`` through a :class:`MopScheduler`.
 
@@ -174,9 +180,12 @@ def simulate(
         rule: Scheduling rule; :class:`~cerebro_spark.mop.RandomizedRule` if None.
         visit_orders: Per-trial partition orders (see :class:`MopScheduler`); None for the
             fully dynamic rule.
+        group_sizes: Trial id to its group size ``k`` (§5.7; missing: 1). A group unit
+            takes the longest of its members' unit times.
 
     Returns:
-        Makespan, lower bound and the schedule.
+        Makespan, lower bound and the schedule (one :class:`ScheduledUnit` per
+        assignment; a group's under its rank-0 worker).
     """
     scheduler = MopScheduler(
         trials=instance.trials,
@@ -186,6 +195,7 @@ def simulate(
         rule=rule,
         visit_orders=visit_orders,
         validate=False,
+        group_sizes=group_sizes,
     )
     starts: dict[str, float] = {}
     events: list[tuple[float, str]] = []
@@ -193,7 +203,10 @@ def simulate(
     now = 0.0
     while True:
         for assignment in scheduler.assign():
-            end = now + instance.estimate(assignment.unit, assignment.worker)
+            end = now + max(
+                instance.estimate(unit, worker)
+                for unit, worker in zip(assignment.units, assignment.workers, strict=True)
+            )
             starts[assignment.worker] = now
             heapq.heappush(events, (end, assignment.worker))
         if not events:
@@ -205,4 +218,10 @@ def simulate(
             scheduler.complete(assignment.unit)
             schedule.append(ScheduledUnit(assignment, starts[worker], now))
     schedule.sort(key=lambda s: (s.start, s.assignment.worker))
-    return SimulationResult(now, instance.lower_bound, tuple(schedule))
+    bound = instance.lower_bound
+    if group_sizes and instance.trials:
+        workers = len(instance.workers)
+        sizes = np.array([min(max(1, group_sizes.get(t, 1)), workers) for t in instance.trials])
+        times = instance.unit_times
+        bound = float(max(times.sum(axis=0).max(), (times.sum(axis=1) / sizes).max()))
+    return SimulationResult(now, bound, tuple(schedule))

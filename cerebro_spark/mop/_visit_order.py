@@ -1,12 +1,13 @@
-"""Seeded visit orders: pseudorandom per-trial partition orders that pipeline well."""
+"""Visit orders: seeded per-trial partition orders that pipeline well, and group-aware ones."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
 from cerebro_spark.errors import ConfigError
+from cerebro_spark.mop._matching import Matcher
 
 
 def seeded_visit_orders(
@@ -55,3 +56,56 @@ def seeded_visit_orders(
         offset = int(rank) * len(parts) // len(trials)
         orders[trial] = base[offset:] + base[:offset]
     return orders
+
+
+def grouped_visit_orders(
+    orders: Mapping[str, Sequence[int]],
+    group_sizes: Mapping[str, int],
+    workers: Mapping[str, Collection[int]],
+) -> dict[str, list[int]]:
+    """Reorder the visit orders of group trials so that each group can be formed.
+
+    A trial with group size ``k > 1`` trains its visit order in groups (Cerebro §5.7;
+    :class:`~cerebro_spark.mop.MopScheduler`): the next group is the longest prefix of its
+    next ``k`` partitions that distinct live workers can hold. Two partitions held only by
+    the same worker cannot share a group, so an order that puts them side by side forms
+    smaller groups than it could. This builds each trial's groups in turn from its order:
+    scanning the partitions left in their order, a partition joins the group if the group
+    can still be matched to distinct workers of ``workers``, until the group has ``min(k,
+    left)`` partitions. The result is the groups concatenated, so the scheduler, given the
+    same availability map, forms exactly these groups (a partition skipped by a group
+    could not have joined it, nor any larger set). Trials with ``k = 1`` keep their order.
+
+    Args:
+        orders: Trial id to its visit order (e.g. :func:`seeded_visit_orders`).
+        group_sizes: Trial id to its group size (missing: 1).
+        workers: The availability map: worker id to the partitions it holds.
+
+    Returns:
+        Trial id to its visit order, each a permutation of the one given.
+    """
+    names = sorted(workers)
+    held = {w: frozenset(int(p) for p in workers[w]) for w in names}
+    result: dict[str, list[int]] = {}
+    for trial, order in orders.items():
+        left = [int(p) for p in order]
+        size = int(group_sizes.get(trial, 1))
+        if size < 2:
+            result[trial] = left
+            continue
+        reordered: list[int] = []
+        while left:
+            matcher: Matcher[int, str] = Matcher(lambda p: [w for w in names if p in held[w]])
+            limit = min(size, len(left))
+            group: list[int] = []
+            for partition in left:
+                if len(group) == limit:
+                    break
+                if matcher.add(partition):
+                    group.append(partition)
+            if not group:  # nobody holds the next partition: keep the order
+                group = [left[0]]
+            reordered += group
+            left = [p for p in left if p not in group]
+        result[trial] = reordered
+    return result

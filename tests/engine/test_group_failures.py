@@ -1,0 +1,368 @@
+"""How the engine handles group units that fail (Cerebro §5.6 Q/Q' extended to §5.7).
+
+The failures a real backend produces only by chance (a rendezvous that breaks while every
+worker lives, an I/O error on one rank, a worker that dies between a sync and a submit, a
+peer that reports long after its partner died) are scripted here with a small in-process
+backend: it keeps the ``Backend`` contract (refuses busy, dead and non-holding workers
+with ``ValueError``) and computes each unit's "checkpoint" as a digest of its input
+checkpoint and the partitions it covers, so the final digests show whether every trial
+trained on exactly the right groups in the right order. Real training with group units on
+``LocalBackend`` is in ``test_groups.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cerebro_spark.backends import Backend, WorkerInfo, WorkerJob
+from cerebro_spark.data import read_manifest
+from cerebro_spark.engine import ExperimentConfig, parse_config, read_events, run_experiment
+from cerebro_spark.engine._experiment import MAX_GROUP_BREAKS
+from cerebro_spark.errors import CerebroError, StoreError, TrialError, WorkerLostError
+from cerebro_spark.search import GridSearch, SearchSpace
+from cerebro_spark.search._registry import PROCEDURES
+from cerebro_spark.store import Store, open_store
+from cerebro_spark.units import GroupBrokenError, UnitKind, UnitResult, UnitTask, check_group
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What a scripted unit does: fail with ``error`` after ``delay`` seconds, and
+    whether its worker dies (leaves ``workers()``) when it starts."""
+
+    error: BaseException | None = None
+    delay: float = 0.0
+    kill: bool = False
+
+
+Script = Callable[[str, UnitTask], Outcome]
+
+
+class ScriptedBackend(Backend):
+    """Workers that compute instead of train; failures come from ``script``."""
+
+    def __init__(self, num_workers: int, script: Script | None = None) -> None:
+        self.num_workers = num_workers
+        self.script: Script = script or (lambda worker, task: Outcome())
+        self.live: dict[str, frozenset[int]] = {}
+        self.busy: set[str] = set()
+        self.lock = threading.Lock()
+        self.store: Store | None = None
+        self.log: list[tuple[str, ...]] = []
+
+    def start(self, job: WorkerJob) -> None:
+        self.store = job.store
+        count = read_manifest(job.dataset_uri).num_partitions
+        n = self.num_workers
+        self.live = {f"w{i}": frozenset(range(i, count, n)) for i in range(n)}
+
+    def workers(self) -> dict[str, WorkerInfo]:
+        with self.lock:
+            return {w: WorkerInfo(w, held) for w, held in self.live.items()}
+
+    def submit(self, worker_id: str, task: UnitTask) -> Future[UnitResult]:
+        if task.group is not None:
+            raise ValueError("a group task goes through submit_group")
+        with self.lock:
+            self._check(worker_id, task)
+        return self._run(worker_id, task)
+
+    def submit_group(self, assignments: Mapping[str, UnitTask]) -> dict[str, Future[UnitResult]]:
+        check_group(list(assignments.values()))
+        with self.lock:
+            for worker_id, task in assignments.items():
+                self._check(worker_id, task)
+        return {w: self._run(w, t) for w, t in assignments.items()}
+
+    def close(self) -> None:
+        pass
+
+    def _check(self, worker_id: str, task: UnitTask) -> None:
+        if worker_id not in self.live or worker_id in self.busy:
+            raise ValueError(f"worker {worker_id} is dead or busy")
+        if task.partition not in self.live[worker_id]:
+            raise ValueError(f"worker {worker_id} lacks partition {task.partition}")
+
+    def _run(self, worker_id: str, task: UnitTask) -> Future[UnitResult]:
+        outcome = self.script(worker_id, task)
+        future: Future[UnitResult] = Future()
+        with self.lock:
+            self.busy.add(worker_id)
+            if outcome.kill:
+                self._kill_locked(worker_id)
+        group = task.group.group_id if task.group else ""
+        self.log.append((worker_id, task.kind.value, str(task.partition), group))
+
+        def finish() -> None:
+            with self.lock:
+                self.busy.discard(worker_id)
+            if outcome.kill:
+                future.set_exception(WorkerLostError(f"worker {worker_id} died"))
+            elif outcome.error is not None:
+                future.set_exception(outcome.error)
+            else:
+                future.set_result(self._result(worker_id, task))
+
+        threading.Timer(outcome.delay, finish).start()
+        return future
+
+    def _kill_locked(self, worker_id: str) -> None:
+        held = self.live.pop(worker_id)
+        survivor = min(self.live, default=None)
+        if survivor is not None:  # re-home what nobody else holds
+            orphans = held - frozenset().union(*self.live.values())
+            self.live[survivor] = self.live[survivor] | orphans
+
+    def _result(self, worker_id: str, task: UnitTask) -> UnitResult:
+        assert self.store is not None
+        sha = None
+        if task.kind is UnitKind.TRAIN and (task.group is None or task.group.rank == 0):
+            before = self.store.get(task.checkpoint_in) if task.checkpoint_in else b"init"
+            covered = task.group.partitions if task.group else (task.partition,)
+            blob = hashlib.sha256(before + repr((task.epoch, covered)).encode()).digest()
+            assert task.checkpoint_out is not None
+            self.store.put(task.checkpoint_out, blob)
+            sha = hashlib.sha256(blob).hexdigest()
+        return UnitResult(
+            task=task,
+            worker_id=worker_id,
+            rows=10,
+            seconds=0.01,
+            metric_sums={"loss": 5.0, "accuracy": 9.0},
+            checkpoint_bytes=32 if sha else 0,
+            checkpoint_sha256=sha,
+        )
+
+
+class GroupedGrid(GridSearch):
+    def __init__(self, space: SearchSpace, *, group_size: int = 2, **options: Any) -> None:
+        super().__init__(space, **options)
+        self.group_size = group_size
+
+    def resources(self, trial_id: str) -> int:
+        return self.group_size
+
+
+@pytest.fixture(scope="module", autouse=True)
+def grouped_procedure() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(PROCEDURES, "grouped-grid", GroupedGrid)
+        yield
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("group-failures")
+
+
+def config(
+    store: Path, *, trials: int = 1, group_size: int = 2, workers: int = 2
+) -> ExperimentConfig:
+    return parse_config(
+        {
+            "name": "scripted",
+            "seed": 3,
+            "store": str(store),
+            "data": {"source": "sklearn:digits", "partitions": 4},
+            "procedure": {"name": "grouped-grid", "group_size": group_size},
+            "epochs": 2,
+            "workers": workers,
+            "model": "m:S",
+            "space": {"hidden": {"grid": list(range(trials))}},
+        }
+    )
+
+
+def run(store: Path, name: str, backend: ScriptedBackend, **kwargs: Any) -> Any:
+    result = run_experiment(
+        config(store, **kwargs), experiment_id=name, backend_factory=lambda c: backend
+    )
+    return result, read_events(open_store(str(store)).child(f"experiments/{name}"))
+
+
+def digests(result: Any) -> dict[str, str | None]:
+    return {t.trial_id: t.checkpoint_sha256 for t in result.trials}
+
+
+def trained_once(events: list[dict[str, Any]], trials: int) -> bool:
+    groups: Counter[str] = Counter()
+    ends = []
+    for e in events:
+        if e["event"] == "unit_end" and e["kind"] == "train":
+            if "group" in e:
+                groups[e["group"]] += 1
+                if groups[e["group"]] < len(e["group_partitions"]):
+                    continue
+                ends += [
+                    x for x in events if x.get("group") == e["group"] and x["event"] == "unit_end"
+                ]
+            else:
+                ends.append(e)
+    keys = Counter((e["trial"], e["epoch"], e["partition"]) for e in ends)
+    return len(keys) == trials * 2 * 4 and set(keys.values()) == {1}
+
+
+@pytest.fixture(scope="module")
+def clean(store: Path) -> Any:
+    """Two trials, every train unit a group of 2, nothing fails."""
+    return run(store, "clean", ScriptedBackend(2), trials=2)
+
+
+def test_a_clean_run_trains_in_groups(clean: Any) -> None:
+    result, events = clean
+    assert all(t.status == "completed" and t.epochs == 2 for t in result.trials)
+    assert trained_once(events, trials=2)
+    train = [e for e in events if e["event"] == "unit_end" and e["kind"] == "train"]
+    assert all(len(e["group_partitions"]) == 2 for e in train)
+
+
+def attempts(
+    match: Callable[[UnitTask], bool], outcome: Callable[[int, UnitTask], Outcome]
+) -> Script:
+    """A script that applies ``outcome(n, task)`` to the n-th (0-based) rank-0 group task
+    matching ``match`` and to its peers; every other task succeeds."""
+    seen: dict[str, int] = {}
+    count = [0]
+
+    def script(worker: str, task: UnitTask) -> Outcome:
+        if task.group is None or not match(task):
+            return Outcome()
+        group = task.group.group_id
+        if group not in seen:
+            seen[group] = count[0]
+            count[0] += 1
+        return outcome(seen[group], task)
+
+    return script
+
+
+def first_group(task: UnitTask) -> bool:
+    return task.trial_id == "t0000" and task.epoch == 1 and task.step == 0
+
+
+def test_a_group_that_breaks_with_every_worker_alive_is_retried_whole(
+    clean: Any, store: Path
+) -> None:
+    def outcome(n: int, task: UnitTask) -> Outcome:
+        if n < 2:  # the first two attempts break; every worker lives on
+            return Outcome(GroupBrokenError(f"attempt {n}: rendezvous failed"))
+        return Outcome()
+
+    backend = ScriptedBackend(2, attempts(first_group, outcome))
+    result, events = run(store, "broken", backend, trials=2)
+    failed = [e for e in events if e["event"] == "unit_failed"]
+    assert [e["reason"] for e in failed] == ["group_broken"] * 4  # 2 attempts x 2 ranks
+    assert len({e["group"] for e in failed}) == 2
+    assert not any(e["event"] == "worker_lost" for e in events)
+    assert trained_once(events, trials=2)
+    assert digests(result) == digests(clean[0])  # the retried groups trained the same
+
+
+def test_a_group_that_keeps_breaking_trains_alone_for_the_rest_of_the_round(
+    clean: Any, store: Path
+) -> None:
+    def outcome(n: int, task: UnitTask) -> Outcome:
+        return Outcome(GroupBrokenError(f"attempt {n}: rendezvous failed"))
+
+    backend = ScriptedBackend(
+        2, attempts(lambda t: t.trial_id == "t0000" and t.epoch == 1, outcome)
+    )
+    result, events = run(store, "unbreakable", backend, trials=2)
+    failed = [e for e in events if e["event"] == "unit_failed"]
+    assert len(failed) == 2 * MAX_GROUP_BREAKS
+    ends = [e for e in events if e["event"] == "unit_end" and e["kind"] == "train"]
+    alone = [e for e in ends if e["trial"] == "t0000" and e["epoch"] == 1]
+    assert len(alone) == 4 and not any("group" in e for e in alone)
+    assert trained_once(events, trials=2)
+    assert result.trials[0].status == "completed"
+    assert digests(result)["t0001"] == digests(clean[0])["t0001"]
+    assert digests(result)["t0000"] != digests(clean[0])["t0000"]  # other groups, other weights
+
+
+def test_a_trial_error_on_one_rank_fails_the_trial_only(store: Path) -> None:
+    def outcome(n: int, task: UnitTask) -> Outcome:
+        assert task.group is not None
+        if task.group.rank == 1:
+            return Outcome(TrialError("user code raised on rank 1"))
+        return Outcome(TrialError("rank 1 of the group failed; see that worker's error"), 0.05)
+
+    backend = ScriptedBackend(2, attempts(first_group, outcome))
+    result, events = run(store, "trial-error", backend, trials=2)
+    status = {t.trial_id: t.status for t in result.trials}
+    assert status == {"t0000": "failed", "t0001": "completed"}
+    (failure,) = [e for e in events if e["event"] == "trial_failed"]
+    assert failure["error"] in ("user code raised on rank 1", "rank 1 of the group failed; "
+                                "see that worker's error")  # fmt: skip
+    assert {e["reason"] for e in events if e["event"] == "unit_failed"} == {"trial_error"}
+
+
+def test_io_errors_on_a_group_are_retried_then_give_up(store: Path) -> None:
+    def flaky(n: int, task: UnitTask) -> Outcome:
+        return Outcome(StoreError("s3 is down") if n == 0 else None)
+
+    _, events = run(store, "io-once", ScriptedBackend(2, attempts(first_group, flaky)))
+    assert [e["reason"] for e in events if e["event"] == "unit_failed"] == ["io_error"] * 2
+    assert trained_once(events, trials=1)
+
+    def down(n: int, task: UnitTask) -> Outcome:
+        return Outcome(StoreError("s3 is down"))
+
+    with pytest.raises(CerebroError, match="failed 4 times with I/O errors"):
+        run(store, "io-always", ScriptedBackend(2, attempts(first_group, down)))
+
+
+def test_a_peer_that_reports_after_its_partner_died_keeps_its_worker_busy(store: Path) -> None:
+    """w1 dies as the group starts and reports at once; w0 reports the broken group 1.5 s
+    later, after the engine has seen w1 missing from ``workers()`` (it syncs every 0.5 s).
+    Until w0 reports, the group stays in Q' and w0 gets no other unit (the backend would
+    refuse it); then only the worker missing from ``workers()`` is dropped, not w0."""
+
+    def outcome(n: int, task: UnitTask) -> Outcome:
+        assert task.group is not None
+        if n > 0:
+            return Outcome()
+        if task.group.rank == 1:
+            return Outcome(kill=True)
+        return Outcome(GroupBrokenError("on worker w0: lost its peers"), delay=1.5)
+
+    backend = ScriptedBackend(2, attempts(lambda t: t.epoch == 0 and t.step == 0, outcome))
+    result, events = run(store, "late-peer", backend, trials=2)
+    assert [e["worker"] for e in events if e["event"] == "worker_lost"] == ["w1"]
+    failed = {(e["worker"], e["reason"]) for e in events if e["event"] == "unit_failed"}
+    assert failed == {("w0", "worker_lost"), ("w1", "worker_lost")}
+    assert trained_once(events, trials=2)
+    assert all(t.status == "completed" for t in result.trials)
+
+
+def test_a_worker_that_dies_between_a_sync_and_a_submit_loses_nothing(store: Path) -> None:
+    backend = ScriptedBackend(2)
+    submit_group = backend.submit_group
+
+    def dying(assignments: Mapping[str, UnitTask]) -> dict[str, Future[UnitResult]]:
+        if "w1" in backend.live and any(t.epoch == 1 for t in assignments.values()):
+            with backend.lock:
+                backend._kill_locked("w1")
+        return submit_group(assignments)
+
+    backend.submit_group = dying  # type: ignore[method-assign]
+    _, events = run(store, "vanished", backend, trials=2)
+    assert [e["worker"] for e in events if e["event"] == "worker_lost"] == ["w1"]
+    assert not any(e["event"] == "unit_failed" for e in events)
+    assert trained_once(events, trials=2)
+    epoch_two = [e for e in events if e["event"] == "unit_end" and e["epoch"] == 1]
+    assert {e["worker"] for e in epoch_two} == {"w0"}
+    assert not any("group" in e for e in epoch_two)  # one worker left: no groups
+
+
+def test_a_bad_resources_answer_is_refused(store: Path) -> None:
+    with pytest.raises(CerebroError, match=r"asked for resources=0 for trial t0000"):
+        run(store, "zero", ScriptedBackend(2), group_size=0)
