@@ -49,7 +49,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
-import math
 import multiprocessing
 import os
 import pickle
@@ -68,6 +67,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Literal
 
 from cerebro_spark.backends._base import Backend, WorkerInfo, WorkerJob
+from cerebro_spark.backends._placement import rehome, replica_share
 from cerebro_spark.backends._worker import Worker
 from cerebro_spark.errors import ConfigError, StoreError, TrialError, WorkerLostError
 from cerebro_spark.units import GroupBrokenError, UnitResult, UnitTask, check_group
@@ -652,45 +652,29 @@ class LocalBackend(Backend):
 
     def _replica_share_locked(self) -> list[int]:
         """Choose the partitions a joining worker replicates (see :meth:`add_worker`)."""
-        live = [h for h in self._handles.values() if h.listed]
-        count = math.ceil(self._num_partitions / (len(live) + 1))
-        holders = {
-            p: [h.worker_id for h in live if p in h.partitions] for p in range(self._num_partitions)
-        }
-        load = {h.worker_id: len(h.partitions) for h in live}
+        return replica_share(self._num_partitions, self._holdings_locked())
 
-        def key(partition: int) -> tuple[int, int, int]:
-            busiest = max((load[w] for w in holders[partition]), default=0)
-            return (len(holders[partition]), -busiest, partition)
-
-        chosen: list[int] = []
-        for _ in range(count):
-            best = min((p for p in holders if p not in chosen), key=key)
-            chosen.append(best)
-            for worker_id in holders[best]:
-                load[worker_id] -= 1
-        return sorted(chosen)
+    def _holdings_locked(self, leaving: _Handle | None = None) -> list[tuple[str, set[int]]]:
+        live = sorted(
+            (h for h in self._handles.values() if h.listed and h is not leaving),
+            key=lambda h: h.order,
+        )
+        return [(h.worker_id, h.partitions) for h in live]
 
     def _rehome_locked(self, dead: _Handle) -> None:
         """Assign the dead worker's partitions that nobody else holds to live workers."""
-        live = sorted((h for h in self._handles.values() if h.listed), key=lambda h: h.order)
-        orphans = sorted(p for p in dead.partitions if not any(p in h.partitions for h in live))
-        if not orphans:
-            return
-        if not live:
+        holdings = self._holdings_locked(leaving=dead)
+        if not holdings and dead.partitions:
             logger.error(
                 "no live worker left to re-home partitions %s of worker %s",
-                orphans,
+                sorted(dead.partitions),
                 dead.worker_id,
             )
             return
-        assigned: dict[str, list[int]] = {}
-        for partition in orphans:
-            target = min(live, key=lambda h: (len(h.partitions), h.order))
-            target.partitions.add(partition)
-            assigned.setdefault(target.worker_id, []).append(partition)
+        assigned = rehome(dead.partitions, holdings)
         for worker_id, moved in assigned.items():
             target = self._handles[worker_id]
+            target.partitions.update(moved)
             logger.warning(
                 "re-homing partitions %s of lost worker %s on worker %s",
                 moved,
@@ -784,7 +768,7 @@ class LocalBackend(Backend):
             )
             if error.pickled is not None:
                 try:
-                    original = pickle.loads(error.pickled)
+                    original = pickle.loads(error.pickled)  # ok: our own child's pipe
                 except Exception:
                     original = None
                 if isinstance(original, Exception):
