@@ -2,36 +2,45 @@
 
 A backend starts workers, each of which loads its assigned train and validation
 partitions **once** and keeps them in memory; the engine then submits units to the worker
-holding the unit's partition. Models hop (through the store); data stays.
+holding the unit's partition. Models hop (through the store); data stays. Every backend
+of this package is a :class:`~cerebro_spark.backends.WorkerPool` over a small transport
+(worker processes, Spark tasks); the rules below are what the engine relies on.
 
 Rules every implementation keeps (``tests/backends/contract.py`` is the shared suite):
 
-* :meth:`Backend.start` returns when every initial worker has loaded its partitions.
-* :meth:`Backend.workers` lists live workers and the partition indices each holds; every
-  partition is held by at least one live worker while any worker lives.
-* :meth:`Backend.submit` to a worker that is busy, unknown or lacks the partition raises
-  :class:`ValueError` naming the worker and the partition.
+* :meth:`Backend.start` returns when every initial worker has loaded its partitions. With
+  ``placement`` it starts one worker per entry holding those partitions (a resumed run
+  starts from its logged membership); worker ids count up from ``w<first_worker>``.
+* :meth:`Backend.workers` lists the live workers that take units and the partition
+  indices each holds; every partition is held by at least one live worker while any
+  worker lives.
+* :meth:`Backend.submit` to a worker that is busy, unknown, retiring or lacks the
+  partition raises :class:`ValueError` naming the worker and the partition.
 * A unit's future resolves to its :class:`~cerebro_spark.units.UnitResult`; a unit whose
   user code raised fails with :class:`~cerebro_spark.errors.TrialError` (the worker lives
   on); a unit whose worker died fails with :class:`~cerebro_spark.errors.WorkerLostError`.
   After a loss, :meth:`Backend.workers` no longer lists the dead worker and its partitions
   are re-homed on live workers (loaded from Parquet, the source of truth).
+* :meth:`Backend.retire` takes a worker out of service gracefully: it takes no new unit,
+  finishes the one in flight, its sole-copy partitions are re-homed (and loaded) on the
+  workers that remain, then it ends normally. A retire is not a loss: no unit fails.
+* :meth:`Backend.changes` reports every membership change (:class:`WorkerChange`), oldest
+  first, each once: the engine logs them as events.
 * :attr:`WorkerInfo.bytes_read` counts every byte a worker read from storage for
   partitions, so that "each partition is read once" can be checked.
 * :meth:`Backend.close` stops every worker and is idempotent.
 
-Group units (optional; Cerebro §5.7's "Horovod hybrid", semantics in
+Group units (Cerebro §5.7's "Horovod hybrid", semantics in
 :mod:`cerebro_spark.training._group`): :meth:`Backend.submit_group` starts the ``k`` rank
-tasks of one group unit on ``k`` workers *together* (a rank blocks until its peers join).
-A backend that cannot keeps the default, which raises :class:`NotImplementedError` naming
-the backend; one that can keeps these rules:
+tasks of one group unit on ``k`` workers *together* (a rank blocks until its peers join):
 
 * The tasks pass :func:`cerebro_spark.units.check_group`; every worker is live, idle and
   holds its rank's partition; otherwise :class:`ValueError` (or
   :class:`~cerebro_spark.errors.ConfigError`) is raised and **no** task is sent.
-* A task whose ``group.port`` is 0 gets a rendezvous address and port the backend chose,
-  reachable by every rank (rank 0's host); other tasks are sent as given.
-  :meth:`Backend.submit` refuses a group task with :class:`ValueError`.
+* When ``group.port`` is 0, rank 0's worker binds a free port on its host and the backend
+  passes that host and port on to the other ranks (it holds their tasks until then);
+  otherwise the tasks are sent as given. :meth:`Backend.submit` refuses a group task with
+  :class:`ValueError`.
 * Each rank's future resolves to that rank's :class:`~cerebro_spark.units.UnitResult`. A
   rank whose worker died fails with ``WorkerLostError``; the surviving ranks fail with
   :class:`~cerebro_spark.units.GroupBrokenError` (a ``WorkerLostError`` subclass) within
@@ -42,7 +51,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Mapping
+import enum
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future
 from types import TracebackType
 from typing import TypeVar
@@ -61,6 +71,8 @@ class WorkerInfo:
         host: Where it runs.
         device: Torch device it trains on (``"cpu"``, ``"cuda:0"``).
         bytes_read: Bytes of partition data it has read from storage so far.
+        executor_id: The Spark executor it runs on (``"driver"`` in local mode), for a
+            cluster manager choosing whom to release; ``None`` outside Spark.
     """
 
     worker_id: str
@@ -68,6 +80,40 @@ class WorkerInfo:
     host: str = "localhost"
     device: str = "cpu"
     bytes_read: int = 0
+    executor_id: str | None = None
+
+
+class Membership(str, enum.Enum):
+    """What happened to a worker (the engine logs each as ``worker_<value>``)."""
+
+    JOINED = "joined"
+    """It registered with the driver (host, executor and device are known)."""
+    READY = "ready"
+    """It loaded its partitions and takes units."""
+    PARTITIONS = "partitions"
+    """It was given partitions to hold (re-homed from a worker that left)."""
+    RETIRING = "retiring"
+    """It takes no new unit; it finishes the one in flight, then leaves."""
+    RETIRED = "retired"
+    """It left normally (its process or task ended after a retire)."""
+    LOST = "lost"
+    """It died or failed; ``reason`` says how."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerChange:
+    """One membership change, as :meth:`Backend.changes` reports it.
+
+    Attributes:
+        kind: What happened.
+        worker: The worker as it was right after the change (its partitions, host,
+            executor, device, bytes read).
+        reason: Why it was lost (``LOST`` only).
+    """
+
+    kind: Membership
+    worker: WorkerInfo
+    reason: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,17 +139,48 @@ class Backend(abc.ABC):
     """Runs units on workers that keep their partitions in memory."""
 
     @abc.abstractmethod
-    def start(self, job: WorkerJob) -> None:
-        """Start the workers and wait until each has loaded its partitions."""
+    def start(
+        self,
+        job: WorkerJob,
+        *,
+        placement: Sequence[Collection[int]] | None = None,
+        first_worker: int = 0,
+    ) -> None:
+        """Start the workers and wait until each has loaded its partitions.
+
+        Args:
+            job: What every worker needs.
+            placement: The partitions of each worker to start (one entry per worker);
+                ``None`` places partition ``i`` on worker ``i mod n``.
+            first_worker: Index of the first worker's id (``w<first_worker>``), so that
+                ids stay unique across the sessions of one experiment.
+        """
 
     @abc.abstractmethod
     def workers(self) -> Mapping[str, WorkerInfo]:
-        """Return the live workers by id."""
+        """Return the live workers that take units, by id."""
+
+    @abc.abstractmethod
+    def changes(self) -> list[WorkerChange]:
+        """Return the membership changes since the last call, oldest first."""
+
+    @abc.abstractmethod
+    def retire(self, worker_id: str) -> Future[None]:
+        """Take a worker out of service gracefully (see the module docstring).
+
+        Returns:
+            A future that resolves once the worker has ended normally.
+
+        Raises:
+            ValueError: No such live worker, or no other worker would remain to hold its
+                sole-copy partitions.
+        """
 
     @abc.abstractmethod
     def submit(self, worker_id: str, task: UnitTask) -> Future[UnitResult]:
         """Run ``task`` on ``worker_id``; the future resolves when the unit ends."""
 
+    @abc.abstractmethod
     def submit_group(self, assignments: Mapping[str, UnitTask]) -> dict[str, Future[UnitResult]]:
         """Start the ranks of one group unit together (see the module docstring).
 
@@ -112,14 +189,7 @@ class Backend(abc.ABC):
 
         Returns:
             Worker id to the future of its rank's result.
-
-        Raises:
-            NotImplementedError: This backend does not run group units (the default).
         """
-        raise NotImplementedError(
-            f"{type(self).__name__} does not run group units (data-parallel trials); "
-            "run the trial's units one at a time with submit()"
-        )
 
     @abc.abstractmethod
     def close(self) -> None:

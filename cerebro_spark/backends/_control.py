@@ -1,18 +1,18 @@
-"""The authenticated control channel between the driver and its Spark worker tasks.
+"""The authenticated control channel between the driver and its workers.
 
-``SparkBackend`` runs a :class:`ControlServer` on the driver; every worker task connects
-back to it (:func:`connect`), registers, and then receives commands and sends replies and
-heartbeats over one TCP connection. The channel carries **JSON only**, never pickle, and
-every message in both directions is authenticated with HMAC-SHA256 under a per-experiment
-secret (:func:`new_secret`, 32 random bytes).
+The worker pool runs a :class:`ControlServer` on the driver; every worker (a Spark task,
+a local process) connects back to it (:func:`connect`), registers, and then receives
+commands and sends replies and heartbeats over one TCP connection. The channel carries
+**JSON only**, never pickle, and every message in both directions is authenticated with
+HMAC-SHA256 under a per-experiment secret (:func:`new_secret`, 32 random bytes).
 
-Trust boundary: the secret reaches the worker tasks inside the Spark task closure, as in
-Horovod's Spark runner. Whoever can read Spark's closure transport (task serialisation
-between driver and executors) can read the secret; on an untrusted network enable
-Spark's own RPC authentication and encryption (``spark.authenticate``,
-``spark.network.crypto.enabled``). The channel itself does not encrypt: it guarantees that
-every message it accepts was sent by a holder of the secret, on this connection, in this
-order, exactly once.
+Trust boundary: the secret reaches Spark worker tasks inside the Spark task closure, as in
+Horovod's Spark runner (local worker processes get it from their parent). Whoever can read
+Spark's closure transport (task serialisation between driver and executors) can read the
+secret; on an untrusted network enable Spark's own RPC authentication and encryption
+(``spark.authenticate``, ``spark.network.crypto.enabled``). The channel itself does not
+encrypt: it guarantees that every message it accepts was sent by a holder of the secret,
+on this connection, in this order, exactly once.
 
 Wire format (all integers big-endian):
 
@@ -33,11 +33,12 @@ Wire format (all integers big-endian):
   :class:`ProtocolError` is raised; the payload of a frame that failed its MAC is never
   parsed.
 
-Messages (``op`` and fields; see ``_spark_task`` and ``_spark`` for their handling):
+Messages (``op`` and fields; see ``_serve`` and ``_pool`` for their handling):
 
 * worker → driver: ``register`` (``worker_id``, ``attempt``, ``task_attempt_id``,
   ``pid``, ``hostname``, ``device``, ``executor_hint``), ``reply`` (``id``, ``ok``,
-  ``value`` or ``error``, ``state``), ``heartbeat``.
+  ``value`` or ``error``, ``state``), ``rendezvous`` (``id`` of a group unit's ``run``,
+  ``port`` that rank 0 bound), ``heartbeat``.
 * driver → worker: ``welcome``, ``refuse`` (``reason``), ``load`` / ``drop`` (``id``,
   ``partitions``), ``run`` (``id``, ``task``: :meth:`UnitTask.to_json`), ``ping``, ``stop``.
 
@@ -63,7 +64,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from cerebro_spark.errors import TrialError
-from cerebro_spark.units import UnitResult, UnitTask
+from cerebro_spark.units import GroupBrokenError, UnitResult, UnitTask
 
 logger = logging.getLogger(__name__)
 
@@ -455,14 +456,16 @@ def result_from_json(data: Mapping[str, Any]) -> UnitResult:
 def error_to_json(exc: BaseException) -> dict[str, Any]:
     """Describe an exception raised in a worker (call inside the ``except`` block).
 
-    The driver classifies it by the flags: ``trial_error`` (user code, the trial fails),
-    ``transient`` (an :class:`OSError`, the unit is retried); anything else fails the trial
-    with the worker's traceback.
+    The driver classifies it by the flags: ``group_broken`` (a group unit's peer was
+    lost; this worker lives on and the unit is queued again), ``trial_error`` (user code,
+    the trial fails), ``transient`` (an :class:`OSError`, the unit is retried); anything
+    else fails the trial with the worker's traceback.
     """
     return {
         "type_name": type(exc).__name__,
         "message": str(exc),
         "traceback": traceback.format_exc(),
+        "group_broken": isinstance(exc, GroupBrokenError),
         "trial_error": isinstance(exc, TrialError),
         "transient": isinstance(exc, OSError),
     }

@@ -12,7 +12,7 @@ the partition a unit names. A task with ``task.group`` set is one rank of a grou
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from cerebro_spark.backends._base import WorkerInfo, WorkerJob
@@ -147,13 +147,15 @@ class Worker:
             for split in ("train", "validation"):
                 self._data.pop((split, index), None)
 
-    def run(self, task: UnitTask) -> UnitResult:
+    def run(self, task: UnitTask, on_rendezvous: Callable[[int], None] | None = None) -> UnitResult:
         """Run one unit on the held partition of the split its kind reads.
 
         Args:
             task: The unit; ``task.partition`` must be held. With ``task.group`` set it is
                 this worker's rank of a group unit: it blocks until the group's other
                 ranks join (they run on other workers at the same time).
+            on_rendezvous: For rank 0 of a group unit whose port is 0: told the port it
+                bound on this host, for the backend to pass on to the peers.
 
         Returns:
             The unit's result.
@@ -181,6 +183,7 @@ class Worker:
                 self.manifest.info,
                 worker_id=self._worker_id,
                 device=self._device,
+                on_rendezvous=on_rendezvous,
             )
         from cerebro_spark.training import run_unit
 

@@ -77,7 +77,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -108,6 +108,9 @@ from cerebro_spark.training._unit import (
 from cerebro_spark.units import GroupBrokenError, GroupSpec, UnitKind, UnitResult, UnitTask
 
 logger = logging.getLogger(__name__)
+
+_LOOPBACK = "127.0.0.1"
+"""Rank 0 reaches its own TCP store (which listens on every interface) here."""
 
 # Failure codes exchanged between ranks (0: none).
 _USER_FAILURE = 1  # user code, config or data: the trial's fault (TrialError)
@@ -180,18 +183,26 @@ def run_group_unit(
     *,
     worker_id: str = "",
     device: str = "cpu",
+    on_rendezvous: Callable[[int], None] | None = None,
 ) -> UnitResult:
     """Run this worker's rank of a group unit (see the module docstring).
+
+    Rank 0 may choose the rendezvous port itself: with ``task.group.port == 0`` it opens
+    the TCP store on a free port of this host and calls ``on_rendezvous(port)`` before it
+    waits for its peers, whose tasks must then carry this host and that port (the
+    backend passes them on). Choosing the port where it is bound leaves no window in
+    which another process could take it.
 
     Args:
         task: A train unit with ``task.group`` set; ``task.partition`` must equal
             ``task.group.partitions[task.group.rank]`` and ``task.group.port`` must be
-            chosen (not 0).
+            chosen (not 0), except on rank 0 with ``on_rendezvous``.
         data: The train split of ``task.partition``.
         store: Where checkpoints are read and (by rank 0) written.
         info: The dataset description handed to the spec.
         worker_id: Reported back in the result.
         device: Torch device (``"cpu"`` uses gloo, ``"cuda:N"`` uses NCCL).
+        on_rendezvous: Told the port rank 0 bound, when it chose it (see above).
 
     Returns:
         This rank's result: its rows and row-weighted metric sums; on rank 0 also the
@@ -206,10 +217,10 @@ def run_group_unit(
             ``group.timeout_s``, or the rendezvous failed.
         OSError: The store failed (on this rank or, for the checkpoint, on rank 0).
     """
-    group = _check_group_task(task)
+    group = _check_group_task(task, chooses_port=on_rendezvous is not None)
     with _UNIT_LOCK, _unit_environment(device) as dev:
         start = time.perf_counter()
-        with _process_group(task, group, dev) as comm:
+        with _process_group(task, group, dev, on_rendezvous) as comm:
             result = _run(task, group, data, store, info, dev, comm, worker_id, start)
     logger.debug(
         "group unit %s rank %d/%d trial=%s epoch=%d partition=%d rows=%d took %.3fs",
@@ -225,7 +236,7 @@ def run_group_unit(
     return result
 
 
-def _check_group_task(task: UnitTask) -> GroupSpec:
+def _check_group_task(task: UnitTask, *, chooses_port: bool = False) -> GroupSpec:
     """Check what must hold before the rendezvous; return the task's group."""
     group = task.group
     if group is None:
@@ -239,7 +250,9 @@ def _check_group_task(task: UnitTask) -> GroupSpec:
             f"rank {group.rank} of group {group.group_id!r} must train partition "
             f"{group.partitions[group.rank]}, got task.partition={task.partition}"
         )
-    if group.port == 0 or not group.address:
+    if chooses_port and group.rank == 0 and group.port == 0:
+        pass  # rank 0 binds a free port and announces it
+    elif group.port == 0 or not group.address:
         raise ConfigError(
             f"group {group.group_id!r} has no rendezvous address/port yet "
             f"({group.address!r}:{group.port}); submit it through Backend.submit_group"
@@ -276,8 +289,17 @@ class _Comm:
 
 
 @contextlib.contextmanager
-def _process_group(task: UnitTask, group: GroupSpec, dev: torch.device) -> Iterator[_Comm]:
-    """Join the group's process group; destroy it on exit, however the unit ends."""
+def _process_group(
+    task: UnitTask,
+    group: GroupSpec,
+    dev: torch.device,
+    on_rendezvous: Callable[[int], None] | None = None,
+) -> Iterator[_Comm]:
+    """Join the group's process group; destroy it on exit, however the unit ends.
+
+    Rank 0 with ``group.port == 0`` binds a free port (all interfaces) and announces it
+    through ``on_rendezvous`` before it waits for its peers.
+    """
     if dist.is_initialized():
         raise ConfigError(
             "a torch.distributed process group is already initialised in this process; "
@@ -286,16 +308,21 @@ def _process_group(task: UnitTask, group: GroupSpec, dev: torch.device) -> Itera
     backend = "nccl" if dev.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=group.timeout_s)
     where = f"{group.address}:{group.port}"
+    chooses = group.port == 0
     try:
         # TCPStore is re-exported without __all__ (mypy: attr-defined)
         rendezvous = dist.TCPStore(  # type: ignore[attr-defined]
-            group.address,
+            _LOOPBACK if chooses else group.address,
             group.port,
             group.size,
             is_master=group.rank == 0,
             timeout=timeout,
-            wait_for_workers=True,
+            wait_for_workers=not chooses,
         )
+        if chooses:
+            where = f"port {rendezvous.port} of rank 0's host"
+            assert on_rendezvous is not None  # ok: _check_group_task
+            on_rendezvous(int(rendezvous.port))
         dist.init_process_group(
             backend,
             store=rendezvous,
@@ -325,10 +352,15 @@ def _process_group(task: UnitTask, group: GroupSpec, dev: torch.device) -> Itera
 
 
 def _task_digest(task: UnitTask) -> int:
-    """A 62-bit digest of the fields every rank of a group unit shares."""
+    """A 62-bit digest of the fields every rank of a group unit shares.
+
+    The rendezvous address and port are left out: ranks that met there share them, and
+    rank 0 may have chosen the port after its task was written.
+    """
     shared = task.to_json()
     shared.pop("partition")
-    shared["group"].pop("rank")
+    for field in ("rank", "address", "port"):
+        shared["group"].pop(field)
     text = json.dumps(shared, sort_keys=True, default=str)
     digest = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
     return digest >> (64 - _DIGEST_BITS)

@@ -39,14 +39,14 @@ from cerebro_spark.backends._control import (
     result_from_json,
     result_to_json,
 )
-from cerebro_spark.backends._spark_task import (
+from cerebro_spark.backends._serve import (
     DRIVER_GONE,
     DRIVER_SILENT,
     REFUSED,
     REJECTED,
     STOPPED,
     TaskInfo,
-    TaskSpec,
+    WorkerSpec,
     choose_device,
     executor_hint,
     serve,
@@ -381,8 +381,8 @@ def test_results_and_errors_travel_as_json() -> None:
 
 
 @pytest.fixture
-def spec_for(tmp_path: Path) -> Callable[..., TaskSpec]:
-    def make(port: int, secret: bytes, **changes: Any) -> TaskSpec:
+def spec_for(tmp_path: Path) -> Callable[..., WorkerSpec]:
+    def make(port: int, secret: bytes, **changes: Any) -> WorkerSpec:
         fields: dict[str, Any] = {
             "worker_id": "w3",
             "driver_host": "127.0.0.1",
@@ -394,12 +394,12 @@ def spec_for(tmp_path: Path) -> Callable[..., TaskSpec]:
             "connect_timeout_s": 5.0,
             **changes,
         }
-        return TaskSpec(**fields)
+        return WorkerSpec(**fields)
 
     return make
 
 
-def serve_in_thread(spec: TaskSpec, info: TaskInfo | None = None) -> queue.Queue[str]:
+def serve_in_thread(spec: WorkerSpec, info: TaskInfo | None = None) -> queue.Queue[str]:
     outcome: queue.Queue[str] = queue.Queue()
     threading.Thread(
         target=lambda: outcome.put(serve(spec, info or TaskInfo(attempt=1, task_attempt_id=9))),
@@ -409,7 +409,7 @@ def serve_in_thread(spec: TaskSpec, info: TaskInfo | None = None) -> queue.Queue
 
 
 def test_the_worker_registers_and_ends_when_refused(
-    driver: Driver, secret: bytes, spec_for: Callable[..., TaskSpec]
+    driver: Driver, secret: bytes, spec_for: Callable[..., WorkerSpec]
 ) -> None:
     spec = spec_for(driver.port, secret)
     assert "secret" not in repr(spec) and repr(secret) not in repr(spec)
@@ -430,7 +430,7 @@ def test_the_worker_registers_and_ends_when_refused(
 
 
 def test_the_worker_heartbeats_serves_and_stops(
-    driver: Driver, secret: bytes, spec_for: Callable[..., TaskSpec]
+    driver: Driver, secret: bytes, spec_for: Callable[..., WorkerSpec]
 ) -> None:
     outcome = serve_in_thread(spec_for(driver.port, secret, device="cuda:5"))
     channel = driver.accept()
@@ -460,7 +460,7 @@ def test_the_worker_heartbeats_serves_and_stops(
 
 
 def test_the_worker_ends_when_the_driver_goes_or_falls_silent(
-    driver: Driver, secret: bytes, spec_for: Callable[..., TaskSpec]
+    driver: Driver, secret: bytes, spec_for: Callable[..., WorkerSpec]
 ) -> None:
     outcome = serve_in_thread(spec_for(driver.port, secret))
     channel = driver.accept()
@@ -479,7 +479,7 @@ def test_the_worker_ends_when_the_driver_goes_or_falls_silent(
 
 
 def test_the_worker_rejects_a_driver_without_the_secret(
-    driver: Driver, secret: bytes, spec_for: Callable[..., TaskSpec]
+    driver: Driver, secret: bytes, spec_for: Callable[..., WorkerSpec]
 ) -> None:
     outcome = serve_in_thread(spec_for(driver.port, new_secret()))  # worker has another key
     channel = driver.accept()
@@ -499,7 +499,7 @@ def test_the_worker_rejects_a_driver_without_the_secret(
 
 
 def test_an_unreachable_driver_fails_the_task(
-    secret: bytes, spec_for: Callable[..., TaskSpec]
+    secret: bytes, spec_for: Callable[..., WorkerSpec]
 ) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -542,7 +542,7 @@ def test_importing_the_backends_imports_neither_pyspark_nor_torch() -> None:
         "import cerebro_spark.backends as b\n"
         "assert 'pyspark' not in sys.modules, 'pyspark'\n"
         "b.SparkBackend\n"
-        "import cerebro_spark.backends._spark_task\n"
+        "import cerebro_spark.backends._serve\n"
         "bad = [m for m in ('pyspark', 'torch') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

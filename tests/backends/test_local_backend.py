@@ -174,7 +174,7 @@ def test_a_worker_that_dies_while_starting_fails_start(dataset: Dataset, tmp_pat
     from tests.backends.failing_spec import ExplodingStore  # imports torch
 
     backend = LocalBackend(2)
-    with pytest.raises(WorkerLostError, match=r"exit code 3.*before it had loaded"):
+    with pytest.raises(WorkerLostError, match=r"lost before it registered: .*exit code 3"):
         backend.start(WorkerJob(dataset.uri, ExplodingStore(str(tmp_path / "store"))))
     assert backend.workers() == {}
     backend.close()
@@ -255,7 +255,7 @@ def test_joining_workers_load_replicas_and_replay_units_bit_identically(
     )
     wait_until(started.exists, "the unit to start")
     backend.kill_worker("w2")
-    with pytest.raises(WorkerLostError, match=r"w2 died .*SIGKILL.* while it ran the train unit"):
+    with pytest.raises(WorkerLostError, match=r"w2 was lost .*SIGKILL.* while it ran the train"):
         result(running)
     assert partitions_of(backend) == {"w0": {0, 2}, "w1": {1, 3}, "w3": {3}}
     # With every worker lost, a joining worker loads every partition.

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cerebro_spark.backends import Backend, LocalBackend, WorkerInfo, WorkerJob
+from cerebro_spark.backends import Backend, LocalBackend, WorkerJob
 from cerebro_spark.data import load_source, write_dataset
 from cerebro_spark.errors import ConfigError, WorkerLostError
 from cerebro_spark.store import Store, open_store
@@ -266,22 +266,6 @@ def test_submit_group_refuses_a_busy_worker(shared: LocalBackend, tmp_path: Path
     assert result(busy).rows > 0
     # w0 got nothing (rank 0 would still wait for its peer, and w0 would be busy).
     assert result(backend.submit("w0", train_task("after", 0))).rows > 0
-
-
-def test_a_backend_without_groups_says_so() -> None:
-    class OneByOne(Backend):
-        def start(self, job: WorkerJob) -> None: ...
-
-        def workers(self) -> dict[str, WorkerInfo]:
-            return {}
-
-        def submit(self, worker_id: str, task: UnitTask) -> Future[UnitResult]:
-            raise NotImplementedError
-
-        def close(self) -> None: ...
-
-    with pytest.raises(NotImplementedError, match="OneByOne does not run group units"):
-        OneByOne().submit_group({})
 
 
 # -- a peer dies -------------------------------------------------------------------------

@@ -22,7 +22,8 @@ import pytest
 
 from cerebro_spark.backends import Backend, SparkBackend, WorkerJob
 from cerebro_spark.backends._control import connect
-from cerebro_spark.backends._spark_task import REFUSED, run_worker_task
+from cerebro_spark.backends._serve import REFUSED
+from cerebro_spark.backends._spark import run_worker_task
 from cerebro_spark.errors import ConfigError, DataError, WorkerLostError
 from cerebro_spark.store import Store, open_store
 from tests.backends.contract import (
@@ -200,7 +201,7 @@ def test_kill_worker_cancels_its_job_and_rehomes(
     with pytest.raises(WorkerLostError, match=r"w0 was lost .*while it ran the train unit"):
         result(running)
     assert partitions_of(backend) == {"w1": {0, 1, 2, 3}}
-    assert backend.stats().lost == {"job": 1}
+    assert backend.stats().lost == {"ended": 1}
     with pytest.raises(ValueError, match="executor 'driver', which cannot be killed alone"):
         backend.kill_worker("w1", executor=True)
     wait_until(lambda: not _alive(pid), "Spark to kill the cancelled task's Python process")
@@ -233,7 +234,7 @@ def test_a_retried_task_of_a_lost_worker_is_refused_and_exits(
     spark: Any, backends: Callable[..., SparkBackend]
 ) -> None:
     backend = backends(1)
-    spec = backend._task_spec("w0")
+    spec = backend._worker_spec("w0")
     backend.kill_worker("w0")
     # What Spark does when it retries the task after an executor loss: run it again.
     rows = spark.sparkContext.parallelize(["w0"], 1)

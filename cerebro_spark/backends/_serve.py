@@ -1,25 +1,26 @@
-"""What runs inside a Spark task: one long-lived worker serving the driver.
+"""The worker's side of the control channel: register, then serve the driver's commands.
 
-``SparkBackend`` starts every worker as the only task of its own Spark job, whose body is
-:func:`run_worker_task` with a :class:`TaskSpec` bound in (the closure is Spark's to ship;
-see :mod:`._control` for why that is the trust boundary of the secret). The task:
+Every transport runs the same :func:`serve` -- a Spark task (``SparkBackend``), a worker
+process (``LocalBackend``) or a thread (the test fake) -- so every backend speaks the
+production wire format (:mod:`._control`). A worker:
 
-1. learns its attempt number, task attempt id and resources from
-   :class:`pyspark.TaskContext`; chooses its torch device (:func:`choose_device`);
+1. chooses its torch device (:func:`choose_device`) from what its host says about it
+   (:class:`TaskInfo`: attempt, task attempt id, resources);
 2. connects back to the driver's control server and registers (worker id, attempt,
    task attempt id, pid, hostname, device, an executor-id hint);
 3. waits for ``welcome`` -- or ``refuse``, which the driver answers to a worker id that
    already registered once or was lost: a task attempt that Spark retried after its
    executor died then ends at once instead of serving as a ghost of a lost worker;
 4. serves commands in order with a :class:`~._worker.Worker` (``load`` reads partitions
-   once and keeps them for the task's life, ``run`` runs a unit, ``drop``), replying to
-   each, while a thread sends a ``heartbeat`` every ``heartbeat_s``;
+   once and keeps them, ``run`` runs a unit, ``drop``), replying to each, while a thread
+   sends a ``heartbeat`` every ``heartbeat_s``. Rank 0 of a group unit whose port is 0
+   binds the rendezvous port itself and announces it with a ``rendezvous`` message
+   (``id`` of the ``run`` command, ``port``) before it waits for its peers;
 5. ends on ``stop``, when the driver closes the connection, or when the driver has been
    silent (no ``ping``) for ``driver_timeout_s``.
 
-This module imports neither torch nor pyspark at import time (the driver imports it to
-build the closure); :class:`~._worker.Worker` imports torch when it loads partitions, and
-the task imports :mod:`pyspark` only inside the executor.
+This module imports neither torch nor pyspark (the driver imports it to build worker
+specs); :class:`~._worker.Worker` imports torch when it loads partitions.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any, Protocol
 
 from cerebro_spark.backends._base import WorkerJob
 from cerebro_spark.backends._control import (
@@ -45,13 +46,13 @@ from cerebro_spark.backends._control import (
 )
 from cerebro_spark.backends._worker import Worker
 from cerebro_spark.errors import ConfigError
-from cerebro_spark.units import UnitTask
+from cerebro_spark.units import UnitResult, UnitTask
 
 logger = logging.getLogger(__name__)
 
 _STANDALONE_WORK_DIR = re.compile(r"/app-[0-9]+-[0-9]+/([0-9]+)$")
 
-# Outcomes the task reports to its Spark job (the job's only output row).
+# How a worker ended (what its process or task reports).
 STOPPED = "stopped"
 REFUSED = "refused"
 DRIVER_GONE = "driver-gone"
@@ -60,8 +61,8 @@ REJECTED = "rejected"
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskSpec:
-    """Everything a worker task needs; pickled into the Spark task closure.
+class WorkerSpec:
+    """Everything a worker needs to start; handed to it by its transport.
 
     Attributes:
         worker_id: The worker's id (``"w0"`` ...).
@@ -71,7 +72,7 @@ class TaskSpec:
         job: Dataset and store of the experiment, torch thread count.
         device: Torch device to use; ``None`` chooses from the task's resources.
         heartbeat_s: Seconds between heartbeats to the driver.
-        driver_timeout_s: Seconds of driver silence after which the task ends.
+        driver_timeout_s: Seconds of driver silence after which the worker ends.
         connect_timeout_s: Seconds to keep trying to reach the driver.
     """
 
@@ -88,7 +89,7 @@ class TaskSpec:
 
 @dataclasses.dataclass(frozen=True)
 class TaskInfo:
-    """What a worker task knows about itself from Spark.
+    """What a worker knows about itself from where it runs.
 
     Attributes:
         attempt: Spark's attempt number of the task (0 first, higher when retried).
@@ -99,6 +100,31 @@ class TaskInfo:
     attempt: int = 0
     task_attempt_id: int = -1
     resources: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+
+class ServedWorker(Protocol):
+    """What :func:`serve` needs of a worker (:class:`~._worker.Worker`, or a test fake)."""
+
+    @property
+    def partitions(self) -> frozenset[int]:
+        """Indices held in memory."""
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of partition data read so far."""
+
+    def load(self, partitions: Collection[int]) -> int:
+        """Read the partitions not yet held."""
+
+    def drop(self, partitions: Collection[int]) -> None:
+        """Release partitions."""
+
+    def run(self, task: UnitTask, on_rendezvous: Callable[[int], None] | None = None) -> UnitResult:
+        """Run one unit."""
+
+
+WorkerFactory = Callable[[str, WorkerJob, str], ServedWorker]
+"""Builds the worker a :func:`serve` loop drives: ``(worker id, job, device)``."""
 
 
 def choose_device(resources: Mapping[str, Iterable[str]]) -> str:
@@ -135,28 +161,7 @@ def executor_hint(environ: Mapping[str, str], cwd: str) -> str | None:
     return match.group(1) if match else None
 
 
-def spark_task_info() -> TaskInfo:
-    """Read :class:`TaskInfo` from :class:`pyspark.TaskContext` (inside a Spark task)."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    if context is None:
-        return TaskInfo()
-    return TaskInfo(
-        attempt=context.attemptNumber(),
-        task_attempt_id=context.taskAttemptId(),
-        resources={name: tuple(info.addresses) for name, info in context.resources().items()},
-    )
-
-
-def run_worker_task(spec: TaskSpec, rows: Iterable[Any]) -> Iterator[str]:
-    """The ``mapPartitions`` body of a worker's Spark job: serve, then yield the outcome."""
-    for _ in rows:  # the job's single row carries nothing; the spec is in the closure
-        pass
-    yield serve(spec, spark_task_info())
-
-
-def _connect(spec: TaskSpec) -> Channel:
+def _connect(spec: WorkerSpec) -> Channel:
     """Connect to the driver, retrying until ``connect_timeout_s`` has passed."""
     deadline = time.monotonic() + spec.connect_timeout_s
     delay = 0.1
@@ -179,12 +184,13 @@ def _connect(spec: TaskSpec) -> Channel:
             delay = min(2.0, delay * 2)
 
 
-def serve(spec: TaskSpec, info: TaskInfo) -> str:
+def serve(spec: WorkerSpec, info: TaskInfo, make_worker: WorkerFactory = Worker) -> str:
     """Register with the driver and serve its commands until told to stop.
 
     Args:
         spec: The worker's spec.
-        info: What Spark says about this task attempt.
+        info: What the host says about this worker (Spark's task context, or defaults).
+        make_worker: Builds the worker that holds partitions and runs units.
 
     Returns:
         Why the worker ended: ``"stopped"``, ``"refused"``, ``"driver-gone"``,
@@ -221,7 +227,8 @@ def serve(spec: TaskSpec, info: TaskInfo) -> str:
         if answer["op"] != "welcome":
             logger.warning("worker %s: expected welcome, got %r", spec.worker_id, answer["op"])
             return REJECTED
-        return _serve_commands(spec, channel, Worker(spec.worker_id, spec.job, device))
+        worker = make_worker(spec.worker_id, spec.job, device)
+        return _serve_commands(spec, channel, worker)
     except ChannelClosed:
         return DRIVER_GONE
     except ProtocolError:
@@ -239,7 +246,7 @@ def serve(spec: TaskSpec, info: TaskInfo) -> str:
         channel.close()
 
 
-def _serve_commands(spec: TaskSpec, channel: Channel, worker: Worker) -> str:
+def _serve_commands(spec: WorkerSpec, channel: Channel, worker: ServedWorker) -> str:
     stop = threading.Event()
     beat = threading.Thread(
         target=_heartbeat,
@@ -257,7 +264,7 @@ def _serve_commands(spec: TaskSpec, channel: Channel, worker: Worker) -> str:
             if op == "stop":
                 logger.info("worker %s stops", spec.worker_id)
                 return STOPPED
-            channel.send(_execute(worker, message))
+            channel.send(_execute(worker, message, channel))
     finally:
         stop.set()
         channel.close()
@@ -273,9 +280,14 @@ def _heartbeat(channel: Channel, interval_s: float, stop: threading.Event) -> No
             return
 
 
-def _execute(worker: Worker, message: Mapping[str, Any]) -> dict[str, Any]:
+def _execute(worker: ServedWorker, message: Mapping[str, Any], channel: Channel) -> dict[str, Any]:
     """Run one command on ``worker`` and return its ``reply`` message."""
-    reply: dict[str, Any] = {"op": "reply", "id": message.get("id")}
+    command_id = message.get("id")
+    reply: dict[str, Any] = {"op": "reply", "id": command_id}
+
+    def announce(port: int) -> None:
+        channel.send({"op": "rendezvous", "id": command_id, "port": port})
+
     try:
         op = message["op"]
         if op == "load":
@@ -285,7 +297,8 @@ def _execute(worker: Worker, message: Mapping[str, Any]) -> dict[str, Any]:
             worker.drop([int(p) for p in message["partitions"]])
             reply["value"] = None
         elif op == "run":
-            reply["value"] = result_to_json(worker.run(UnitTask.from_json(message["task"])))
+            task = UnitTask.from_json(message["task"])
+            reply["value"] = result_to_json(worker.run(task, announce))
         else:
             raise ValueError(f"unknown control command {op!r}")
         reply["ok"] = True

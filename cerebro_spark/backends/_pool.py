@@ -1,0 +1,1320 @@
+"""WorkerPool: the one worker pool beneath every backend.
+
+A :class:`WorkerPool` is a :class:`~cerebro_spark.backends.Backend` over a
+:class:`~cerebro_spark.backends._transport.Transport`. The transport starts workers (OS
+processes, Spark tasks, test threads) and says when they end; the pool owns the rest, once:
+
+* **Control.** A :class:`~._control.ControlServer` on the driver receives one connection
+  per worker; every message is HMAC-SHA256-authenticated JSON (wire format and trust
+  boundary in :mod:`._control`, the worker's side in :mod:`._serve`). The pool sends
+  ``load``/``run``/``drop``/``stop`` and a ``ping`` every ``heartbeat_s``; workers reply
+  in command order and send a ``heartbeat`` every ``heartbeat_s``. Data never goes
+  through the driver; checkpoints hop through the store.
+* **Placement.** Partition ``i`` starts on worker ``w{i mod n}``, or as ``placement``
+  says; more workers than partitions is refused (such a worker could never run a unit).
+* **Losses** (Cerebro §5.6). A worker is lost when its control connection closes or
+  fails a check, when nothing came from it for ``heartbeat_timeout_s`` (dead or hung),
+  when its process or task ends without being stopped, or when it fails to load its
+  partitions. Then its queued and running units fail with
+  :class:`~cerebro_spark.errors.WorkerLostError` (the engine puts them back in Q), it
+  leaves :meth:`WorkerPool.workers`, each partition no live worker holds any more is
+  re-homed on the live worker holding the fewest (which reads it from Parquet), and the
+  transport is told to kill what is left of it. A worker id registers once: a lost
+  worker is never revived (a retried Spark task attempt is **refused**), capacity is
+  refilled by new workers with new ids.
+* **Joins.** :meth:`WorkerPool.add_worker`, and the transport's arrivals (new executors),
+  start workers that hold *replicas* of a fair share of the partitions (Cerebro §5.5-5.6),
+  so the replica-aware scheduler can use them at once and nobody gives anything up.
+* **Group rendezvous** (Cerebro §5.7). Rank 0 of a group unit whose port is 0 binds a
+  free port on its own host and announces it; the pool holds the other ranks' tasks until
+  then and sends them with rank 0's host (its executor's host, as the transport locates
+  it) and that port. A rank 0 that ends or is lost before announcing fails the held ranks
+  with :class:`~cerebro_spark.units.GroupBrokenError` without sending them.
+* **Retire.** :meth:`WorkerPool.retire` takes a worker out of service: no new unit; its
+  sole-copy partitions are re-homed and loaded on the workers that remain; once its unit
+  in flight and those loads are done it is told to ``stop``, its process or task ends
+  normally (a Spark job that *succeeds*: releasing its executor afterwards re-runs
+  nothing) and the retire's future resolves. No unit fails.
+* **Membership.** Every change is queued as a :class:`~._base.WorkerChange` for
+  :meth:`WorkerPool.changes` (the engine logs them).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import functools
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any, Literal
+
+from cerebro_spark.backends._base import Backend, Membership, WorkerChange, WorkerInfo, WorkerJob
+from cerebro_spark.backends._control import Channel, ControlServer, new_secret, result_from_json
+from cerebro_spark.backends._placement import rehome, replica_share
+from cerebro_spark.backends._serve import WorkerSpec
+from cerebro_spark.backends._transport import Transport
+from cerebro_spark.errors import ConfigError, DataError, StoreError, TrialError, WorkerLostError
+from cerebro_spark.units import GroupBrokenError, UnitResult, UnitTask, check_group
+
+logger = logging.getLogger(__name__)
+
+_STOP_GRACE_S = 15.0
+_KILL_GRACE_S = 10.0
+_LOCATE_S = 60.0
+_LOCATE_WAIT_S = 3.0
+_END_WAIT_S = 1.0
+_TICK_S = 0.25
+
+_State = Literal["starting", "live", "retiring", "retired", "lost", "closed"]
+
+# Exceptions a failed load is re-raised as, by the remote type name (never unpickled).
+_LOAD_ERRORS: dict[str, type[Exception]] = {
+    "DataError": DataError,
+    "ConfigError": ConfigError,
+    "StoreError": StoreError,
+    "FileNotFoundError": FileNotFoundError,
+    "PermissionError": PermissionError,
+    "ValueError": ValueError,
+}
+
+
+def worker_name(index: int) -> str:
+    """The id of the pool's ``index``-th worker (``"w3"``)."""
+    return f"w{index}"
+
+
+def next_worker_index(worker_ids: Collection[str]) -> int:
+    """The first index whose :func:`worker_name` is after every id in ``worker_ids``."""
+    indices = [int(w[1:]) for w in worker_ids if w[:1] == "w" and w[1:].isdigit()]
+    return max(indices, default=-1) + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolStats:
+    """Counters of a :class:`WorkerPool`, for tests, logs and benchmarks.
+
+    Attributes:
+        started: Workers launched.
+        registered: Workers that registered with the driver.
+        refused: Registrations refused (a retried task attempt of a lost worker, an
+            unknown worker id, or a registration after close).
+        lost: Workers lost, by how the loss was noticed: ``"connection"`` (closed or
+            failed a check), ``"heartbeat"`` (silent), ``"ended"`` (its process or task
+            ended unasked), ``"load"`` (its initial load failed), ``"start"`` (not ready
+            in time).
+        retired: Workers retired.
+        register_seconds: Per worker, seconds from launch to registration.
+        ready_seconds: Per worker, seconds from launch until it had loaded its partitions
+            (includes the first ``import torch``).
+    """
+
+    started: int
+    registered: int
+    refused: int
+    lost: Mapping[str, int]
+    retired: int
+    register_seconds: Mapping[str, float]
+    ready_seconds: Mapping[str, float]
+
+
+@dataclasses.dataclass(eq=False)
+class _Pending:
+    """A command for a worker whose reply has not arrived yet.
+
+    ``message`` is ``None`` while the command is held (a group rank waiting for its rank
+    0's port); commands are sent in order, so nothing behind a held one is sent either.
+    """
+
+    id: int
+    op: str
+    partitions: tuple[int, ...]
+    task: UnitTask | None
+    future: Future[Any]
+    message: dict[str, Any] | None
+    sent: bool = False
+    peers: list[tuple[_Handle, _Pending]] | None = None  # rank 0: ranks awaiting its port
+
+
+class _Handle:
+    """The driver's view of one worker."""
+
+    def __init__(self, worker_id: str, order: int, initial: list[int] | None) -> None:
+        self.worker_id = worker_id
+        self.order = order
+        self.initial = initial  # None: a replica share chosen when it registers
+        self.state: _State = "starting"
+        self.listed = False  # ready and taking units
+        self.joined = False  # JOINED was reported
+        self.stopping = False  # told to stop (retire or close)
+        self.channel: Channel | None = None
+        self.partitions: set[int] = set(initial or ())
+        self.pending: deque[_Pending] = deque()
+        self.next_id = 0
+        self.bytes_read = 0
+        self.host = "unknown"
+        self.device = "cpu"
+        self.executor_id: str | None = None
+        self.located = False
+        self.pid: int | None = None
+        self.registration: Mapping[str, Any] = {}
+        self.spawned_at = time.monotonic()
+        self.last_seen = self.spawned_at
+        self.registered_at = self.spawned_at
+        self.ready: Future[None] = _running_future()
+        self.retired: Future[None] | None = None
+        self.retire_loads: list[Future[Any]] = []
+        self.ended: Future[str] | None = None
+        self.spec: WorkerSpec | None = None
+        self.gone = threading.Event()
+
+    @property
+    def running(self) -> UnitTask | None:
+        """The unit sent to (or held for) this worker and not finished, if any."""
+        for pending in self.pending:
+            if pending.op == "run":
+                return pending.task
+        return None
+
+    def info(self) -> WorkerInfo:
+        return WorkerInfo(
+            worker_id=self.worker_id,
+            partitions=frozenset(self.partitions),
+            host=self.host,
+            device=self.device,
+            bytes_read=self.bytes_read,
+            executor_id=self.executor_id,
+        )
+
+
+def _running_future() -> Future[Any]:
+    future: Future[Any] = Future()
+    future.set_running_or_notify_cancel()  # not cancellable: the worker runs it anyway
+    return future
+
+
+def _describe(task: UnitTask) -> str:
+    return (
+        f"{task.kind.value} unit of trial {task.trial_id} "
+        f"(epoch {task.epoch}, partition {task.partition})"
+    )
+
+
+def _fail(future: Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+class _RemoteTraceback(Exception):
+    """Carries a worker's traceback text as the ``__cause__`` of a re-raised error."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class WorkerPool(Backend):
+    """Workers that hold partitions and run units, over any transport (see the module docs).
+
+    Args:
+        transport: Starts the workers and tells when they end.
+        num_workers: Workers :meth:`start` starts; ``None`` lets the transport choose
+            (Spark: one per executor task slot). At most the number of partitions.
+        device: Torch device of every worker; ``None`` lets each choose (``cuda:<i>`` for
+            a Spark task given a ``gpu`` resource, else ``cpu``).
+        start_timeout_s: Seconds :meth:`start` and :meth:`add_worker` wait for workers to
+            register and load their partitions.
+        heartbeat_s: Seconds between heartbeats (worker → driver) and pings (driver →
+            worker).
+        heartbeat_timeout_s: Seconds without a message after which a worker is lost (and
+            a worker ends when its driver was silent that long).
+        poll_s: Seconds between asking the transport for arrivals.
+
+    Raises:
+        ConfigError: An argument breaks the rules above.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        num_workers: int | None,
+        *,
+        device: str | None = None,
+        start_timeout_s: float = 300.0,
+        heartbeat_s: float = 5.0,
+        heartbeat_timeout_s: float = 30.0,
+        poll_s: float = 2.0,
+    ) -> None:
+        if num_workers is not None and (
+            isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1
+        ):
+            raise ConfigError(f"num_workers must be an integer >= 1 or None, got {num_workers!r}")
+        for name, value in (
+            ("start_timeout_s", start_timeout_s),
+            ("heartbeat_s", heartbeat_s),
+            ("heartbeat_timeout_s", heartbeat_timeout_s),
+            ("poll_s", poll_s),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"{name} must be a number > 0, got {value!r}")
+        if heartbeat_timeout_s < 2 * heartbeat_s:
+            raise ConfigError(
+                f"heartbeat_timeout_s must be at least 2 * heartbeat_s = {2 * heartbeat_s}, "
+                f"got {heartbeat_timeout_s}"
+            )
+        self._transport = transport
+        self._num_workers = num_workers
+        self._device = device
+        self._start_timeout_s = float(start_timeout_s)
+        self._heartbeat_s = float(heartbeat_s)
+        self._heartbeat_timeout_s = float(heartbeat_timeout_s)
+        self._poll_s = float(poll_s)
+        self._secret = new_secret()
+        self._lock = threading.RLock()
+        self._handles: dict[str, _Handle] = {}
+        self._lost: dict[str, _Handle] = {}
+        self._changes: list[WorkerChange] = []
+        self._next_order = 0
+        self._job: WorkerJob | None = None
+        self._num_partitions = 0
+        self._closed = False
+        self._stopping = threading.Event()
+        self._server: ControlServer | None = None
+        self._advertised: tuple[str, int] | None = None
+        self._monitor: threading.Thread | None = None
+        self._started = 0
+        self._registered = 0
+        self._refused = 0
+        self._retired = 0
+        self._lost_by: dict[str, int] = {}
+        self._register_seconds: dict[str, float] = {}
+        self._ready_seconds: dict[str, float] = {}
+
+    # -- Backend -------------------------------------------------------------------------
+
+    def start(
+        self,
+        job: WorkerJob,
+        *,
+        placement: Sequence[Collection[int]] | None = None,
+        first_worker: int = 0,
+    ) -> None:
+        """Start the workers; return when each has registered and loaded its partitions.
+
+        Raises:
+            ConfigError: ``job.torch_threads < 1``, more workers than partitions, a bad
+                ``placement``, or what the transport refuses (e.g. more workers than
+                ``local[N]`` has slots).
+            WorkerLostError: A worker was lost before it was ready (the message says how).
+            TimeoutError: Workers were not ready within ``start_timeout_s`` (the message
+                says which had not even registered).
+            Exception: A worker failed to load its partitions; its error is re-raised by
+                type name (``DataError`` ...) with the worker's traceback as the cause.
+        """
+        from cerebro_spark.data import read_manifest
+
+        if job.torch_threads < 1:
+            raise ConfigError(f"WorkerJob.torch_threads must be >= 1, got {job.torch_threads}")
+        if isinstance(first_worker, bool) or not isinstance(first_worker, int) or first_worker < 0:
+            raise ConfigError(f"first_worker must be an integer >= 0, got {first_worker!r}")
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{type(self).__name__} is closed; create a new one")
+            if self._job is not None:
+                raise RuntimeError(f"{type(self).__name__}.start was already called")
+        manifest = read_manifest(job.dataset_uri)
+        partitions = manifest.num_partitions
+        requested = len(placement) if placement is not None else self._num_workers
+        if requested is not None:
+            _check_worker_count(requested, partitions, job.dataset_uri)
+        count = self._transport.open(requested, partitions, self._start_timeout_s)
+        _check_worker_count(count, partitions, job.dataset_uri)
+        shares = _shares(placement, count, partitions)
+        with self._lock:
+            if self._closed or self._job is not None:
+                raise RuntimeError(f"{type(self).__name__} was closed or started meanwhile")
+            self._job = job
+            self._num_partitions = partitions
+            self._next_order = first_worker
+            bind, advertised = self._transport.control_address()
+            self._server = ControlServer(self._secret, self._on_connection, host=bind)
+            self._advertised = (advertised, self._server.address[1])
+            self._monitor = threading.Thread(
+                target=self._monitor_loop, name="cerebro-pool-monitor", daemon=True
+            )
+            self._monitor.start()
+        handles: list[_Handle] = []
+        try:
+            with self._lock:
+                handles = [self._spawn_locked(share) for share in shares]
+            self._await_ready(handles)
+        except BaseException:
+            self.close()
+            raise
+        deadline = time.monotonic() + _LOCATE_S / 6
+        for handle in handles:  # report where the workers run (Spark's listener may lag)
+            if not handle.located:
+                self._locate(handle, wait_s=max(0.0, deadline - time.monotonic()))
+        logger.info(
+            "%s started %d workers on %s: %s",
+            type(self).__name__,
+            len(handles),
+            job.dataset_uri,
+            {h.worker_id: f"{h.host} ({h.executor_id or 'no executor'})" for h in handles},
+        )
+
+    def workers(self) -> dict[str, WorkerInfo]:
+        """Return the live workers that take units, by id, in the order they were started."""
+        with self._lock:
+            listed = sorted((h for h in self._handles.values() if h.listed), key=_order)
+            return {h.worker_id: h.info() for h in listed}
+
+    def changes(self) -> list[WorkerChange]:
+        """Return the membership changes since the last call, oldest first."""
+        with self._lock:
+            changes, self._changes = self._changes, []
+            return changes
+
+    def submit(self, worker_id: str, task: UnitTask) -> Future[UnitResult]:
+        """Send ``task`` to ``worker_id``.
+
+        Raises:
+            ValueError: The worker is unknown (or lost, or retiring), busy with another
+                unit, or does not hold ``task.partition``, or the task is a group rank;
+                the message names worker and partition.
+        """
+        with self._lock:
+            handle = self._usable_locked(worker_id, task.partition, f"partition {task.partition}")
+            if task.group is not None:
+                raise ValueError(
+                    f"cannot run partition {task.partition} on worker {worker_id} alone: "
+                    f"the task is rank {task.group.rank} of group {task.group.group_id!r}; "
+                    "use submit_group"
+                )
+            future: Future[UnitResult] = self._send_locked(
+                handle, "run", {"task": task.to_json()}, task
+            ).future
+            return future
+
+    def submit_group(self, assignments: Mapping[str, UnitTask]) -> dict[str, Future[UnitResult]]:
+        """Start the ``k`` ranks of one group unit, one per worker (rules in ``_base``).
+
+        Raises:
+            ConfigError: The tasks are not the ranks of one group unit (``check_group``).
+            ValueError: A worker is unknown (or lost), busy, or lacks its rank's
+                partition; nothing was sent.
+        """
+        check_group(list(assignments.values()))
+        by_rank = sorted(assignments.items(), key=lambda item: _rank(item[1]))
+        group = by_rank[0][1].group
+        assert group is not None  # ok: check_group
+        with self._lock:
+            handles = [
+                self._usable_locked(
+                    worker_id,
+                    task.partition,
+                    f"rank {_rank(task)} (partition {task.partition}) of group {group.group_id!r}",
+                )
+                for worker_id, task in by_rank
+            ]
+            futures: dict[str, Future[UnitResult]] = {}
+            lead_handle, lead_task = handles[0], by_rank[0][1]
+            lead = self._send_locked(lead_handle, "run", {"task": lead_task.to_json()}, lead_task)
+            futures[lead_handle.worker_id] = lead.future
+            held = group.port == 0
+            peers: list[tuple[_Handle, _Pending]] = []
+            for handle, (_, task) in zip(handles[1:], by_rank[1:], strict=True):
+                fields = None if held else {"task": task.to_json()}
+                pending = self._send_locked(handle, "run", fields, task)
+                peers.append((handle, pending))
+                futures[handle.worker_id] = pending.future
+            if held:
+                lead.peers = peers
+        logger.debug(
+            "group %s of trial %s started on workers %s",
+            group.group_id,
+            lead_task.trial_id,
+            [h.worker_id for h in handles],
+        )
+        return futures
+
+    def retire(self, worker_id: str) -> Future[None]:
+        """Take a worker out of service gracefully (rules in the module docstring).
+
+        Returns:
+            A future that resolves when the worker's process or task has ended normally;
+            it fails with :class:`WorkerLostError` if the worker is lost meanwhile, and
+            with :class:`RuntimeError` if its partitions could not be re-homed (the worker
+            then stays in service).
+
+        Raises:
+            ValueError: No such live worker, or it is the last one and holds partitions.
+        """
+        with self._lock:
+            handle = self._handles.get(worker_id)
+            if handle is None or not handle.listed:
+                raise ValueError(
+                    f"cannot retire worker {worker_id!r}: no such live worker "
+                    f"(live: {sorted(self.workers())})"
+                )
+            remaining = [h for h in self._handles.values() if h.listed and h is not handle]
+            sole = sorted(p for p in handle.partitions if not _held_by(p, remaining))
+            if sole and not remaining:
+                raise ValueError(
+                    f"cannot retire worker {worker_id}: it is the last live worker and no "
+                    f"other holds its partitions {sole}"
+                )
+            handle.listed = False
+            handle.state = "retiring"
+            retired: Future[None] = _running_future()
+            handle.retired = retired
+            self._change_locked(Membership.RETIRING, handle)
+            handle.retire_loads = self._rehome_locked(sole, handle, "retiring")
+            step = functools.partial(_ignore_future, functools.partial(self._retire_step, handle))
+            for load in handle.retire_loads:
+                load.add_done_callback(step)
+            logger.info(
+                "retiring worker %s (executor %s); partitions %s re-homed",
+                worker_id,
+                handle.executor_id,
+                sole,
+            )
+        self._retire_step(handle)
+        return retired
+
+    def close(self) -> None:
+        """Stop every worker and the control server (idempotent).
+
+        Idle workers are told to stop and end normally; busy or unresponsive ones are
+        killed. Units still queued or running fail with :class:`WorkerLostError`.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            handles = list(self._handles.values())
+            self._handles.clear()
+            abandoned = [p for h in handles for p in h.pending]
+            busy = {h.worker_id for h in handles if h.pending}
+            for handle in handles:
+                handle.pending.clear()
+                handle.state = "closed"
+                handle.listed = False
+                handle.stopping = True
+        self._stopping.set()
+        name = type(self).__name__
+        for pending in abandoned:
+            _fail(pending.future, WorkerLostError(f"{name} was closed before the unit ended"))
+        for handle in handles:
+            channel = handle.channel
+            if handle.worker_id in busy or channel is None:
+                self._transport.kill(handle.worker_id)  # abandoned work, or not connected
+                continue
+            try:
+                channel.send({"op": "stop"})
+            except OSError:
+                self._transport.kill(handle.worker_id)
+        ended = {h.ended: h for h in handles if h.ended is not None}
+        _, late = concurrent.futures.wait(ended, timeout=_STOP_GRACE_S)
+        for future in late:
+            logger.warning("worker %s did not stop; killing it", ended[future].worker_id)
+            self._transport.kill(ended[future].worker_id)
+        _, late = concurrent.futures.wait(late, timeout=_KILL_GRACE_S)
+        for future in late:
+            logger.warning("worker %s did not end after a kill", ended[future].worker_id)
+        for handle in handles:
+            if handle.channel is not None:
+                handle.channel.close()
+        if self._server is not None:
+            self._server.close()
+        monitor = self._monitor
+        if monitor is not None and monitor is not threading.current_thread():
+            monitor.join(timeout=_KILL_GRACE_S)
+        if self._job is not None:
+            self._transport.close()
+        for handle in handles:
+            _fail(
+                handle.ready,
+                WorkerLostError(f"{name} was closed before {handle.worker_id} was ready"),
+            )
+            if handle.retired is not None:
+                _fail(handle.retired, WorkerLostError(f"{name} was closed during the retire"))
+            handle.gone.set()
+        if handles:
+            logger.info("%s stopped %d workers", name, len(handles))
+
+    # -- beyond the seam -----------------------------------------------------------------
+
+    def add_worker(self, partitions: Collection[int] | None = None) -> str:
+        """Start one more worker and return its id once it has loaded its partitions.
+
+        The new worker holds **replicas**: by default ``ceil(P / m)`` partitions (``m`` =
+        live workers including it) chosen when it registers among those with the fewest
+        holders, preferring partitions whose holders hold the most; with no live worker
+        left, all ``P``.
+
+        Args:
+            partitions: Load exactly these partition indices instead.
+
+        Raises:
+            ValueError: An index is outside ``range(num_partitions)``.
+            RuntimeError: The pool is not started or is closed.
+            WorkerLostError: The worker was lost before it was ready.
+            TimeoutError: It was not ready within ``start_timeout_s``.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{type(self).__name__} is closed; create a new one")
+            if self._job is None:
+                raise RuntimeError("add_worker needs a started pool: call start first")
+            chosen: list[int] | None = None
+            if partitions is not None:
+                chosen = sorted(set(partitions))
+                bad = [p for p in chosen if not 0 <= p < self._num_partitions]
+                if bad:
+                    raise ValueError(
+                        f"partitions {bad} are outside range(num_partitions={self._num_partitions})"
+                    )
+            handle = self._spawn_locked(chosen)
+        try:
+            self._await_ready([handle])
+        except BaseException:
+            self._lose(handle, "it was not ready in time", cause="start")
+            raise
+        logger.info(
+            "worker %s joined with partitions %s", handle.worker_id, sorted(handle.partitions)
+        )
+        return handle.worker_id
+
+    def kill_worker(self, worker_id: str, timeout_s: float = 60.0) -> None:
+        """End a worker abruptly and wait until the loss has been handled.
+
+        When this returns, :meth:`workers` no longer lists it, its units have failed with
+        :class:`WorkerLostError` and its partitions are re-homed. For tests and failure
+        drills; do not call it from a future's callback.
+
+        Raises:
+            ValueError: No such live worker.
+            TimeoutError: The loss was not handled within ``timeout_s``.
+        """
+        handle = self._live_handle(worker_id, "kill")
+        logger.warning("killing worker %s", worker_id)
+        self._transport.kill(worker_id)
+        self._wait_gone(handle, timeout_s)
+
+    def pids(self) -> dict[str, int]:
+        """Return the process id of every registered live worker (on its host)."""
+        with self._lock:
+            return {h.worker_id: h.pid for h in self._handles.values() if h.pid is not None}
+
+    def executors(self) -> dict[str, str | None]:
+        """Return the executor id of every worker that takes units."""
+        return {w: info.executor_id for w, info in self.workers().items()}
+
+    @property
+    def control_address(self) -> tuple[str, int] | None:
+        """The ``(host, port)`` workers connect to; ``None`` before :meth:`start`."""
+        return self._advertised
+
+    def stats(self) -> PoolStats:
+        """Return the pool's counters and worker start latencies."""
+        with self._lock:
+            return PoolStats(
+                started=self._started,
+                registered=self._registered,
+                refused=self._refused,
+                lost=dict(self._lost_by),
+                retired=self._retired,
+                register_seconds=dict(self._register_seconds),
+                ready_seconds=dict(self._ready_seconds),
+            )
+
+    def _worker_spec(self, worker_id: str) -> WorkerSpec:
+        """The spec a worker was started with, live or lost (for tests)."""
+        with self._lock:
+            handle = self._handles.get(worker_id) or self._lost.get(worker_id)
+            if handle is None or handle.spec is None:
+                raise ValueError(f"no worker {worker_id!r}")
+            return handle.spec
+
+    def _live_handle(self, worker_id: str, verb: str) -> _Handle:
+        with self._lock:
+            handle = self._handles.get(worker_id)
+            if handle is None:
+                raise ValueError(f"no live worker {worker_id!r} to {verb}")
+            return handle
+
+    def _wait_gone(self, handle: _Handle, timeout_s: float) -> None:
+        if not handle.gone.wait(timeout_s):
+            raise TimeoutError(
+                f"worker {handle.worker_id} was killed but its loss was not seen in {timeout_s} s"
+            )
+
+    # -- workers -------------------------------------------------------------------------
+
+    def _spawn_locked(self, initial: list[int] | None) -> _Handle:
+        """Launch one worker (caller holds the lock)."""
+        if self._job is None or self._advertised is None:
+            raise RuntimeError(f"{type(self).__name__} is not started")
+        order = self._next_order
+        self._next_order += 1
+        handle = _Handle(worker_name(order), order, initial)
+        spec = WorkerSpec(
+            worker_id=handle.worker_id,
+            driver_host=self._advertised[0],
+            driver_port=self._advertised[1],
+            secret=self._secret,
+            job=self._job,
+            device=self._device,
+            heartbeat_s=self._heartbeat_s,
+            driver_timeout_s=self._heartbeat_timeout_s,
+            connect_timeout_s=self._start_timeout_s,
+        )
+        handle.spec = spec
+        self._handles[handle.worker_id] = handle
+        self._started += 1
+        ended = self._transport.launch(spec)
+        handle.ended = ended
+        ended.add_done_callback(functools.partial(self._on_ended, handle))
+        logger.debug("launched worker %s", handle.worker_id)
+        return handle
+
+    def _await_ready(self, handles: list[_Handle]) -> None:
+        futures = {h.ready: h for h in handles}
+        done, not_done = concurrent.futures.wait(
+            futures,
+            timeout=self._start_timeout_s,
+            return_when=concurrent.futures.FIRST_EXCEPTION,
+        )
+        for future in done:
+            if future.exception() is not None:
+                logger.error("worker %s failed to start", futures[future].worker_id)
+                future.result()  # re-raises the worker's error
+        if not_done:
+            late = sorted((futures[f] for f in not_done), key=_order)
+            unregistered = [h.worker_id for h in late if h.state == "starting"]
+            raise TimeoutError(
+                f"workers {[h.worker_id for h in late]} were not ready within start_timeout_s="
+                f"{self._start_timeout_s}"
+                + (
+                    f"; {unregistered} never registered (no free slot for their "
+                    f"{self._transport.noun}s, or they could not reach the driver's control "
+                    f"server at {self._advertised})"
+                    if unregistered
+                    else ""
+                )
+            )
+
+    def _usable_locked(self, worker_id: str, partition: int, what: str) -> _Handle:
+        """The idle, listed worker holding ``partition`` (caller holds the lock).
+
+        Raises:
+            ValueError: It is not; the message names ``what`` and the worker.
+        """
+        handle = self._handles.get(worker_id)
+        if handle is None or not handle.listed:
+            why = (
+                "it is retiring"
+                if handle is not None and handle.state == "retiring"
+                else f"no such live worker (live: {sorted(self.workers())})"
+            )
+            raise ValueError(f"cannot run {what} on worker {worker_id!r}: {why}")
+        running = handle.running
+        if running is not None:
+            raise ValueError(
+                f"cannot run {what} on worker {worker_id}: it is busy with the {_describe(running)}"
+            )
+        if partition not in handle.partitions:
+            raise ValueError(
+                f"cannot run {what} on worker {worker_id}: it holds partitions "
+                f"{sorted(handle.partitions)}"
+            )
+        return handle
+
+    def _on_connection(self, channel: Channel) -> None:
+        """Serve one worker connection: registration, then its messages."""
+        channel.settimeout(30.0)
+        try:
+            message = channel.recv()
+        except OSError:
+            return  # logged by the channel when it was a protocol violation
+        channel.settimeout(None)
+        worker_id = message.get("worker_id")
+        if message["op"] != "register" or not isinstance(worker_id, str):
+            logger.warning(
+                "control peer %s sent %r instead of register", channel.peer, message["op"]
+            )
+            channel.close()
+            return
+        with self._lock:
+            handle = self._handles.get(worker_id)
+            accept = handle is not None and handle.state == "starting" and not self._closed
+            if handle is not None and accept:
+                handle.state = "live"
+                handle.channel = channel
+                handle.registration = dict(message)
+                handle.last_seen = handle.registered_at = time.monotonic()
+                handle.pid = _int_or_none(message.get("pid"))
+                handle.device = str(message.get("device") or "cpu")
+                handle.host = channel.peer.rsplit(":", 1)[0]
+                hint = message.get("executor_hint")
+                handle.executor_id = hint if isinstance(hint, str) else None
+                self._registered += 1
+                self._register_seconds[worker_id] = time.monotonic() - handle.spawned_at
+            else:
+                self._refused += 1
+        if handle is None or not accept:
+            reason = (
+                "the pool is closed"
+                if self._closed
+                else f"worker {worker_id!r} is unknown or already registered once (a lost "
+                "worker is never revived)"
+            )
+            logger.warning(
+                "refusing registration of worker %r (attempt %s) from %s: %s",
+                worker_id,
+                message.get("attempt"),
+                channel.peer,
+                reason,
+            )
+            with contextlib.suppress(OSError):
+                channel.send({"op": "refuse", "reason": reason})
+            channel.close()
+            return
+        self._locate(handle, wait_s=_LOCATE_WAIT_S)
+        with self._lock:
+            if handle.state != "live":
+                return  # lost meanwhile
+            try:
+                channel.send({"op": "welcome"})
+            except OSError:
+                pass  # the read loop below notices
+            else:
+                if handle.initial is None:
+                    handle.initial = replica_share(self._num_partitions, self._holdings_locked())
+                    handle.partitions.update(handle.initial)
+                handle.joined = True
+                self._change_locked(Membership.JOINED, handle)
+                load = self._send_locked(handle, "load", {"partitions": handle.initial})
+                load.future.add_done_callback(functools.partial(self._on_initial_load, handle))
+        logger.info(
+            "worker %s registered from %s (executor %s, pid %s, device %s) after %.1f s",
+            worker_id,
+            channel.peer,
+            handle.executor_id,
+            handle.pid,
+            handle.device,
+            self._register_seconds.get(worker_id, math.nan),
+        )
+        self._read_loop(handle, channel)
+
+    def _on_initial_load(self, handle: _Handle, future: Future[Any]) -> None:
+        error = future.exception()
+        if error is not None:
+            logger.error("worker %s failed to load its partitions: %s", handle.worker_id, error)
+            _fail(handle.ready, error)
+            self._lose(handle, f"it failed to load its partitions ({error})", cause="load")
+            return
+        with self._lock:
+            if handle.state != "live":
+                return
+            handle.listed = True
+            self._ready_seconds[handle.worker_id] = time.monotonic() - handle.spawned_at
+            self._change_locked(Membership.READY, handle)
+        if not handle.ready.done():
+            handle.ready.set_result(None)
+        logger.info(
+            "worker %s is ready with partitions %s after %.1f s",
+            handle.worker_id,
+            sorted(handle.partitions),
+            self._ready_seconds[handle.worker_id],
+        )
+
+    def _read_loop(self, handle: _Handle, channel: Channel) -> None:
+        while True:
+            try:
+                message = channel.recv()
+            except OSError as exc:
+                if not handle.stopping:
+                    self._connection_lost(handle, exc)
+                return
+            handle.last_seen = time.monotonic()
+            op = message["op"]
+            if op == "heartbeat":
+                continue
+            try:
+                if op == "reply":
+                    self._on_reply(handle, message)
+                elif op == "rendezvous":
+                    self._on_rendezvous(handle, message)
+                else:
+                    logger.warning("worker %s sent an unexpected %r message", handle.worker_id, op)
+            except Exception as exc:
+                logger.exception("bad %s from worker %s", op, handle.worker_id)
+                channel.close()
+                self._lose(handle, f"it sent a malformed {op} ({exc})", cause="connection")
+                return
+
+    def _connection_lost(self, handle: _Handle, exc: BaseException) -> None:
+        """The connection closed: prefer the transport's word on how the worker ended."""
+        ended = handle.ended
+        if ended is not None:
+            concurrent.futures.wait([ended], timeout=_END_WAIT_S)
+            if ended.done():
+                return  # _on_ended reports the loss with the exit status
+        self._lose(handle, f"its control connection closed ({exc})", cause="connection")
+
+    def _on_reply(self, handle: _Handle, message: Mapping[str, Any]) -> None:
+        state = message["state"]
+        held = {int(p) for p in state["partitions"]}
+        broken: list[tuple[Future[Any], BaseException]] = []
+        with self._lock:
+            if not handle.pending or not handle.pending[0].sent:
+                if handle.state in ("live", "retiring"):
+                    raise ValueError("a reply with no command pending")
+                return
+            if handle.pending[0].id != message.get("id"):
+                raise ValueError(
+                    f"reply to command {message.get('id')!r}, expected {handle.pending[0].id}"
+                )
+            pending = handle.pending.popleft()
+            handle.bytes_read = int(state["bytes_read"])
+            if pending.op == "load" and not message.get("ok"):
+                handle.partitions -= set(pending.partitions) - held
+            if pending.op == "drop":
+                handle.partitions -= set(pending.partitions)
+            if pending.peers is not None:
+                broken = self._abandon_peers_locked(pending, "ended before the rendezvous")
+        for future, error in broken:
+            _fail(future, error)
+        outcome: UnitResult | None = None
+        failure: Exception | None = None
+        try:
+            if message.get("ok"):
+                value = message.get("value")
+                outcome = result_from_json(value) if pending.op == "run" and value else None
+                if outcome is not None and pending.task is not None and pending.task.group:
+                    outcome = dataclasses.replace(outcome, task=pending.task)  # its rendezvous
+            else:
+                failure = self._error_for(handle, pending, message["error"])
+        except Exception as exc:  # a worker of another version? It cannot be trusted now
+            _fail(
+                pending.future,
+                WorkerLostError(f"worker {handle.worker_id} sent a malformed reply: {exc!r}"),
+            )
+            raise
+        if failure is None:
+            pending.future.set_result(outcome)
+        else:
+            _fail(pending.future, failure)
+        if handle.state == "retiring":
+            self._retire_step(handle)
+
+    def _on_rendezvous(self, handle: _Handle, message: Mapping[str, Any]) -> None:
+        """Rank 0 bound its port: send the held ranks their tasks with its host and port."""
+        port = message.get("port")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port <= 65535:
+            raise ValueError(f"rendezvous port must be in [1, 65535], got {port!r}")
+        with self._lock:
+            lead = next((p for p in handle.pending if p.id == message.get("id")), None)
+            if lead is None or lead.peers is None:
+                logger.warning(
+                    "worker %s announced a rendezvous for command %r, which holds no group",
+                    handle.worker_id,
+                    message.get("id"),
+                )
+                return
+            peers, lead.peers = lead.peers, None
+            lead.task = _at_rendezvous(lead.task, handle.host, port)
+            for peer, pending in peers:
+                if pending not in peer.pending:
+                    continue  # failed meanwhile (its worker was lost)
+                pending.task = _at_rendezvous(pending.task, handle.host, port)
+                assert pending.task is not None  # ok: a group rank
+                pending.message = {"op": "run", "id": pending.id, "task": pending.task.to_json()}
+                self._flush_locked(peer)
+        logger.debug("worker %s hosts a rendezvous at %s:%d", handle.worker_id, handle.host, port)
+
+    def _abandon_peers_locked(
+        self, lead: _Pending, why: str
+    ) -> list[tuple[Future[Any], BaseException]]:
+        """Drop the held ranks of a rank 0 that will never announce (caller fails them)."""
+        peers, lead.peers = lead.peers or [], None
+        broken: list[tuple[Future[Any], BaseException]] = []
+        task = lead.task
+        group = task.group if task is not None else None
+        for peer, pending in peers:
+            if pending in peer.pending and not pending.sent:
+                peer.pending.remove(pending)
+                self._flush_locked(peer)
+                text = (
+                    f"rank 0 of group {group.group_id if group else '?'} "
+                    f"({_describe(task) if task else '?'}) {why}; this rank was never sent"
+                )
+                broken.append(
+                    (pending.future, GroupBrokenError(f"on worker {peer.worker_id}: {text}"))
+                )
+        return broken
+
+    def _error_for(self, handle: _Handle, pending: _Pending, error: Mapping[str, Any]) -> Exception:
+        type_name = str(error.get("type_name", "Exception"))
+        message = str(error.get("message", ""))
+        text = str(error.get("traceback", ""))
+        exc: Exception
+        if pending.op == "run" and pending.task is not None:
+            if error.get("group_broken"):
+                exc = GroupBrokenError(f"on worker {handle.worker_id}: {message}")
+            elif error.get("trial_error"):
+                exc = TrialError(message)
+            elif error.get("transient"):
+                exc = StoreError(
+                    f"{_describe(pending.task)} hit an I/O error on worker {handle.worker_id}: "
+                    f"{type_name}: {message}"
+                )
+            else:
+                exc = TrialError(
+                    f"{_describe(pending.task)} failed on worker {handle.worker_id}: "
+                    f"{type_name}: {message}\n{text}"
+                )
+        elif type_name in _LOAD_ERRORS:
+            exc = _LOAD_ERRORS[type_name](message)
+        else:
+            exc = RuntimeError(
+                f"worker {handle.worker_id} failed to {pending.op} partitions "
+                f"{list(pending.partitions)}: {type_name}: {message}"
+            )
+        exc.__cause__ = _RemoteTraceback(f"\nworker {handle.worker_id} traceback:\n{text}")
+        return exc
+
+    def _send_locked(
+        self,
+        handle: _Handle,
+        op: str,
+        fields: Mapping[str, Any] | None,
+        task: UnitTask | None = None,
+    ) -> _Pending:
+        """Queue a command and send it, in order (``fields=None``: hold it)."""
+        command_id = handle.next_id
+        handle.next_id += 1
+        partitions = tuple(int(p) for p in (fields or {}).get("partitions", ()))
+        message = None if fields is None else {"op": op, "id": command_id, **fields}
+        pending = _Pending(command_id, op, partitions, task, _running_future(), message)
+        handle.pending.append(pending)
+        self._flush_locked(handle)
+        return pending
+
+    def _flush_locked(self, handle: _Handle) -> None:
+        """Send the queued commands up to the first one held."""
+        channel = handle.channel
+        for pending in handle.pending:
+            if pending.sent:
+                continue
+            if pending.message is None or channel is None:
+                return
+            pending.sent = True
+            try:
+                channel.send(pending.message)
+            except OSError:
+                # The connection is gone: the read loop (or the transport) reports the loss.
+                logger.debug("send to worker %s failed", handle.worker_id, exc_info=True)
+                channel.close()
+                return
+
+    def _on_ended(self, handle: _Handle, ended: Future[str]) -> None:
+        """The transport says the worker's process or task ended."""
+        try:
+            how = f"its {self._transport.noun} ended: {ended.result() or 'no outcome'}"
+        except BaseException as exc:  # the task failed: Spark's error, usually long
+            how = f"its {self._transport.noun} failed: {_summarise(exc)}"
+            logger.debug("worker %s failed", handle.worker_id, exc_info=exc)
+        with self._lock:
+            finished = handle.stopping and handle.state == "retiring"
+            if finished:
+                handle.state = "retired"
+                self._handles.pop(handle.worker_id, None)
+                self._retired += 1
+                self._change_locked(Membership.RETIRED, handle)
+        if finished:
+            logger.info("worker %s retired: %s", handle.worker_id, how)
+            if handle.channel is not None:
+                handle.channel.close()
+            if handle.retired is not None and not handle.retired.done():
+                handle.retired.set_result(None)
+            handle.gone.set()
+            return
+        self._lose(handle, how, cause="ended")
+
+    def _lose(self, handle: _Handle, reason: str, *, cause: str) -> None:
+        """Handle the loss of a worker (idempotent): fail its units, re-home, kill."""
+        broken: list[tuple[Future[Any], BaseException]] = []
+        with self._lock:
+            if handle.state in ("lost", "retired", "closed"):
+                return
+            starting = handle.state == "starting"
+            serving = handle.listed or handle.state == "retiring"
+            handle.state = "lost"
+            handle.listed = False
+            if self._handles.get(handle.worker_id) is handle:
+                del self._handles[handle.worker_id]
+            self._lost[handle.worker_id] = handle
+            self._lost_by[cause] = self._lost_by.get(cause, 0) + 1
+            lost = list(handle.pending)
+            handle.pending.clear()
+            for pending in lost:
+                if pending.peers is not None:
+                    broken += self._abandon_peers_locked(pending, f"was lost ({reason})")
+            if serving:
+                self._rehome_locked(sorted(handle.partitions), handle, "lost")
+            if handle.joined:
+                self._change_locked(Membership.LOST, handle, reason)
+            channel = handle.channel
+        if channel is not None:
+            channel.close()
+        self._transport.kill(handle.worker_id)
+        logger.warning("worker %s is lost: %s", handle.worker_id, reason)
+        for future, error in broken:
+            _fail(future, error)
+        for pending in lost:
+            if pending.op == "run" and pending.task is not None:
+                what = f"while it ran the {_describe(pending.task)}"
+            elif serving:
+                what = f"while it loaded partitions {list(pending.partitions)}"
+            else:
+                what = f"before it had loaded partitions {list(pending.partitions)}"
+            _fail(
+                pending.future,
+                WorkerLostError(f"worker {handle.worker_id} was lost ({reason}) {what}"),
+            )
+        if not handle.ready.done():
+            stage = "before it registered" if starting else "before it was ready"
+            _fail(
+                handle.ready,
+                WorkerLostError(f"worker {handle.worker_id} was lost {stage}: {reason}"),
+            )
+        if handle.retired is not None:
+            _fail(
+                handle.retired,
+                WorkerLostError(f"worker {handle.worker_id} was lost while retiring: {reason}"),
+            )
+        handle.gone.set()
+
+    # -- retire --------------------------------------------------------------------------
+
+    def _retire_step(self, handle: _Handle) -> None:
+        """Stop a retiring worker once its unit and its partitions' new loads are done.
+
+        If a re-home load failed, the retire is called off: the worker stays in service.
+        """
+        with self._lock:
+            if handle.state != "retiring" or handle.stopping:
+                return
+            if not all(load.done() for load in handle.retire_loads):
+                return
+            failed = [load.exception() for load in handle.retire_loads if load.exception()]
+            if not failed:
+                if handle.pending:
+                    return  # its unit (or a load) is still in flight
+                handle.stopping = True
+                if handle.channel is not None:
+                    with contextlib.suppress(OSError):  # the loss path reports it
+                        handle.channel.send({"op": "stop"})
+                return
+            handle.state = "live"
+            handle.listed = True
+            self._change_locked(Membership.READY, handle)
+            retired, handle.retired = handle.retired, None
+        error = RuntimeError(
+            f"retiring worker {handle.worker_id} was called off: its partitions could not be "
+            f"re-homed ({failed[0]}); it stays in service"
+        )
+        logger.error("%s", error)
+        if retired is not None:
+            _fail(retired, error)
+
+    # -- placement -----------------------------------------------------------------------
+
+    def _holdings_locked(self, leaving: _Handle | None = None) -> list[tuple[str, set[int]]]:
+        live = sorted(
+            (h for h in self._handles.values() if h.listed and h is not leaving), key=_order
+        )
+        return [(h.worker_id, h.partitions) for h in live]
+
+    def _rehome_locked(
+        self, partitions: Collection[int], leaving: _Handle, why: str
+    ) -> list[Future[Any]]:
+        """Load the partitions no listed worker holds on the live workers holding fewest."""
+        holdings = self._holdings_locked(leaving=leaving)
+        if not holdings and partitions:
+            logger.error(
+                "no live worker left to re-home partitions %s of worker %s; a joining worker "
+                "will load every partition",
+                sorted(partitions),
+                leaving.worker_id,
+            )
+            return []
+        loads: list[Future[Any]] = []
+        for worker_id, moved in rehome(partitions, holdings).items():
+            target = self._handles[worker_id]
+            target.partitions.update(moved)
+            self._change_locked(Membership.PARTITIONS, target)
+            logger.warning(
+                "re-homing partitions %s of %s worker %s on worker %s",
+                moved,
+                why,
+                leaving.worker_id,
+                worker_id,
+            )
+            load = self._send_locked(target, "load", {"partitions": moved}).future
+            load.add_done_callback(functools.partial(_log_failed_rehome, worker_id, moved))
+            loads.append(load)
+        return loads
+
+    def _change_locked(self, kind: Membership, handle: _Handle, reason: str | None = None) -> None:
+        self._changes.append(WorkerChange(kind, handle.info(), reason))
+
+    # -- monitor -------------------------------------------------------------------------
+
+    def _locate(self, handle: _Handle, wait_s: float = 0.0) -> bool:
+        """Ask the transport where a registered worker runs, for up to ``wait_s`` seconds."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                where = self._transport.locate(handle.worker_id, handle.registration)
+            except Exception:
+                logger.debug("locating worker %s failed", handle.worker_id, exc_info=True)
+                where = None
+            if where is not None or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+        if where is None:
+            return False
+        with self._lock:
+            handle.host = where.host
+            handle.executor_id = where.executor_id
+            handle.located = True
+        return True
+
+    def _monitor_loop(self) -> None:
+        """Ping workers, detect silent ones, locate new ones, start workers on arrivals."""
+        next_ping = next_poll = time.monotonic()
+        while not self._stopping.wait(_TICK_S):
+            try:
+                now = time.monotonic()
+                with self._lock:
+                    live = [h for h in self._handles.values() if h.state in ("live", "retiring")]
+                for handle in live:
+                    silent = now - handle.last_seen
+                    if silent > self._heartbeat_timeout_s:
+                        self._lose(
+                            handle,
+                            f"no message from it for {silent:.1f} s "
+                            f"(heartbeat_timeout_s={self._heartbeat_timeout_s})",
+                            cause="heartbeat",
+                        )
+                for handle in live:
+                    if not handle.located and now - handle.registered_at < _LOCATE_S:
+                        self._locate(handle)
+                if now >= next_ping:
+                    next_ping = now + self._heartbeat_s
+                    for handle in live:
+                        channel = handle.channel
+                        if channel is not None and not handle.stopping:
+                            with contextlib.suppress(OSError):
+                                channel.send({"op": "ping"})
+                if now >= next_poll:
+                    next_poll = now + self._poll_s
+                    self._start_arrivals()
+            except Exception:
+                if self._stopping.is_set():
+                    return
+                logger.exception("%s monitor failed", type(self).__name__)
+
+    def _start_arrivals(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            count = self._transport.arrivals(len(self._handles))
+            spawned = [self._spawn_locked(None) for _ in range(max(0, count))]
+        if spawned:
+            logger.info("new capacity appeared: started workers %s", [h.worker_id for h in spawned])
+
+
+def _at_rendezvous(task: UnitTask | None, host: str, port: int) -> UnitTask | None:
+    """A group rank's task with the rendezvous rank 0 chose."""
+    if task is None or task.group is None:
+        return task
+    return dataclasses.replace(task, group=dataclasses.replace(task.group, address=host, port=port))
+
+
+def _ignore_future(call: Callable[[], None], future: Future[Any]) -> None:
+    """A done-callback that ignores the future and makes ``call``."""
+    del future
+    call()
+
+
+def _order(handle: _Handle) -> int:
+    return handle.order
+
+
+def _rank(task: UnitTask) -> int:
+    return task.group.rank if task.group is not None else 0
+
+
+def _held_by(partition: int, handles: Collection[_Handle]) -> bool:
+    return any(partition in h.partitions for h in handles)
+
+
+def _check_worker_count(count: int, num_partitions: int, uri: str) -> None:
+    if count > num_partitions:
+        raise ConfigError(
+            f"num_workers={count} exceeds num_partitions={num_partitions} of dataset {uri}: "
+            "a worker without a partition could never run a unit"
+        )
+
+
+def _shares(
+    placement: Sequence[Collection[int]] | None, count: int, num_partitions: int
+) -> list[list[int]]:
+    """Each initial worker's partitions: ``placement`` (completed), else ``i mod n``."""
+    if placement is None:
+        return [list(range(i, num_partitions, count)) for i in range(count)]
+    shares = [sorted({int(p) for p in share}) for share in placement]
+    bad = sorted({p for share in shares for p in share if not 0 <= p < num_partitions})
+    if bad or any(not share for share in shares):
+        raise ConfigError(
+            f"placement {[list(s) for s in placement]} must give every worker at least one "
+            f"partition in range(num_partitions={num_partitions}); bad: {bad}"
+        )
+    holdings = [(str(i), set(share)) for i, share in enumerate(shares)]
+    for index, missing in rehome(range(num_partitions), holdings).items():
+        shares[int(index)] = sorted(shares[int(index)] + missing)
+    return shares
+
+
+def _summarise(exc: BaseException) -> str:
+    """The first informative line of a (usually very long) Py4J error."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in lines:
+        if "Exception" in line or "Error" in line:
+            return line[:400]
+    return (lines[0] if lines else type(exc).__name__)[:400]
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _log_failed_rehome(worker_id: str, partitions: list[int], future: Future[Any]) -> None:
+    exc = future.exception()
+    if exc is not None and not isinstance(exc, WorkerLostError):
+        logger.error(
+            "worker %s failed to load re-homed partitions %s: %s", worker_id, partitions, exc
+        )
