@@ -59,11 +59,11 @@ def report(store_uri: str, experiment_id: str) -> None:
     store = open_store(store_uri)
     events = read_events(store.child(f"experiments/{experiment_id}"))
     dataset = next(e for e in events if e["event"] == "dataset")
-    manifest = json.loads(store.get(f"datasets/{dataset['dataset_id']}/manifest.json"))
+    manifest = json.loads(open_store(dataset["uri"]).get("manifest.json"))
     part_bytes: dict[int, int] = defaultdict(int)
     for part in manifest["partitions"]:
         part_bytes[part["index"]] += part["bytes"]
-    holds = {e["worker"]: e["partitions"] for e in events if e["event"] == "worker_joined"}
+    holds = {e["worker"]: e["partitions"] for e in events if e["event"] == "worker_ready"}
     read = {e["worker"]: e["bytes_read"] for e in events if e["event"] == "worker_bytes"}
     rounds = max(e["round"] for e in events if e["event"] == "round_end") + 1
     print(f"experiment {experiment_id}: {rounds} epochs, {len(holds)} workers")

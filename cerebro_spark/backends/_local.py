@@ -132,9 +132,9 @@ class LocalTransport(Transport):
         if process is not None and process.is_alive():
             process.kill()
 
-    def locate(self, worker_id: str, registration: Mapping[str, Any]) -> Location:
+    def locate(self, worker_id: str, registration: Mapping[str, Any], peer: str) -> Location:
         """Every worker runs on this machine."""
-        del worker_id, registration
+        del worker_id, registration, peer
         return Location("127.0.0.1")
 
     def close(self) -> None:

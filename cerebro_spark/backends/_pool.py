@@ -150,7 +150,7 @@ class _Handle:
         self.initial = initial  # None: a replica share chosen when it registers
         self.state: _State = "starting"
         self.listed = False  # ready and taking units
-        self.joined = False  # JOINED was reported
+        self.joined = False  # welcomed, and JOINED was reported
         self.stopping = False  # told to stop (retire or close)
         self.channel: Channel | None = None
         self.partitions: set[int] = set(initial or ())
@@ -493,8 +493,9 @@ class WorkerPool(Backend):
     def close(self) -> None:
         """Stop every worker and the control server (idempotent).
 
-        Idle workers are told to stop and end normally; busy or unresponsive ones are
-        killed. Units still queued or running fail with :class:`WorkerLostError`.
+        Idle workers are told to stop and end normally (reported as ``RETIRED``); busy or
+        unresponsive ones are killed (``LOST``). Units still queued or running fail with
+        :class:`WorkerLostError`.
         """
         with self._lock:
             if self._closed:
@@ -503,7 +504,7 @@ class WorkerPool(Backend):
             handles = list(self._handles.values())
             self._handles.clear()
             abandoned = [p for h in handles for p in h.pending]
-            busy = {h.worker_id for h in handles if h.pending}
+            busy = {h.worker_id for h in handles if h.running is not None}  # loads finish
             for handle in handles:
                 handle.pending.clear()
                 handle.state = "closed"
@@ -513,19 +514,23 @@ class WorkerPool(Backend):
         name = type(self).__name__
         for pending in abandoned:
             _fail(pending.future, WorkerLostError(f"{name} was closed before the unit ended"))
+        killed: set[str] = set()
         for handle in handles:
             channel = handle.channel
             if handle.worker_id in busy or channel is None:
-                self._transport.kill(handle.worker_id)  # abandoned work, or not connected
+                killed.add(handle.worker_id)  # abandoned work, or not connected
                 continue
             try:
                 channel.send({"op": "stop"})
             except OSError:
-                self._transport.kill(handle.worker_id)
+                killed.add(handle.worker_id)
+        for worker_id in sorted(killed):
+            self._transport.kill(worker_id)
         ended = {h.ended: h for h in handles if h.ended is not None}
         _, late = concurrent.futures.wait(ended, timeout=_STOP_GRACE_S)
         for future in late:
             logger.warning("worker %s did not stop; killing it", ended[future].worker_id)
+            killed.add(ended[future].worker_id)
             self._transport.kill(ended[future].worker_id)
         _, late = concurrent.futures.wait(late, timeout=_KILL_GRACE_S)
         for future in late:
@@ -540,6 +545,12 @@ class WorkerPool(Backend):
             monitor.join(timeout=_KILL_GRACE_S)
         if self._job is not None:
             self._transport.close()
+        with self._lock:
+            for handle in handles:
+                if handle.joined and handle.worker_id in killed:
+                    self._change_locked(Membership.LOST, handle, f"{name} was closed: killed")
+                elif handle.joined:
+                    self._change_locked(Membership.RETIRED, handle)
         for handle in handles:
             _fail(
                 handle.ready,
@@ -1071,10 +1082,10 @@ class WorkerPool(Backend):
             for pending in lost:
                 if pending.peers is not None:
                     broken += self._abandon_peers_locked(pending, f"was lost ({reason})")
-            if serving:
-                self._rehome_locked(sorted(handle.partitions), handle, "lost")
             if handle.joined:
                 self._change_locked(Membership.LOST, handle, reason)
+            if serving:
+                self._rehome_locked(sorted(handle.partitions), handle, "lost")
             channel = handle.channel
         if channel is not None:
             channel.close()
@@ -1185,9 +1196,10 @@ class WorkerPool(Backend):
     def _locate(self, handle: _Handle, wait_s: float = 0.0) -> bool:
         """Ask the transport where a registered worker runs, for up to ``wait_s`` seconds."""
         deadline = time.monotonic() + wait_s
+        peer = handle.channel.peer.rsplit(":", 1)[0] if handle.channel is not None else ""
         while True:
             try:
-                where = self._transport.locate(handle.worker_id, handle.registration)
+                where = self._transport.locate(handle.worker_id, handle.registration, peer)
             except Exception:
                 logger.debug("locating worker %s failed", handle.worker_id, exc_info=True)
                 where = None
@@ -1226,7 +1238,7 @@ class WorkerPool(Backend):
                     next_ping = now + self._heartbeat_s
                     for handle in live:
                         channel = handle.channel
-                        if channel is not None and not handle.stopping:
+                        if channel is not None and handle.joined and not handle.stopping:
                             with contextlib.suppress(OSError):
                                 channel.send({"op": "ping"})
                 if now >= next_poll:
@@ -1305,7 +1317,7 @@ def _summarise(exc: BaseException) -> str:
     for line in lines:
         if "Exception" in line or "Error" in line:
             return line[:400]
-    return (lines[0] if lines else type(exc).__name__)[:400]
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:400]
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -210,11 +210,13 @@ class SparkTransport(Transport):
         # target for good in standalone mode.
         return bool(self.context._jsc.sc().killAndReplaceExecutor(executor_id))
 
-    def locate(self, worker_id: str, registration: Mapping[str, Any]) -> Location | None:
+    def locate(self, worker_id: str, registration: Mapping[str, Any], peer: str) -> Location | None:
         """The executor and host of the worker's task, from Spark's status store.
 
         In local mode the executor is the driver (Spark calls its host ``localhost``).
+        ``None`` while Spark's listener does not list the task yet.
         """
+        del peer
         sc = self._sc
         if sc is None:
             return None

@@ -16,9 +16,9 @@ Rules a transport keeps:
   for whatever reason. The pool treats the end of a worker it did not stop as a loss.
 * :meth:`Transport.kill` ends a worker abruptly (as a crash would); it is idempotent and
   never raises for a worker that already ended.
-* :meth:`Transport.locate` may say where a registered worker runs (its executor and host);
-  ``None`` means "not known (yet)": the pool asks again for a while and otherwise uses the
-  address the worker connected from.
+* :meth:`Transport.locate` says where a registered worker runs (its host and executor);
+  by default, the address its control connection came from. ``None`` means "not known
+  yet": the pool asks again for a while and meanwhile uses that address.
 * :meth:`Transport.arrivals` says how many workers the pool should start for capacity
   that appeared since the last call (new executors); most transports have none.
 * :meth:`Transport.close` is called once, after every worker ended or was killed.
@@ -90,10 +90,16 @@ class Transport(abc.ABC):
     def kill(self, worker_id: str) -> None:  # noqa: B027 (optional: a fake may not kill)
         """End a worker abruptly (idempotent)."""
 
-    def locate(self, worker_id: str, registration: Mapping[str, Any]) -> Location | None:
-        """Where a registered worker runs, or ``None`` if not known (yet)."""
+    def locate(self, worker_id: str, registration: Mapping[str, Any], peer: str) -> Location | None:
+        """Where a registered worker runs, or ``None`` if not known (yet).
+
+        Args:
+            worker_id: The worker.
+            registration: Its ``register`` message (task attempt id, executor hint ...).
+            peer: The address its control connection came from (the default answer).
+        """
         del worker_id, registration
-        return None
+        return Location(peer)
 
     def arrivals(self, workers: int) -> int:
         """Workers to start for capacity that appeared (``workers``: those starting or live)."""

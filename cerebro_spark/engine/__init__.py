@@ -15,12 +15,14 @@ from cerebro_spark.engine._config import DataConfig, ExperimentConfig, load_conf
 from cerebro_spark.engine._events import EventLog, read_events
 from cerebro_spark.engine._experiment import (
     Experiment,
+    Stage,
+    StageHook,
     experiment_prefix,
     logged_group_plans,
     trial_seed,
 )
 from cerebro_spark.engine._leaderboard import format_table, leaderboard_csv, rank
-from cerebro_spark.engine._state import ExperimentState, TrialState
+from cerebro_spark.engine._state import ExperimentState, TrialState, WorkerState
 
 __all__ = [
     "DataConfig",
@@ -31,7 +33,10 @@ __all__ = [
     "ExperimentState",
     "ReplayReport",
     "ReplayRow",
+    "Stage",
+    "StageHook",
     "TrialState",
+    "WorkerState",
     "default_backend",
     "experiment_prefix",
     "format_table",

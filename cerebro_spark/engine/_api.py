@@ -16,6 +16,7 @@ from cerebro_spark.engine._experiment import (
     CONFIG_NAME,
     Experiment,
     GroupPlans,
+    StageHook,
     VisitOrders,
     experiment_prefix,
     logged_group_plans,
@@ -89,6 +90,7 @@ def run_experiment(
     backend_factory: BackendFactory = default_backend,
     visit_orders: VisitOrders | None = None,
     group_plans: GroupPlans | None = None,
+    on_stage: StageHook | None = None,
 ) -> ExperimentResult:
     """Run a new experiment to the end.
 
@@ -98,6 +100,7 @@ def run_experiment(
         backend_factory: Builds the backend (default: from ``config.backend``).
         visit_orders: Visit orders to impose by round and trial (used by replay).
         group_plans: Data-parallel group sizes to impose along them (used by replay).
+        on_stage: Called at every stage boundary (a cluster manager resizing).
     """
     store = open_store(config.store)
     experiment_id = experiment_id or new_experiment_id(config, store)
@@ -110,7 +113,13 @@ def run_experiment(
     # key order kept: it fixes the search space's grid order, hence which trial gets what
     store.put(config_key, json.dumps(config.to_dict(), indent=2).encode())
     experiment = Experiment(
-        config, store, experiment_id, backend_factory, visit_orders=visit_orders
+        config,
+        store,
+        experiment_id,
+        backend_factory,
+        visit_orders=visit_orders,
+        group_plans=group_plans,
+        on_stage=on_stage,
     )
     return ExperimentResult(experiment_id, store, experiment.run())
 
@@ -128,11 +137,15 @@ def resume_experiment(
     experiment_id: str,
     *,
     backend_factory: BackendFactory = default_backend,
+    on_stage: StageHook | None = None,
 ) -> ExperimentResult:
-    """Continue an experiment whose driver died, from its event log and checkpoints."""
+    """Continue an experiment whose driver died, from its event log and checkpoints.
+
+    Its workers start with the placement logged last (who held which partitions).
+    """
     store = open_store(store_uri)
     config = load_experiment_config(store, experiment_id)
-    experiment = Experiment(config, store, experiment_id, backend_factory)
+    experiment = Experiment(config, store, experiment_id, backend_factory, on_stage=on_stage)
     return ExperimentResult(experiment_id, store, experiment.run())
 
 

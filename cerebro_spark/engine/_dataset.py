@@ -11,16 +11,17 @@ from cerebro_spark.store import Store
 logger = logging.getLogger(__name__)
 
 
-def resolve_dataset(config: ExperimentConfig, store: Store) -> Manifest:
-    """Return the manifest of the experiment's dataset, preparing it first if needed.
+def resolve_dataset(config: ExperimentConfig, store: Store) -> tuple[str, Manifest]:
+    """Return the URI and the manifest of the experiment's dataset, preparing it if needed.
 
-    A ``source`` is shuffled once, split and partitioned into ``<store>/datasets/<id>``;
-    the id depends only on the content and the preparation parameters, so a second run
-    reuses the dataset instead of rewriting it.
+    ``dataset:`` names a prepared dataset by URI, in any store: that URI is what the
+    workers read. A ``source`` is shuffled once, split and partitioned into
+    ``<store>/datasets/<id>``; the id depends only on the content and the preparation
+    parameters, so a second run reuses the dataset instead of rewriting it.
     """
     data = config.data
     if data.dataset is not None:
-        return read_manifest(data.dataset)
+        return data.dataset, read_manifest(data.dataset)
     assert data.source is not None  # ok: the config parser requires source or dataset
     shapes: dict[str, tuple[int, ...]] = {}
     if data.source.startswith("sklearn:"):
@@ -33,7 +34,7 @@ def resolve_dataset(config: ExperimentConfig, store: Store) -> Manifest:
     if features is None:
         skip = {data.label, data.validation_column}
         features = tuple(name for name in table.column_names if name not in skip)
-    return prepare_dataset(
+    manifest = prepare_dataset(
         table,
         store,
         features=list(features),
@@ -45,3 +46,4 @@ def resolve_dataset(config: ExperimentConfig, store: Store) -> Manifest:
         feature_shapes=shapes or None,
         source=data.source,
     )
+    return store.url(f"datasets/{manifest.dataset_id}"), manifest

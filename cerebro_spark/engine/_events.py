@@ -8,8 +8,15 @@ Event kinds and their fields:
 
 * ``experiment_start``: ``experiment_id``, ``config``, ``resumed`` (bool)
 * ``dataset``: ``dataset_id``, ``uri``, ``partitions``, ``rows``
-* ``worker_joined``: ``worker``, ``partitions``, ``host``, ``device``, ``bytes_read``
-* ``worker_lost``: ``worker``, ``unit`` (or null)
+* ``worker_joined``: ``worker``, ``host``, ``executor_id``, ``device`` (it registered)
+* ``worker_ready``: those fields and ``partitions``, ``bytes_read`` (it loaded its
+  partitions and takes units)
+* ``worker_partitions``: ``worker``, ``partitions`` (what it holds now: re-homed ones
+  were added)
+* ``worker_retiring``: ``worker``, ``bytes_read`` (it takes no new unit)
+* ``worker_retired``: ``worker``, ``bytes_read`` (it ended normally)
+* ``worker_lost``: ``worker``, ``bytes_read``, ``reason``, ``unit`` (the one it ran, or
+  null); a resumed run first logs every worker of the dead session as lost
 * ``trial_added``: ``trial``, ``params``, ``seed``, ``spec``, ``clone_from``
 * ``round_start``: ``round``, ``trials`` (live ids), ``epochs`` ({trial: its epoch}),
   ``visit_orders`` ({trial: [partitions]} or null when dynamic), ``resources`` ({trial:

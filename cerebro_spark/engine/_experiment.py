@@ -17,10 +17,19 @@ round start the procedure says how many workers each live trial trains on
 (:class:`~cerebro_spark.mop.MopScheduler`). A group is submitted with
 ``Backend.submit_group``; its ``k`` results are combined only when all ``k`` are in (one
 ``unit_end`` per partition, see :mod:`~cerebro_spark.engine._events`), and a group that
-fails goes back to the queue whole (§5.6). A backend without groups trains every trial one
-unit at a time (logged once). Replays reproduce groups: the logged visit order, the same
+fails goes back to the queue whole (§5.6).
+Replays reproduce groups: the logged visit order, the same
 group sizes and the same workers form the same groups, and :func:`logged_group_plans`
 recovers the groups a run actually formed (after worker losses, too) to impose them.
+
+Workers (who holds which partitions) are facts in the log too: the engine drains the
+backend's membership changes (:meth:`~cerebro_spark.backends.Backend.changes`) into
+``worker_*`` events and keeps no other record; the MOP scheduler of a round starts from
+:meth:`ExperimentState.ready_workers`, and a resumed run starts its workers with the
+logged placement. Between "the procedure decided the next round" and "visit orders are
+drawn for the workers that exist" lies the **stage boundary** (:class:`Stage`): the one
+place where an ``on_stage`` hook (a cluster manager) may add or retire workers, whose new
+membership the round then uses.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from cerebro_spark.backends import Backend, WorkerJob
+from cerebro_spark.backends import Backend, Membership, WorkerJob, next_worker_index
 from cerebro_spark.data import Manifest
 from cerebro_spark.engine._config import ExperimentConfig
 from cerebro_spark.engine._dataset import resolve_dataset
@@ -46,6 +55,7 @@ from cerebro_spark.engine._state import (
     COMPLETED,
     FAILED,
     PAUSED,
+    READY,
     RUNNING,
     STOPPED,
     ExperimentState,
@@ -101,6 +111,27 @@ GroupPlans = Mapping[int, Mapping[str, Sequence[int]]]
 """Group sizes to impose along the visit orders, by round then trial (``replay``)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """The round about to start, as the stage boundary shows it.
+
+    Attributes:
+        round: Its number (0-based).
+        trials: The live trials it trains, in id order.
+        resources: Workers each trial asked for (``SearchProcedure.resources``).
+    """
+
+    round: int
+    trials: tuple[str, ...]
+    resources: Mapping[str, int]
+
+
+StageHook = Callable[[Stage, Backend], None]
+"""Called at each stage boundary with the next round and the backend; it may add or retire
+workers (and should wait until they are ready or gone); the round uses the membership
+that results."""
+
+
 def experiment_prefix(experiment_id: str) -> str:
     """Return the store prefix of an experiment."""
     return f"experiments/{experiment_id}"
@@ -127,6 +158,7 @@ class Experiment:
             ``visit_orders``; see :func:`logged_group_plans`). Trials a round does not
             name train one unit at a time; ``None`` asks the procedure's
             :meth:`~cerebro_spark.search.SearchProcedure.resources`.
+        on_stage: Called at every stage boundary (see :data:`StageHook`).
     """
 
     def __init__(
@@ -138,6 +170,7 @@ class Experiment:
         *,
         visit_orders: VisitOrders | None = None,
         group_plans: GroupPlans | None = None,
+        on_stage: StageHook | None = None,
     ) -> None:
         self.config = config
         self.root = store
@@ -147,6 +180,7 @@ class Experiment:
         self.backend_factory = backend_factory
         self.imposed_orders = visit_orders
         self.imposed_plans = group_plans
+        self.on_stage = on_stage
         if group_plans is not None and visit_orders is None:
             raise ConfigError("group_plans size groups along visit orders: impose both")
         self.log = EventLog(self.store)
@@ -157,11 +191,11 @@ class Experiment:
         self.procedure = self._make_procedure()
         self.progress = Progress()
         self.manifest: Manifest | None = None
-        self._known_workers: dict[str, frozenset[int]] = {}
+        self._running: list[_Running] = []
+        self._departing: set[str] = set()
         self._unit_seconds: dict[tuple[str, UnitKind], float] = {}
         self._unit_counts: dict[tuple[str, UnitKind], int] = {}
         self._retries: dict[tuple[Unit, int], int] = {}
-        self._groups_supported = True
         self._group_attempts = 0
         self._group_breaks: dict[str, int] = {}
 
@@ -229,13 +263,14 @@ class Experiment:
             config=self.config.to_dict(),
             resumed=resumed,
         )
-        self.manifest = resolve_dataset(self.config, self.root)
+        placement = self._logged_placement()
+        self._end_previous_session()
+        dataset_uri, self.manifest = resolve_dataset(self.config, self.root)
         if self.state.dataset_id not in (None, self.manifest.dataset_id):
             raise CerebroError(
                 f"experiment {self.experiment_id} was run on dataset {self.state.dataset_id}, "
                 f"but its config now resolves to {self.manifest.dataset_id}"
             )
-        dataset_uri = self.root.url(f"datasets/{self.manifest.dataset_id}")
         self._emit(
             "dataset",
             dataset_id=self.manifest.dataset_id,
@@ -248,9 +283,13 @@ class Experiment:
         )
         backend = self.backend_factory(self.config)
         try:
-            backend.start(WorkerJob(dataset_uri, self.root, self.config.torch_threads))
-            self._sync_workers(backend, None)
-            while self._next_round():
+            backend.start(
+                WorkerJob(dataset_uri, self.root, self.config.torch_threads),
+                placement=placement,
+                first_worker=next_worker_index(self.state.workers),
+            )
+            self._sync_membership(backend, None)
+            while self._next_round(backend):
                 self._run_round(backend)
                 self._end_round()
             for worker_id, info in sorted(backend.workers().items()):
@@ -267,6 +306,7 @@ class Experiment:
                     )
         finally:
             backend.close()
+        self._sync_membership(backend, None)  # the workers the close stopped
         ranked = rank(self.state.trials.values(), self.config.metric, self.config.mode)
         best = next((t for t in ranked if t.metrics and t.status != FAILED), None)
         if best is not None and best.checkpoint is not None:
@@ -279,7 +319,24 @@ class Experiment:
         )
         return ranked
 
-    def _next_round(self) -> bool:
+    def _logged_placement(self) -> list[list[int]] | None:
+        """The partitions of each worker taking units at the end of the log, if any."""
+        ready = self.state.ready_workers()
+        order = sorted(ready, key=lambda w: (next_worker_index([w]), w))
+        return [sorted(ready[w]) for w in order] or None
+
+    def _end_previous_session(self) -> None:
+        """Record that the workers of a previous driver session are gone (they died with it)."""
+        for worker_id, worker in sorted(self.state.workers.items()):
+            if worker.present:
+                self._emit(
+                    "worker_lost",
+                    worker=worker_id,
+                    reason="the driver session that ran it ended",
+                    unit=None,
+                )
+
+    def _next_round(self, backend: Backend) -> bool:
         """Open the next round (or continue the open one); False when the search is done."""
         if self.state.round_open:
             logger.info("resuming round %d", self.state.round + 1)
@@ -297,6 +354,7 @@ class Experiment:
             return False
         number = self.state.round + 1
         resources = {t: self._resources(t) for t in live}
+        self._stage_boundary(Stage(number, tuple(live), resources), backend)
         self._emit(
             "round_start",
             round=number,
@@ -308,6 +366,13 @@ class Experiment:
             procedure_state=self.procedure.state_dict(),
         )
         return True
+
+    def _stage_boundary(self, stage: Stage, backend: Backend) -> None:
+        """Where a cluster manager may resize, before the round's visit orders are drawn."""
+        self._sync_membership(backend, None)
+        if self.on_stage is not None:
+            self.on_stage(stage, backend)
+            self._sync_membership(backend, None)
 
     def _resources(self, trial_id: str) -> int:
         """The procedure's number of workers for a trial's next epoch (Cerebro §5.7)."""
@@ -358,10 +423,8 @@ class Experiment:
         orders = seeded_visit_orders(
             live, range(self.manifest.num_partitions), self._round_rng(number)
         )
-        if not self._groups_supported:
-            return orders
         # Orders in which every group can be formed on the current workers (§5.7).
-        return grouped_visit_orders(orders, resources, self._known_workers)
+        return grouped_visit_orders(orders, resources, self.state.ready_workers())
 
     def _round_rng(self, number: int) -> np.random.Generator:
         return np.random.default_rng(
@@ -378,15 +441,14 @@ class Experiment:
         done = [Unit(u.trial, u.partition, u.kind) for u in state.done_units if u.trial in live]
         sizes: dict[str, int] = {}
         plans: dict[str, list[int]] | None = None
-        if self._groups_supported:
-            if state.round_group_plans is not None:
-                plans = {t: p for t, p in state.round_group_plans.items() if t in live}
-            else:
-                sizes = {t: k for t, k in state.round_resources.items() if t in live and k > 1}
+        if state.round_group_plans is not None:
+            plans = {t: p for t, p in state.round_group_plans.items() if t in live}
+        else:
+            sizes = {t: k for t, k in state.round_resources.items() if t in live and k > 1}
         scheduler = MopScheduler(
             trials=live,
             partitions=partitions,
-            workers=dict(self._known_workers),
+            workers=state.ready_workers(),
             rng=self._round_rng(state.round),
             rule=self._rule(),
             visit_orders=state.visit_orders,
@@ -399,7 +461,8 @@ class Experiment:
         self.progress.start_round(state.round, 2 * len(live) * len(partitions), len(done))
         for trial_id in live:
             self._maybe_finish_epoch(trial_id)
-        running: list[_Running] = []
+        running = self._running = []
+        self._departing = set()
         while not scheduler.finished:
             requeued = False
             for assignment in scheduler.assign():
@@ -410,27 +473,28 @@ class Experiment:
                     running.append(started)
             if not running:
                 if requeued:
-                    continue  # e.g. a group fell back to single units: assign again now
+                    continue  # a worker left since the last sync: assign again now
                 if scheduler.stalled:
                     raise CerebroError(
                         "no live worker holds the partitions the remaining units need; "
-                        f"workers: {sorted(self._known_workers)}"
+                        f"workers: {dict(scheduler.workers)}"
                     )
                 time.sleep(_WAIT_SECONDS)
-                self._sync_workers(backend, scheduler)
+                self._sync_membership(backend, scheduler)
                 continue
             ready = [r for r in running if r.done()]
             if not ready:
                 waiting = [f for r in running for f in r.futures.values() if not f.done()]
                 wait(waiting, timeout=_WAIT_SECONDS, return_when=FIRST_COMPLETED)
                 ready = [r for r in running if r.done()]
+            self._sync_membership(backend, scheduler)  # the workers of `ready` still count
             for item in ready:
                 running.remove(item)
                 if item.assignment.size == 1:
                     self._handle(item, scheduler)
                 else:
-                    self._handle_group(item, scheduler, backend)
-            self._sync_workers(backend, scheduler, running)
+                    self._handle_group(item, scheduler)
+                self._depart(item.assignment.workers, scheduler)
             self.progress.maybe_log()
         self.progress.maybe_log(force=True)
 
@@ -489,18 +553,14 @@ class Experiment:
                 group = self._group_id(assignment)
                 tasks = group_tasks(task, assignment.partitions, group, timeout_s=GROUP_TIMEOUT_S)
                 futures = backend.submit_group(dict(zip(assignment.workers, tasks, strict=True)))
-        except NotImplementedError as error:
-            self._no_groups(scheduler, error)
-            scheduler.fail(assignment.unit)
-            return None
         except ValueError:
-            # A worker died since the last sync (the backend refuses it): queue the work
-            # again and forget the dead; anything else is a bug and propagates.
+            # A worker died or is retiring since the last sync (the backend refuses it):
+            # queue the work again and learn who left; anything else is a bug.
             live = backend.workers()
             if all(w in live for w in assignment.workers):
                 raise
             scheduler.fail(assignment.unit)
-            self._sync_workers(backend, scheduler)
+            self._sync_membership(backend, scheduler)
             return None
         for index in range(assignment.size):
             self.log.append("unit_start", **self._where(assignment, index, group))
@@ -515,18 +575,6 @@ class Experiment:
             f"d{self.state.sessions}-a{self._group_attempts}"
         )
 
-    def _no_groups(self, scheduler: MopScheduler, error: NotImplementedError) -> None:
-        """The backend runs no group units: every trial trains one unit at a time."""
-        if self._groups_supported:
-            logger.warning(
-                "%s; every trial trains on one worker at a time instead of the resources "
-                "its search procedure asked for",
-                error,
-            )
-        self._groups_supported = False
-        for trial_id in scheduler.group_sizes:
-            scheduler.set_group_size(trial_id, 1)  # drops imposed plans too
-
     def _handle(self, item: _Running, scheduler: MopScheduler) -> None:
         assignment = item.assignment
         unit = assignment.unit
@@ -536,7 +584,7 @@ class Experiment:
             result = future.result()
         except WorkerLostError as error:
             self._emit("unit_failed", **where, reason="worker_lost", error=str(error))
-            self._lose_worker(assignment.worker, scheduler)
+            scheduler.fail(unit, worker=assignment.worker)
             return
         except StoreError as error:
             self._emit("unit_failed", **where, reason="io_error", error=str(error))
@@ -567,14 +615,14 @@ class Experiment:
         else:
             self._maybe_finish_epoch(unit.trial)
 
-    def _handle_group(self, item: _Running, scheduler: MopScheduler, backend: Backend) -> None:
+    def _handle_group(self, item: _Running, scheduler: MopScheduler) -> None:
         """Combine the ranks of a group unit once all are in (Cerebro §5.6-§5.7).
 
         All ranks succeeded: one ``unit_end`` per partition, then the whole group
         completes. Otherwise the group failed as a whole: a ``TrialError`` on any rank
         fails the trial; a lost worker or a broken group (``GroupBrokenError``, whose
-        worker lives on) and I/O errors put the group back in the queue. Workers are
-        dropped only if the backend no longer lists them.
+        worker lives on) and I/O errors put the group back in the queue. Workers leave
+        the schedule only when the backend reported them gone (:meth:`_depart`).
         """
         assignment = item.assignment
         trial_id = assignment.unit.trial
@@ -598,10 +646,8 @@ class Experiment:
                 first_io = next(e for e in failed.values() if isinstance(e, StoreError))
                 self._count_retry(assignment.unit, first_io)
             scheduler.fail(assignment.unit)
-        live = backend.workers()
-        lost = [w for w in assignment.workers if w not in live]
-        for worker in lost:
-            self._lose_worker(worker, scheduler)
+        workers = self.state.workers
+        lost = [w for w in assignment.workers if w not in workers or workers[w].status != READY]
         if reason == "group_broken" and not lost:
             self._group_broke(trial_id, scheduler, failed.values())
 
@@ -707,53 +753,65 @@ class Experiment:
 
     # -- workers --------------------------------------------------------------------------
 
-    def _sync_workers(
-        self,
-        backend: Backend,
-        scheduler: MopScheduler | None,
-        running: Iterable[_Running] = (),
-    ) -> None:
-        """Tell the scheduler about workers that joined, left or were re-homed.
+    def _sync_membership(self, backend: Backend, scheduler: MopScheduler | None) -> None:
+        """Log the backend's membership changes and tell the scheduler (Cerebro §5.6).
 
-        A lost member of a running group is forgotten only when the group's last rank
-        has reported: until then its peers are still busy on the backend (they fail with
-        ``GroupBrokenError`` within ``GROUP_TIMEOUT_S``), so the group must stay in Q'.
+        A worker that left (lost, retiring, retired) leaves the schedule at once when it
+        runs nothing; otherwise when its unit -- or its group's last rank -- has been
+        handled (:meth:`_depart`): until then its assignment stays in Q', so a group's
+        surviving ranks, still busy on the backend, get no other work.
         """
-        live = backend.workers()
-        in_groups = {w for r in running if r.assignment.size > 1 for w in r.assignment.workers}
-        for worker_id in sorted(set(self._known_workers) - set(live) - in_groups):
-            self._lose_worker(worker_id, scheduler)
-        for worker_id, info in sorted(live.items()):
-            known = self._known_workers.get(worker_id)
-            if known is None:
+        for change in backend.changes():
+            info = change.worker
+            worker = info.worker_id
+            where = {"host": info.host, "executor_id": info.executor_id, "device": info.device}
+            if change.kind is Membership.JOINED:
+                self._emit("worker_joined", worker=worker, **where)
+            elif change.kind is Membership.READY:
                 self._emit(
-                    "worker_joined",
-                    worker=worker_id,
+                    "worker_ready",
+                    worker=worker,
                     partitions=sorted(info.partitions),
-                    host=info.host,
-                    device=info.device,
                     bytes_read=info.bytes_read,
+                    **where,
                 )
-                if scheduler is not None:
-                    scheduler.add_worker(worker_id, info.partitions)
-            elif known != info.partitions and scheduler is not None:
-                scheduler.set_partitions(worker_id, info.partitions)
-            self._known_workers[worker_id] = info.partitions
+                if scheduler is not None and worker in scheduler.workers:
+                    scheduler.set_partitions(worker, info.partitions)
+                elif scheduler is not None:
+                    scheduler.add_worker(worker, info.partitions)
+            elif change.kind is Membership.PARTITIONS:
+                self._emit("worker_partitions", worker=worker, partitions=sorted(info.partitions))
+                if scheduler is not None and worker in scheduler.workers:
+                    scheduler.set_partitions(worker, info.partitions)
+            else:
+                running = scheduler.running.get(worker) if scheduler is not None else None
+                fields: dict[str, Any] = {"worker": worker, "bytes_read": info.bytes_read}
+                if change.kind is Membership.LOST:
+                    unit = None if running is None else running.unit_of(worker)
+                    fields["reason"] = change.reason
+                    fields["unit"] = (
+                        None if unit is None else [unit.trial, unit.kind.value, unit.partition]
+                    )
+                self._emit(f"worker_{change.kind.value}", **fields)
+                if change.kind is Membership.LOST:
+                    logger.warning("worker %s was lost: %s", worker, change.reason)
+                self._leave(worker, scheduler)
 
-    def _lose_worker(self, worker_id: str, scheduler: MopScheduler | None) -> None:
-        """Forget a dead worker; its running unit goes back to the queue (Cerebro §5.6)."""
-        if self._known_workers.pop(worker_id, None) is None:
+    def _leave(self, worker: str, scheduler: MopScheduler | None) -> None:
+        if scheduler is None or worker not in scheduler.workers:
             return
-        unit = scheduler.remove_worker(worker_id) if scheduler is not None else None
-        self._emit(
-            "worker_lost",
-            worker=worker_id,
-            unit=None if unit is None else [unit.trial, unit.kind.value, unit.partition],
-        )
-        if unit is not None:
-            logger.warning(
-                "worker %s lost while running %s; the unit is queued again", worker_id, unit
-            )
+        if any(worker in item.assignment.workers for item in self._running):
+            self._departing.add(worker)
+        else:
+            scheduler.remove_worker(worker)
+
+    def _depart(self, workers: Iterable[str], scheduler: MopScheduler) -> None:
+        """Remove the workers that left while this assignment ran, now that it is handled."""
+        for worker in workers:
+            if worker in self._departing:
+                self._departing.discard(worker)
+                if worker in scheduler.workers:
+                    scheduler.remove_worker(worker)
 
     # -- decisions ------------------------------------------------------------------------
 

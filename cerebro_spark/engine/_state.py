@@ -5,6 +5,11 @@ The engine never keeps a fact twice: every change is an event appended to
 :meth:`ExperimentState.apply` that ``resume``, ``replay`` and ``leaderboard`` use to
 rebuild the state from the log.
 
+Worker membership is folded the same way: ``worker_joined`` / ``worker_ready`` /
+``worker_partitions`` / ``worker_retiring`` / ``worker_retired`` / ``worker_lost`` events
+build :attr:`ExperimentState.workers`, the engine's only record of who holds what; a
+resumed run starts from it.
+
 A group unit (Cerebro §5.7) is logged as one ``unit_end`` per partition, all carrying the
 same ``group`` id and ``group_partitions``. They count only together: the state applies
 them once the last one is in, so a driver killed while logging them leaves a group that
@@ -21,6 +26,39 @@ from typing import Any
 from cerebro_spark.units import UnitKind
 
 RUNNING, PAUSED, COMPLETED, STOPPED, FAILED = "running", "paused", "completed", "stopped", "failed"
+
+JOINED, READY, RETIRING, RETIRED, LOST = "joined", "ready", "retiring", "retired", "lost"
+"""A worker's status: registered; taking units; leaving; left normally; died."""
+
+
+@dataclasses.dataclass
+class WorkerState:
+    """One worker as the event log knows it.
+
+    Attributes:
+        worker_id: Its id (unique within the experiment, across driver sessions).
+        status: ``joined``, ``ready``, ``retiring``, ``retired`` or ``lost``.
+        partitions: The partitions it holds (or was last given).
+        host: Where it runs.
+        executor_id: Its Spark executor, if any.
+        device: The torch device it trains on.
+        bytes_read: Partition bytes it had read at its last event.
+        reason: Why it was lost.
+    """
+
+    worker_id: str
+    status: str = JOINED
+    partitions: frozenset[int] = frozenset()
+    host: str = ""
+    executor_id: str | None = None
+    device: str = "cpu"
+    bytes_read: int = 0
+    reason: str | None = None
+
+    @property
+    def present(self) -> bool:
+        """Whether it was still there at the last event (not retired, not lost)."""
+        return self.status in (JOINED, READY, RETIRING)
 
 
 @dataclasses.dataclass
@@ -85,6 +123,7 @@ class ExperimentState:
     validation_rows: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
     unit_seconds: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
     worker_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    workers: dict[str, WorkerState] = dataclasses.field(default_factory=dict)
     active_seconds: float = 0.0
     _session_start: float | None = None
     _last_time: float | None = None
@@ -127,6 +166,10 @@ class ExperimentState:
     def live_trials(self) -> list[str]:
         """Ids of trials to train in the next round, in id order."""
         return sorted(t for t, trial in self.trials.items() if trial.status == RUNNING)
+
+    def ready_workers(self) -> dict[str, frozenset[int]]:
+        """The availability map: every worker taking units to the partitions it holds."""
+        return {w: s.partitions for w, s in sorted(self.workers.items()) if s.status == READY}
 
     def _on_experiment_start(self, event: Mapping[str, Any]) -> None:
         self.sessions += 1
@@ -210,6 +253,37 @@ class ExperimentState:
 
     def _on_worker_bytes(self, event: Mapping[str, Any]) -> None:
         self.worker_bytes[event["worker"]] = event["bytes_read"]
+
+    def _worker(self, event: Mapping[str, Any], status: str | None = None) -> WorkerState:
+        """The event's worker, its fields updated from the event."""
+        worker = self.workers.setdefault(event["worker"], WorkerState(event["worker"]))
+        if status is not None:
+            worker.status = status
+        if "partitions" in event:
+            worker.partitions = frozenset(int(p) for p in event["partitions"])
+        for field in ("host", "executor_id", "device", "bytes_read"):
+            if field in event:
+                setattr(worker, field, event[field])
+        return worker
+
+    def _on_worker_joined(self, event: Mapping[str, Any]) -> None:
+        # Logs written before membership events had "joined" mean ready, with partitions.
+        self._worker(event, READY if "partitions" in event else JOINED)
+
+    def _on_worker_ready(self, event: Mapping[str, Any]) -> None:
+        self._worker(event, READY)
+
+    def _on_worker_partitions(self, event: Mapping[str, Any]) -> None:
+        self._worker(event)
+
+    def _on_worker_retiring(self, event: Mapping[str, Any]) -> None:
+        self._worker(event, RETIRING)
+
+    def _on_worker_retired(self, event: Mapping[str, Any]) -> None:
+        self._worker(event, RETIRED)
+
+    def _on_worker_lost(self, event: Mapping[str, Any]) -> None:
+        self._worker(event, LOST).reason = event.get("reason")
 
     def _on_experiment_end(self, event: Mapping[str, Any]) -> None:
         self.finished = True

@@ -4,10 +4,10 @@ The failures a real backend produces only by chance (a rendezvous that breaks wh
 worker lives, an I/O error on one rank, a worker that dies between a sync and a submit, a
 peer that reports long after its partner died) are scripted here with a small in-process
 backend: it keeps the ``Backend`` contract (refuses busy, dead and non-holding workers
-with ``ValueError``) and computes each unit's "checkpoint" as a digest of its input
-checkpoint and the partitions it covers, so the final digests show whether every trial
-trained on exactly the right groups in the right order. Real training with group units on
-``LocalBackend`` is in ``test_groups.py``.
+with ``ValueError``, reports membership changes) and computes each unit's "checkpoint" as
+a digest of its input checkpoint and the partitions it covers, so the final digests show
+whether every trial trained on exactly the right groups in the right order. Real training
+with group units on ``LocalBackend`` is in ``test_groups.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from cerebro_spark.backends import Backend, WorkerInfo, WorkerJob
+from cerebro_spark.backends import Backend, Membership, WorkerChange, WorkerInfo, WorkerJob
 from cerebro_spark.data import read_manifest
 from cerebro_spark.engine import ExperimentConfig, parse_config, read_events, run_experiment
 from cerebro_spark.engine._experiment import MAX_GROUP_BREAKS
@@ -58,16 +58,28 @@ class ScriptedBackend(Backend):
         self.lock = threading.Lock()
         self.store: Store | None = None
         self.log: list[tuple[str, ...]] = []
+        self.changed: list[WorkerChange] = []
 
-    def start(self, job: WorkerJob) -> None:
+    def start(self, job: WorkerJob, **placement: Any) -> None:
         self.store = job.store
         count = read_manifest(job.dataset_uri).num_partitions
         n = self.num_workers
         self.live = {f"w{i}": frozenset(range(i, count, n)) for i in range(n)}
+        for worker, held in self.live.items():
+            self.changed.append(WorkerChange(Membership.JOINED, WorkerInfo(worker, frozenset())))
+            self.changed.append(WorkerChange(Membership.READY, WorkerInfo(worker, held)))
 
     def workers(self) -> dict[str, WorkerInfo]:
         with self.lock:
             return {w: WorkerInfo(w, held) for w, held in self.live.items()}
+
+    def changes(self) -> list[WorkerChange]:
+        with self.lock:
+            changed, self.changed = self.changed, []
+            return changed
+
+    def retire(self, worker_id: str) -> Future[None]:
+        raise ValueError("the scripted backend retires nobody")
 
     def submit(self, worker_id: str, task: UnitTask) -> Future[UnitResult]:
         if task.group is not None:
@@ -117,10 +129,13 @@ class ScriptedBackend(Backend):
 
     def _kill_locked(self, worker_id: str) -> None:
         held = self.live.pop(worker_id)
+        self.changed.append(WorkerChange(Membership.LOST, WorkerInfo(worker_id, held), "killed"))
         survivor = min(self.live, default=None)
         if survivor is not None:  # re-home what nobody else holds
             orphans = held - frozenset().union(*self.live.values())
             self.live[survivor] = self.live[survivor] | orphans
+            info = WorkerInfo(survivor, self.live[survivor])
+            self.changed.append(WorkerChange(Membership.PARTITIONS, info))
 
     def _result(self, worker_id: str, task: UnitTask) -> UnitResult:
         assert self.store is not None

@@ -11,11 +11,10 @@ to one unit at a time.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,6 @@ from cerebro_spark.engine._experiment import logged_group_plans
 from cerebro_spark.search import GridSearch, SearchSpace
 from cerebro_spark.search._registry import PROCEDURES
 from cerebro_spark.store import open_store
-from cerebro_spark.units import UnitTask
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -273,27 +271,3 @@ def test_a_worker_killed_in_the_middle_of_a_group_unit_loses_nothing(
         group_plans=logged_group_plans(root, "killed"),
     ).run()
     assert digests(replay) == digests(result.trials)
-
-
-class _NoGroups(LocalBackend):
-    """A LocalBackend that does not run group units (the Backend default)."""
-
-    def submit_group(self, assignments: Mapping[str, UnitTask]) -> dict[str, Any]:
-        return Backend.submit_group(self, assignments)
-
-
-def test_a_backend_without_group_units_trains_one_unit_at_a_time(
-    store: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    cfg = config(store, name="nogroups", epochs=1, space={**SPACE, "hidden_units": [32]})
-    with caplog.at_level(logging.WARNING, logger="cerebro_spark.engine"):
-        result = run_experiment(
-            cfg, experiment_id="nogroups", backend_factory=lambda c: _NoGroups(c.workers)
-        )
-    (trial,) = result.trials
-    assert trial.status == "completed" and trial.metrics["accuracy"] > 0.5
-    warnings = [r for r in caplog.records if "does not run group units" in r.getMessage()]
-    assert len(warnings) == 1
-    events = events_of(store, "nogroups")
-    ends = [e for e in events if e["event"] == "unit_end"]
-    assert len(ends) == 8 and not any("group" in e for e in ends)

@@ -86,7 +86,8 @@ def test_spark_submit_to_local_cluster(tmp_path):
     manifest = json.loads(
         open_store(str(tmp_path / "store")).get(f"datasets/{dataset['dataset_id']}/manifest.json")
     )
-    held = {e["worker"]: set(e["partitions"]) for e in joined}
+    held = {e["worker"]: set(e["partitions"]) for e in events if e["event"] == "worker_ready"}
+    assert len(held) == 2
     read = {e["worker"]: e["bytes_read"] for e in events if e["event"] == "worker_bytes"}
     for worker, partitions in held.items():
         expected = sum(p["bytes"] for p in manifest["partitions"] if p["index"] in partitions)

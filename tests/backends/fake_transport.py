@@ -1,0 +1,166 @@
+"""An in-memory fake transport for the WorkerPool, and a fake worker that needs no torch.
+
+Each worker is a thread running the real worker loop (``serve``) over the real
+authenticated control channel; :class:`FakeWorker` reads its partitions' files for real
+(so ``bytes_read`` and the dataset URI are checked) but "trains" by hashing: a train
+unit's checkpoint is the SHA-256 of its input checkpoint and the partitions it covers, so
+digests show whether every trial trained on the right partitions in the right order. A
+unit's params script what else it does (the keys of :meth:`FakeWorker.run`).
+
+Tests reset the module's :data:`SCRIPT` (the ``script`` fixture of the test modules).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Collection
+from concurrent.futures import Future
+
+from cerebro_spark.backends import TaskInfo, Transport, WorkerJob, WorkerSpec, serve
+from cerebro_spark.errors import DataError, TrialError
+from cerebro_spark.units import GroupBrokenError, UnitKind, UnitResult, UnitTask
+
+RENDEZVOUS_PORT = 45678
+"""The port every fake rank 0 announces."""
+
+
+class Died(BaseException):
+    """Raised in a fake worker to end its thread as a crash would."""
+
+
+class Script:
+    """What the fake workers do and saw; one per test."""
+
+    def __init__(self) -> None:
+        self.gates: dict[str, threading.Event] = {}
+        self.started: list[tuple[str, UnitTask]] = []
+        self.jobs: dict[str, WorkerJob] = {}
+        self.killed: set[str] = set()
+        self.failing_loads: set[str] = set()
+        self.lock = threading.Lock()
+
+    def gate(self, name: str) -> threading.Event:
+        with self.lock:
+            return self.gates.setdefault(name, threading.Event())
+
+    def ran(self, worker: str) -> list[UnitTask]:
+        with self.lock:
+            return [task for who, task in self.started if who == worker]
+
+    def release_all(self) -> None:
+        for gate in list(self.gates.values()):
+            gate.set()
+
+
+SCRIPT = Script()
+
+
+def reset() -> Script:
+    """Start a fresh script (and release the gates of the last one)."""
+    global SCRIPT
+    SCRIPT.release_all()
+    SCRIPT = Script()
+    return SCRIPT
+
+
+class FakeWorker:
+    """Holds partitions (read for real) and runs scripted units."""
+
+    def __init__(self, worker_id: str, job: WorkerJob, device: str) -> None:
+        del device
+        self.worker_id = worker_id
+        self.job = job
+        self.held: set[int] = set()
+        self.bytes_read = 0
+        with SCRIPT.lock:
+            SCRIPT.jobs[worker_id] = job
+
+    @property
+    def partitions(self) -> frozenset[int]:
+        return frozenset(self.held)
+
+    def load(self, partitions: Collection[int]) -> int:
+        from cerebro_spark.data import read_partition
+
+        if self.worker_id in SCRIPT.failing_loads:
+            raise DataError(f"worker {self.worker_id} cannot read partitions {sorted(partitions)}")
+        before = self.bytes_read
+        for index in sorted(set(partitions) - self.held):
+            for split in ("train", "validation"):
+                self.bytes_read += read_partition(self.job.dataset_uri, split, index).bytes_read
+            self.held.add(index)
+        return self.bytes_read - before
+
+    def drop(self, partitions: Collection[int]) -> None:
+        self.held -= set(partitions)
+
+    def run(self, task: UnitTask, on_rendezvous: Callable[[int], None] | None = None) -> UnitResult:
+        """Run a unit; ``task.params`` may hold ``gate`` (wait for it), ``silent_rank0``
+        (rank 0 never announces), ``die`` (this worker id dies), ``fail`` ({worker id:
+        "trial" | "io" | "broken"})."""
+        if task.partition not in self.held:
+            raise ValueError(f"worker {self.worker_id} does not hold partition {task.partition}")
+        with SCRIPT.lock:
+            SCRIPT.started.append((self.worker_id, task))
+        script = task.params
+        group = task.group
+        if group is not None and group.port == 0 and not script.get("silent_rank0"):
+            assert on_rendezvous is not None and group.rank == 0
+            on_rendezvous(RENDEZVOUS_PORT)
+        gate = script.get("gate")
+        if gate is not None:
+            while not SCRIPT.gate(str(gate)).wait(0.05):
+                if self.worker_id in SCRIPT.killed:
+                    raise Died(self.worker_id)
+        if script.get("die") == self.worker_id or self.worker_id in SCRIPT.killed:
+            raise Died(self.worker_id)
+        failure = dict(script.get("fail", {})).get(self.worker_id)
+        if failure == "trial":
+            raise TrialError(f"user code failed on {self.worker_id}")
+        if failure == "io":
+            raise FileNotFoundError("no such checkpoint")
+        if failure == "broken":
+            raise GroupBrokenError("lost its peers")
+        return self._result(task)
+
+    def _result(self, task: UnitTask) -> UnitResult:
+        store = self.job.store
+        sha = None
+        if task.kind is UnitKind.TRAIN and (task.group is None or task.group.rank == 0):
+            before = store.get(task.checkpoint_in) if task.checkpoint_in else b"init"
+            covered = task.group.partitions if task.group else (task.partition,)
+            blob = hashlib.sha256(before + repr((task.epoch, covered)).encode()).digest()
+            assert task.checkpoint_out is not None
+            store.put(task.checkpoint_out, blob)
+            sha = hashlib.sha256(blob).hexdigest()
+        elif task.kind is UnitKind.VALIDATE and task.checkpoint_in is not None:
+            store.get(task.checkpoint_in)  # it must exist
+        return UnitResult(
+            task=task,
+            worker_id=self.worker_id,
+            rows=10,
+            seconds=0.001,
+            metric_sums={"loss": 5.0, "accuracy": 9.0},
+            checkpoint_bytes=32 if sha else 0,
+            checkpoint_sha256=sha,
+        )
+
+
+class ThreadTransport(Transport):
+    """The in-memory fake transport: each worker is a thread running ``serve``."""
+
+    def launch(self, spec: WorkerSpec) -> Future[str]:
+        ended: Future[str] = Future()
+
+        def body() -> None:
+            try:
+                ended.set_result(serve(spec, TaskInfo(), FakeWorker))
+            except BaseException as exc:
+                ended.set_exception(exc)
+
+        threading.Thread(target=body, name=f"fake-{spec.worker_id}", daemon=True).start()
+        return ended
+
+    def kill(self, worker_id: str) -> None:
+        SCRIPT.killed.add(worker_id)  # a busy fake worker dies at its next look
