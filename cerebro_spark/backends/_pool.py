@@ -282,6 +282,7 @@ class WorkerPool(Backend):
         self._handles: dict[str, _Handle] = {}
         self._lost: dict[str, _Handle] = {}
         self._changes: list[WorkerChange] = []
+        self._draining: set[str] = set()  # executors of retired workers
         self._next_order = 0
         self._job: WorkerJob | None = None
         self._num_partitions = 0
@@ -474,6 +475,8 @@ class WorkerPool(Backend):
                 )
             handle.listed = False
             handle.state = "retiring"
+            if handle.executor_id is not None:
+                self._draining.add(handle.executor_id)
             retired: Future[None] = _running_future()
             handle.retired = retired
             self._change_locked(Membership.RETIRING, handle)
@@ -1140,6 +1143,7 @@ class WorkerPool(Backend):
                 return
             handle.state = "live"
             handle.listed = True
+            self._draining.discard(handle.executor_id or "")
             self._change_locked(Membership.READY, handle)
             retired, handle.retired = handle.retired, None
         error = RuntimeError(
@@ -1253,7 +1257,8 @@ class WorkerPool(Backend):
         with self._lock:
             if self._closed:
                 return
-            count = self._transport.arrivals(len(self._handles))
+            serving = sum(1 for h in self._handles.values() if h.state in ("starting", "live"))
+            count = self._transport.arrivals(serving, self._draining)
             spawned = [self._spawn_locked(None) for _ in range(max(0, count))]
         if spawned:
             logger.info("new capacity appeared: started workers %s", [h.worker_id for h in spawned])

@@ -42,7 +42,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -119,6 +119,7 @@ class SparkTransport(Transport):
         self._groups: dict[str, str] = {}
         self._done: dict[str, Future[str]] = {}
         self._seen: set[str] = set()
+        self._killed: set[str] = set()
         self._lock = threading.Lock()
 
     @property
@@ -208,6 +209,7 @@ class SparkTransport(Transport):
         """
         # killAndReplaceExecutor: killExecutor would lower the application's executor
         # target for good in standalone mode.
+        self._killed.add(executor_id)  # its slots are no capacity while Spark removes it
         return bool(self.context._jsc.sc().killAndReplaceExecutor(executor_id))
 
     def locate(self, worker_id: str, registration: Mapping[str, Any], peer: str) -> Location | None:
@@ -240,8 +242,12 @@ class SparkTransport(Transport):
                         return Location(str(task.host()), str(task.executorId()))
         return None
 
-    def arrivals(self, workers: int) -> int:
-        """Task slots of executors that appeared since the last call, up to the free ones."""
+    def arrivals(self, workers: int, draining: Collection[str]) -> int:
+        """Task slots of executors that appeared since the last call, up to the free ones.
+
+        Free slots of ``draining`` executors do not count: a new worker's task could land
+        there (Spark places it) and die when the executor is released.
+        """
         sc = self._sc
         if sc is None or sc._jsc is None:  # not open, or the SparkContext was stopped
             return 0
@@ -252,7 +258,7 @@ class SparkTransport(Transport):
             return 0
         # Executors that registered late while the start was filling their slots bring
         # no spare capacity: only free slots get new workers.
-        spare = sum(slots.values()) - workers
+        spare = sum(n for e, n in slots.items() if e not in draining) - workers
         count = max(0, min(spare, sum(new.values())))
         logger.info(
             "executors %s appeared (%d task slots, %d free): %d new workers",
@@ -264,9 +270,15 @@ class SparkTransport(Transport):
         return count
 
     def _executor_slots(self, sc: SparkContext) -> dict[str, int]:
-        """Return the active executors and their task slots (``{"driver": N}`` locally)."""
+        """Return the live executors and their task slots (``{"driver": N}`` locally).
+
+        Cores come from Spark's status store, whose listener lags: an executor killed a
+        moment ago may still be listed as active there, so only executors the scheduler
+        still has (``getExecutorIds``) count.
+        """
         cpus = _task_cpus(sc)
-        summaries = sc._jsc.sc().statusStore().executorList(True)
+        jsc = sc._jsc.sc()
+        summaries = jsc.statusStore().executorList(True)
         slots: dict[str, int] = {}
         for i in range(summaries.size()):
             summary = summaries.apply(i)
@@ -274,6 +286,8 @@ class SparkTransport(Transport):
                 slots[str(summary.id())] = int(summary.totalCores()) // cpus
         if len(slots) > 1:
             slots.pop("driver", None)
+            known = {i for i in str(jsc.getExecutorIds().mkString("\n")).split("\n") if i}
+            slots = {e: n for e, n in slots.items() if e in known and e not in self._killed}
         return slots
 
     def _wait_for_executors(

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from concurrent.futures import Future
 from typing import Any
 
@@ -101,9 +101,15 @@ class Transport(abc.ABC):
         del worker_id, registration
         return Location(peer)
 
-    def arrivals(self, workers: int) -> int:
-        """Workers to start for capacity that appeared (``workers``: those starting or live)."""
-        del workers
+    def arrivals(self, workers: int, draining: Collection[str]) -> int:
+        """Workers to start for capacity that appeared since the last call.
+
+        Args:
+            workers: Workers starting or taking units.
+            draining: Executors whose workers retired: their free slots are not capacity
+                (they are about to be released).
+        """
+        del workers, draining
         return 0
 
     def close(self) -> None:  # noqa: B027 (optional)

@@ -1,12 +1,17 @@
-"""SparkBackend on a real standalone cluster on 127.0.0.1: executor loss and arrival.
+"""SparkBackend on a real standalone cluster on 127.0.0.1: executor loss and arrival,
+group units across executors (a rank's executor lost mid-group), and a retire after which
+releasing the executor re-runs nothing.
 
 The module starts a master and two worker daemons (one core each) with
 ``$SPARK_HOME/sbin/spark-daemon.sh``, logs and pid files under a temporary directory, and
 stops them all at the end. The Spark driver runs in a child process (this very module, run
 with ``python -m``): a process has one SparkContext, and the test process may already hold
-a local one. The child runs both scenarios in one Spark application (the second reuses the
-executors and warm Python workers of the first), kills and starts worker daemons itself at
-the moments a scenario needs, and writes a JSON report per scenario that the tests check.
+a local one. The child runs every scenario in one Spark application (later ones reuse the
+executors and warm Python workers of earlier ones), kills and starts worker daemons itself
+at the moments a scenario needs (an executor is "killed" by stopping its worker daemon, as
+a crashed machine would), and writes a JSON report per scenario that the tests check. The
+group and retire scenarios are shared with ``test_local_cluster.py``
+(``cluster_scenarios.py``).
 
 Run alone: ``pytest tests/backends/test_standalone_cluster.py``.
 """
@@ -32,6 +37,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.backends.cluster_scenarios import (
+    check_engine_group,
+    check_group_across_executors,
+    check_retire,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD_TIMEOUT_S = 600
@@ -159,7 +170,12 @@ class Cluster:
                 os.kill(pid, signal.SIGKILL)
 
     def stop_worker(self, instance: int) -> None:
+        """Stop a worker daemon and wait until the master no longer counts it alive."""
+        running = self.pid_of(WORKER_CLASS, instance)
+        alive = self.alive_workers()
         self.stop(WORKER_CLASS, instance)
+        if running is not None and alive > 0:
+            _wait(lambda: self.alive_workers() < alive, "the master to see the worker gone", 60)
 
     def alive_workers(self) -> int:
         try:
@@ -182,11 +198,10 @@ class Cluster:
 
     def ensure_workers(self, count: int) -> None:
         """Start worker daemons (new instance numbers) until ``count`` are alive."""
-        pids = Path(self.root) / "pids"
         while self.alive_workers() < count:
-            used = [int(p.stem.rsplit("-", 1)[1]) for p in pids.glob("*Worker*.pid")]
-            self.start_worker(max(used, default=0) + 1)
+            used = [int(p.name.split("-")[1]) for p in Path(self.root).glob("work-*")]
             before = self.alive_workers()
+            self.start_worker(max(used, default=0) + 1)
             _wait(
                 lambda before=before: self.alive_workers() > before,  # type: ignore[misc]
                 "a worker daemon to register",
@@ -268,6 +283,20 @@ def test_executor_loss_and_arrival(reports: dict[str, Any]) -> None:
     assert report["after_executor_kill"] == ["w0"]
     assert report["stats"]["registered"] >= 3  # the cluster may replace the killed executor
     assert sum(report["stats"]["lost"].values()) == 2
+
+
+def test_a_group_unit_spans_two_executors(reports: dict[str, Any]) -> None:
+    check_group_across_executors(scenario(reports, "group"))
+
+
+def test_a_rank_executor_lost_mid_group_fails_the_group_whole(reports: dict[str, Any]) -> None:
+    check_engine_group(scenario(reports, "engine_group"))
+
+
+def test_a_retired_worker_ends_normally_and_its_executor_is_released(
+    reports: dict[str, Any],
+) -> None:
+    check_retire(scenario(reports, "retire"))
 
 
 def test_engine_survives_a_lost_executor_mid_epoch(reports: dict[str, Any]) -> None:
@@ -370,12 +399,14 @@ def _scenario_backend(cluster: Cluster, session: Any, tmp: Path) -> dict[str, An
 
 
 def _scenario_engine(cluster: Cluster, session: Any, tmp: Path) -> dict[str, Any]:
-    """The engine end to end on digits, an executor lost in the first epoch."""
+    """The engine end to end on digits, an executor lost in the first epoch: the first
+    units of both trials wait in ``build_model`` (GatedSpec) until a daemon is stopped."""
     from cerebro_spark.backends import SparkBackend
     from cerebro_spark.engine import parse_config, read_events, run_experiment
     from cerebro_spark.store import open_store
 
     store = tmp / "store"
+    begun, release = tmp / "begun", tmp / "release"
     config = parse_config(
         {
             "name": "standalone",
@@ -386,10 +417,12 @@ def _scenario_engine(cluster: Cluster, session: Any, tmp: Path) -> dict[str, Any
             "epochs": 2,
             "workers": 2,
             "space": {
-                "model": "cerebro_spark.training:MLPSpec",
+                "model": "tests.backends.failing_spec:GatedSpec",
                 "hidden_units": {"grid": [[16], [32]]},
                 "lr": 0.01,
                 "batch_size": 64,
+                "marker": str(begun),
+                "wait_for": [str(release)],
             },
         }
     )
@@ -419,15 +452,11 @@ def _scenario_engine(cluster: Cluster, session: Any, tmp: Path) -> dict[str, Any
 
     thread = threading.Thread(target=run, name="experiment")
     thread.start()
-    events_path = store / "experiments" / "e2e" / "events.jsonl"
-
-    def unit_ends() -> int:
-        return events_path.read_text().count('"unit_end"') if events_path.exists() else 0
-
-    _wait(lambda: unit_ends() >= 3 or not thread.is_alive(), "the first units of epoch 0", 200)
+    _wait(lambda: begun.exists() or not thread.is_alive(), "the first units of epoch 0", 200)
     assert thread.is_alive(), outcome
     executor = str(backends[0].executors()["w1"])
     cluster.stop_worker(cluster.instance_running(executor))
+    release.touch()
     thread.join(timeout=300)
     assert not thread.is_alive(), "the experiment did not finish"
     assert "error" not in outcome, outcome
@@ -468,9 +497,26 @@ def _child_main(raw: str) -> None:
                 logging.getLogger("standalone").exception("scenario %s failed", name)
                 reports[name] = {"error": traceback.format_exc()}
             reports[name]["seconds"] = time.monotonic() - begun
+        reports.update(_shared_scenarios(cluster, session, tmp))
     finally:
         session.stop()
     Path(args["report"]).write_text(json.dumps(reports, indent=2, default=str))
+
+
+def _shared_scenarios(cluster: Cluster, session: Any, tmp: Path) -> dict[str, Any]:
+    """The group and retire scenarios of ``cluster_scenarios.py``, two daemons each."""
+    from tests.backends.cluster_scenarios import run_scenarios
+
+    def kill(backend: Any, executor: str) -> None:
+        cluster.stop_worker(cluster.instance_running(executor))
+
+    reports: dict[str, Any] = {}
+    for name in ("group", "engine_group", "retire"):
+        cluster.ensure_workers(2)
+        report = tmp / f"{name}.json"
+        run_scenarios(session, tmp, [name], kill, report)
+        reports.update(json.loads(report.read_text()))
+    return reports
 
 
 if __name__ == "__main__":

@@ -20,20 +20,18 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from training_fixtures import BLOBS_INFO, blobs, train_task
+from training_fixtures import BLOBS_INFO, blobs, one_worker_on_concatenated_batches, train_task
 
 from cerebro_spark.data import DatasetInfo, PartitionData
 from cerebro_spark.errors import ConfigError, DataError, TrialError, WorkerLostError
 from cerebro_spark.store import Store, open_store
 from cerebro_spark.training import (
     decode_checkpoint,
-    load_spec,
     run_group_unit,
     run_unit,
     weights_digest,
 )
 from cerebro_spark.training._group import group_steps, local_batch_sizes
-from cerebro_spark.training._unit import _batch_order, _open_state, _unit_environment
 from cerebro_spark.units import (
     GroupBrokenError,
     GroupSpec,
@@ -217,36 +215,6 @@ def test_local_batches_split_the_global_batch_and_steps_cover_every_row():
 
 
 # -- the exact property: the all-reduce computes the concatenated batch's gradient ---------
-
-
-def one_worker_on_concatenated_batches(
-    tasks: tuple[UnitTask, ...], parts: dict[int, PartitionData], store: Store
-) -> dict[str, torch.Tensor]:
-    """Train one model in this process, each step on the concatenation of the ranks'
-    local batches (same rows, same order), with the global batch's mean loss."""
-    first = tasks[0]
-    spec = load_spec(first.spec)
-    rows = [parts[t.partition].rows for t in tasks]
-    local = local_batch_sizes(spec.batch_size(first.params), len(tasks))
-    orders = [torch.from_numpy(_batch_order(t, parts[t.partition].rows)) for t in tasks]
-    with _unit_environment("cpu") as dev:
-        checkpoint = None
-        if first.checkpoint_in is not None:
-            checkpoint = decode_checkpoint(store.get(first.checkpoint_in))
-        state = _open_state(spec, first, BLOBS_INFO, dev, checkpoint)
-        state.model.train()
-        for step, step_rows in enumerate(group_steps(rows, local)):
-            xs, ys = [], []
-            for rank, task in enumerate(tasks):
-                index = orders[rank][step * local[rank] : step * local[rank] + step_rows[rank]]
-                features, labels = parts[task.partition].tensors()
-                xs.append(features[index])
-                ys.append(labels[index])
-            state.optimizer.zero_grad(set_to_none=True)
-            loss = spec.loss(state.model(torch.cat(xs)), torch.cat(ys), BLOBS_INFO)
-            loss.backward()
-            state.optimizer.step()
-        return {k: v.detach().clone() for k, v in state.model.state_dict().items()}
 
 
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, Any]) -> float:

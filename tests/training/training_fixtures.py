@@ -5,7 +5,10 @@ import numpy as np
 import torch
 
 from cerebro_spark.data import DatasetInfo, PartitionData
-from cerebro_spark.training import MLPSpec, ModelSpec, run_unit
+from cerebro_spark.store import Store
+from cerebro_spark.training import MLPSpec, ModelSpec, decode_checkpoint, load_spec, run_unit
+from cerebro_spark.training._group import group_steps, local_batch_sizes
+from cerebro_spark.training._unit import _batch_order, _open_state, _unit_environment
 from cerebro_spark.units import UnitKind, UnitTask
 
 MLP = "cerebro_spark.training:MLPSpec"
@@ -109,3 +112,37 @@ class BrokenConstructorSpec(MLPSpec):
 class NotAModule(ModelSpec):
     def build_model(self, params, info):
         return "not a module"
+
+
+def one_worker_on_concatenated_batches(
+    tasks: tuple[UnitTask, ...],
+    parts: dict[int, PartitionData],
+    store: Store,
+    info: DatasetInfo = BLOBS_INFO,
+) -> dict[str, torch.Tensor]:
+    """Train one model in this process, each step on the concatenation of the ranks'
+    local batches (same rows, same order), with the global batch's mean loss: what a
+    group unit's all-reduce must compute (up to float rounding)."""
+    first = tasks[0]
+    spec = load_spec(first.spec)
+    rows = [parts[t.partition].rows for t in tasks]
+    local = local_batch_sizes(spec.batch_size(first.params), len(tasks))
+    orders = [torch.from_numpy(_batch_order(t, parts[t.partition].rows)) for t in tasks]
+    with _unit_environment("cpu") as dev:
+        checkpoint = None
+        if first.checkpoint_in is not None:
+            checkpoint = decode_checkpoint(store.get(first.checkpoint_in))
+        state = _open_state(spec, first, info, dev, checkpoint)
+        state.model.train()
+        for step, step_rows in enumerate(group_steps(rows, local)):
+            xs, ys = [], []
+            for rank, task in enumerate(tasks):
+                index = orders[rank][step * local[rank] : step * local[rank] + step_rows[rank]]
+                features, labels = parts[task.partition].tensors()
+                xs.append(features[index])
+                ys.append(labels[index])
+            state.optimizer.zero_grad(set_to_none=True)
+            loss = spec.loss(state.model(torch.cat(xs)), torch.cat(ys), info)
+            loss.backward()
+            state.optimizer.step()
+        return {k: v.detach().clone() for k, v in state.model.state_dict().items()}
