@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -100,7 +101,7 @@ class GroupSpec:
 
     def to_json(self) -> dict[str, Any]:
         """Return a JSON-serialisable dict (the inverse of :meth:`from_json`)."""
-        out = dataclasses.asdict(self)
+        out = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         out["partitions"] = list(self.partitions)
         return out
 
@@ -152,9 +153,11 @@ class UnitTask:
     def to_json(self) -> dict[str, Any]:
         """Return a JSON-serialisable dict (the inverse of :meth:`from_json`).
 
-        ``"group"`` is present only for a rank of a group unit.
+        ``"group"`` is present only for a rank of a group unit. ``params`` is copied one
+        level deep (its values are JSON values, read only). Built field by field: this
+        runs for every unit on both sides of the wire, and ``dataclasses.asdict`` deep-copies.
         """
-        out = dataclasses.asdict(self)
+        out = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         out["kind"] = self.kind.value
         out["params"] = dict(self.params)
         if self.group is None:
@@ -204,6 +207,56 @@ class UnitResult:
         if self.rows == 0:
             return {}
         return {name: total / self.rows for name, total in self.metric_sums.items()}
+
+    def to_json(self) -> dict[str, Any]:
+        """Return standard JSON values (NaN and infinities as text; see :meth:`from_json`)."""
+        return {
+            "task": self.task.to_json(),
+            "worker_id": self.worker_id,
+            "rows": self.rows,
+            "seconds": _finite_or_text(self.seconds),
+            "metric_sums": {name: _finite_or_text(v) for name, v in self.metric_sums.items()},
+            "checkpoint_bytes": self.checkpoint_bytes,
+            "checkpoint_sha256": self.checkpoint_sha256,
+            "io_seconds": _finite_or_text(self.io_seconds),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> UnitResult:
+        """Build a result from :meth:`to_json` output.
+
+        Raises:
+            ValueError: A field is missing or of the wrong type.
+        """
+        try:
+            sha = data["checkpoint_sha256"]
+            if sha is not None and not isinstance(sha, str):
+                raise ValueError(f"checkpoint_sha256 must be a string or null, got {sha!r}")
+            return cls(
+                task=UnitTask.from_json(data["task"]),
+                worker_id=str(data["worker_id"]),
+                rows=int(data["rows"]),
+                seconds=_number(data["seconds"]),
+                metric_sums={str(k): _number(v) for k, v in dict(data["metric_sums"]).items()},
+                checkpoint_bytes=int(data["checkpoint_bytes"]),
+                checkpoint_sha256=sha,
+                io_seconds=_number(data["io_seconds"]),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed unit result {dict(data)!r}: {exc!r}") from None
+
+
+def _finite_or_text(value: float) -> float | str:
+    """JSON has no NaN/inf: encode them as text."""
+    return value if math.isfinite(value) else repr(value)
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, str):
+        return float(value)  # "nan", "inf", "-inf"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"expected a number, got {value!r}")
+    return float(value)
 
 
 def group_tasks(

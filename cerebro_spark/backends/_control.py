@@ -42,9 +42,10 @@ Messages (``op`` and fields; see ``_serve`` and ``_pool`` for their handling):
 * driver → worker: ``welcome``, ``refuse`` (``reason``), ``load`` / ``drop`` (``id``,
   ``partitions``), ``run`` (``id``, ``task``: :meth:`UnitTask.to_json`), ``ping``, ``stop``.
 
-Results travel as :func:`result_to_json` / :func:`result_from_json`, worker exceptions as
-:func:`error_to_json` (type name, message, traceback text and how the driver should
-classify it) -- never as pickled objects.
+Results travel as :meth:`UnitResult.to_json <cerebro_spark.units.UnitResult.to_json>`,
+worker exceptions as :func:`error_to_json` (type name, message, traceback text and how the
+driver should classify it; :func:`error_from_json` rebuilds them) -- never as pickled
+objects.
 """
 
 from __future__ import annotations
@@ -54,7 +55,6 @@ import hashlib
 import hmac
 import json
 import logging
-import math
 import secrets
 import socket
 import struct
@@ -63,8 +63,8 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cerebro_spark.errors import TrialError
-from cerebro_spark.units import GroupBrokenError, UnitResult, UnitTask
+from cerebro_spark.errors import ConfigError, DataError, StoreError, TrialError
+from cerebro_spark.units import GroupBrokenError, UnitTask
 
 logger = logging.getLogger(__name__)
 
@@ -402,57 +402,6 @@ class ControlServer:
 # -- message codecs ---------------------------------------------------------------------------
 
 
-def _finite_or_text(value: float) -> float | str:
-    """JSON has no NaN/inf: encode them as text."""
-    return value if math.isfinite(value) else repr(value)
-
-
-def _float(value: Any) -> float:
-    if isinstance(value, str):
-        return float(value)  # "nan", "inf", "-inf"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"expected a number, got {value!r}")
-    return float(value)
-
-
-def result_to_json(result: UnitResult) -> dict[str, Any]:
-    """Return a :class:`UnitResult` as JSON values (the inverse of :func:`result_from_json`)."""
-    return {
-        "task": result.task.to_json(),
-        "worker_id": result.worker_id,
-        "rows": result.rows,
-        "seconds": _finite_or_text(result.seconds),
-        "metric_sums": {name: _finite_or_text(v) for name, v in result.metric_sums.items()},
-        "checkpoint_bytes": result.checkpoint_bytes,
-        "checkpoint_sha256": result.checkpoint_sha256,
-        "io_seconds": _finite_or_text(result.io_seconds),
-    }
-
-
-def result_from_json(data: Mapping[str, Any]) -> UnitResult:
-    """Build a :class:`UnitResult` from :func:`result_to_json` output.
-
-    Raises:
-        ValueError: A field is missing or of the wrong type.
-    """
-    try:
-        sha = data["checkpoint_sha256"]
-        if sha is not None and not isinstance(sha, str):
-            raise ValueError(f"checkpoint_sha256 must be a string or null, got {sha!r}")
-        return UnitResult(
-            task=UnitTask.from_json(data["task"]),
-            worker_id=str(data["worker_id"]),
-            rows=int(data["rows"]),
-            seconds=_float(data["seconds"]),
-            metric_sums={str(k): _float(v) for k, v in dict(data["metric_sums"]).items()},
-            checkpoint_bytes=int(data["checkpoint_bytes"]),
-            checkpoint_sha256=sha,
-            io_seconds=_float(data["io_seconds"]),
-        )
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"malformed unit result {dict(data)!r}: {exc!r}") from None
-
-
 def error_to_json(exc: BaseException) -> dict[str, Any]:
     """Describe an exception raised in a worker (call inside the ``except`` block).
 
@@ -469,3 +418,57 @@ def error_to_json(exc: BaseException) -> dict[str, Any]:
         "trial_error": isinstance(exc, TrialError),
         "transient": isinstance(exc, OSError),
     }
+
+
+# Exceptions a failed load is re-raised as, by the remote type name (never unpickled).
+_LOAD_ERRORS: dict[str, type[Exception]] = {
+    "DataError": DataError,
+    "ConfigError": ConfigError,
+    "StoreError": StoreError,
+    "FileNotFoundError": FileNotFoundError,
+    "PermissionError": PermissionError,
+    "ValueError": ValueError,
+}
+
+
+class RemoteTraceback(Exception):
+    """Carries a worker's traceback text as the ``__cause__`` of a re-raised error."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def error_from_json(
+    error: Mapping[str, Any], worker: str, op: str, task: UnitTask | None, partitions: Any
+) -> Exception:
+    """The driver's exception for a worker's :func:`error_to_json` (its traceback as cause).
+
+    A ``run`` fails with :class:`~cerebro_spark.units.GroupBrokenError`,
+    :class:`~cerebro_spark.errors.TrialError` or (I/O) :class:`~cerebro_spark.errors.StoreError`
+    by the flags; a ``load`` is re-raised as its own type when it is a known one.
+    """
+    type_name = str(error.get("type_name", "Exception"))
+    message = str(error.get("message", ""))
+    text = str(error.get("traceback", ""))
+    exc: Exception
+    if op == "run" and task is not None:
+        what = (
+            f"{task.kind.value} unit of trial {task.trial_id} "
+            f"(epoch {task.epoch}, partition {task.partition})"
+        )
+        if error.get("group_broken"):
+            exc = GroupBrokenError(f"on worker {worker}: {message}")
+        elif error.get("trial_error"):
+            exc = TrialError(message)
+        elif error.get("transient"):
+            exc = StoreError(f"{what} hit an I/O error on worker {worker}: {type_name}: {message}")
+        else:
+            exc = TrialError(f"{what} failed on worker {worker}: {type_name}: {message}\n{text}")
+    elif type_name in _LOAD_ERRORS:
+        exc = _LOAD_ERRORS[type_name](message)
+    else:
+        exc = RuntimeError(
+            f"worker {worker} failed to {op} partitions {list(partitions)}: {type_name}: {message}"
+        )
+    exc.__cause__ = RemoteTraceback(f"\nworker {worker} traceback:\n{text}")
+    return exc

@@ -55,11 +55,11 @@ from concurrent.futures import Future
 from typing import Any, Literal
 
 from cerebro_spark.backends._base import Backend, Membership, WorkerChange, WorkerInfo, WorkerJob
-from cerebro_spark.backends._control import Channel, ControlServer, new_secret, result_from_json
+from cerebro_spark.backends._control import Channel, ControlServer, error_from_json, new_secret
 from cerebro_spark.backends._placement import rehome, replica_share
 from cerebro_spark.backends._serve import WorkerSpec
 from cerebro_spark.backends._transport import Transport
-from cerebro_spark.errors import ConfigError, DataError, StoreError, TrialError, WorkerLostError
+from cerebro_spark.errors import ConfigError, WorkerLostError
 from cerebro_spark.units import GroupBrokenError, UnitResult, UnitTask, check_group
 
 logger = logging.getLogger(__name__)
@@ -72,16 +72,6 @@ _END_WAIT_S = 1.0
 _TICK_S = 0.25
 
 _State = Literal["starting", "live", "retiring", "retired", "lost", "closed"]
-
-# Exceptions a failed load is re-raised as, by the remote type name (never unpickled).
-_LOAD_ERRORS: dict[str, type[Exception]] = {
-    "DataError": DataError,
-    "ConfigError": ConfigError,
-    "StoreError": StoreError,
-    "FileNotFoundError": FileNotFoundError,
-    "PermissionError": PermissionError,
-    "ValueError": ValueError,
-}
 
 
 def worker_name(index: int) -> str:
@@ -208,17 +198,6 @@ def _describe(task: UnitTask) -> str:
 def _fail(future: Future[Any], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
-
-
-class _RemoteTraceback(Exception):
-    """Carries a worker's traceback text as the ``__cause__`` of a re-raised error."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self.text = text
-
-    def __str__(self) -> str:
-        return self.text
 
 
 class WorkerPool(Backend):
@@ -903,6 +882,8 @@ class WorkerPool(Backend):
             handle.bytes_read = int(state["bytes_read"])
             if pending.op == "load" and not message.get("ok"):
                 handle.partitions -= set(pending.partitions) - held
+                if handle.listed:  # a re-home load failed: the engine must know
+                    self._change_locked(Membership.PARTITIONS, handle)
             if pending.op == "drop":
                 handle.partitions -= set(pending.partitions)
             if pending.peers is not None:
@@ -914,11 +895,13 @@ class WorkerPool(Backend):
         try:
             if message.get("ok"):
                 value = message.get("value")
-                outcome = result_from_json(value) if pending.op == "run" and value else None
+                outcome = UnitResult.from_json(value) if pending.op == "run" and value else None
                 if outcome is not None and pending.task is not None and pending.task.group:
                     outcome = dataclasses.replace(outcome, task=pending.task)  # its rendezvous
             else:
-                failure = self._error_for(handle, pending, message["error"])
+                failure = error_from_json(
+                    message["error"], handle.worker_id, pending.op, pending.task, pending.partitions
+                )
         except Exception as exc:  # a worker of another version? It cannot be trusted now
             _fail(
                 pending.future,
@@ -977,36 +960,6 @@ class WorkerPool(Backend):
                     (pending.future, GroupBrokenError(f"on worker {peer.worker_id}: {text}"))
                 )
         return broken
-
-    def _error_for(self, handle: _Handle, pending: _Pending, error: Mapping[str, Any]) -> Exception:
-        type_name = str(error.get("type_name", "Exception"))
-        message = str(error.get("message", ""))
-        text = str(error.get("traceback", ""))
-        exc: Exception
-        if pending.op == "run" and pending.task is not None:
-            if error.get("group_broken"):
-                exc = GroupBrokenError(f"on worker {handle.worker_id}: {message}")
-            elif error.get("trial_error"):
-                exc = TrialError(message)
-            elif error.get("transient"):
-                exc = StoreError(
-                    f"{_describe(pending.task)} hit an I/O error on worker {handle.worker_id}: "
-                    f"{type_name}: {message}"
-                )
-            else:
-                exc = TrialError(
-                    f"{_describe(pending.task)} failed on worker {handle.worker_id}: "
-                    f"{type_name}: {message}\n{text}"
-                )
-        elif type_name in _LOAD_ERRORS:
-            exc = _LOAD_ERRORS[type_name](message)
-        else:
-            exc = RuntimeError(
-                f"worker {handle.worker_id} failed to {pending.op} partitions "
-                f"{list(pending.partitions)}: {type_name}: {message}"
-            )
-        exc.__cause__ = _RemoteTraceback(f"\nworker {handle.worker_id} traceback:\n{text}")
-        return exc
 
     def _send_locked(
         self,

@@ -42,7 +42,6 @@ from cerebro_spark.backends._control import (
     ProtocolError,
     connect,
     error_to_json,
-    result_to_json,
 )
 from cerebro_spark.backends._worker import Worker
 from cerebro_spark.errors import ConfigError
@@ -298,7 +297,7 @@ def _execute(worker: ServedWorker, message: Mapping[str, Any], channel: Channel)
             reply["value"] = None
         elif op == "run":
             task = UnitTask.from_json(message["task"])
-            reply["value"] = result_to_json(worker.run(task, announce))
+            reply["value"] = worker.run(task, announce).to_json()
         else:
             raise ValueError(f"unknown control command {op!r}")
         reply["ok"] = True

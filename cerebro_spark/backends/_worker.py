@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
-from cerebro_spark.backends._base import WorkerInfo, WorkerJob
+from cerebro_spark.backends._base import WorkerJob
 from cerebro_spark.units import UnitKind, UnitResult, UnitTask
 
 if TYPE_CHECKING:
@@ -82,16 +82,6 @@ class Worker:
     def bytes_read(self) -> int:
         """Bytes of partition data read from storage so far (dropping does not reduce it)."""
         return self._bytes_read
-
-    def info(self, host: str = "localhost") -> WorkerInfo:
-        """Return this worker as a :class:`WorkerInfo`."""
-        return WorkerInfo(
-            worker_id=self._worker_id,
-            partitions=self.partitions,
-            host=host,
-            device=self._device,
-            bytes_read=self._bytes_read,
-        )
 
     def load(self, partitions: Collection[int]) -> int:
         """Read the train and validation split of every partition not yet held.

@@ -561,6 +561,14 @@ class Experiment:
                 raise
             scheduler.fail(assignment.unit)
             self._sync_membership(backend, scheduler)
+            unexplained = [
+                w for w in assignment.workers if w not in live and w in scheduler.workers
+            ]
+            if unexplained:  # else the scheduler would hand them work forever
+                raise CerebroError(
+                    f"the backend refused workers {unexplained} but reported no membership "
+                    "change for them (Backend.changes)"
+                ) from None
             return None
         for index in range(assignment.size):
             self.log.append("unit_start", **self._where(assignment, index, group))

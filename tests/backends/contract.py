@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from cerebro_spark.backends import Backend, WorkerJob
+from cerebro_spark.backends import Backend, Membership, WorkerJob
 from cerebro_spark.data import Manifest, write_dataset
 from cerebro_spark.errors import TrialError, WorkerLostError
 from cerebro_spark.store import Store, open_store
@@ -403,6 +403,57 @@ class BackendContract(abc.ABC):
         two = run_epoch(backend, "two-workers", order=[2, 0, 3, 1])
         one = run_epoch(started(1), "one-worker", order=[2, 0, 3, 1])
         assert two == one
+
+    # -- membership and retire ----------------------------------------------------------------
+
+    def test_membership_changes_are_reported_once(
+        self, started: Callable[[int], Backend], dataset: Dataset
+    ) -> None:
+        backend = started(2)
+        changes = backend.changes()
+        assert sorted((c.kind.value, c.worker.worker_id) for c in changes) == [
+            ("joined", "w0"),
+            ("joined", "w1"),
+            ("ready", "w0"),
+            ("ready", "w1"),
+        ]
+        for change in changes:
+            if change.kind is Membership.READY:
+                info = change.worker
+                assert info.partitions == backend.workers()[info.worker_id].partitions
+                assert info.bytes_read == dataset.bytes_of(info.partitions) > 0
+        assert backend.changes() == []
+
+    def test_a_retired_worker_finishes_its_unit_and_leaves_its_partitions_behind(
+        self, started: Callable[[int], Backend], dataset: Dataset, tmp_path: Path, release: Path
+    ) -> None:
+        backend = started(2)
+        backend.changes()
+        begun = tmp_path / "started"
+        running = backend.submit(
+            "w1", train_task("k", 1, spec=GATED, params=gated(begun, [release]))
+        )
+        wait_until(begun.exists, "the unit to start")
+        retired = backend.retire("w1")
+        assert "w1" not in backend.workers()
+        with pytest.raises(ValueError, match=r"w1.*retiring"):
+            backend.submit("w1", train_task("t", 3))
+        release.write_text("go")
+        assert result(running).rows > 0  # a retire is not a loss: the unit in flight ends well
+        retired.result(timeout=RESULT_TIMEOUT_S)
+        workers = backend.workers()
+        assert {w: set(i.partitions) for w, i in workers.items()} == {"w0": {0, 1, 2, 3}}
+        assert workers["w0"].bytes_read == dataset.bytes_of({0, 1, 2, 3})  # loaded from storage
+        assert [(c.kind, c.worker.worker_id) for c in backend.changes()] == [
+            (Membership.RETIRING, "w1"),
+            (Membership.PARTITIONS, "w0"),
+            (Membership.RETIRED, "w1"),
+        ]
+        assert result(backend.submit("w0", train_task("t", 3))).rows > 0
+        with pytest.raises(ValueError, match="last live worker"):
+            backend.retire("w0")
+        with pytest.raises(ValueError, match="no such live worker"):
+            backend.retire("w1")
 
     def test_close_is_idempotent_and_stops_every_worker(
         self, started: Callable[[int], Backend]

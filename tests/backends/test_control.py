@@ -34,10 +34,9 @@ from cerebro_spark.backends._control import (
     ProtocolError,
     connect,
     encode_frame,
+    error_from_json,
     error_to_json,
     new_secret,
-    result_from_json,
-    result_to_json,
 )
 from cerebro_spark.backends._serve import (
     DRIVER_GONE,
@@ -51,7 +50,7 @@ from cerebro_spark.backends._serve import (
     executor_hint,
     serve,
 )
-from cerebro_spark.errors import ConfigError, StoreError, TrialError
+from cerebro_spark.errors import ConfigError, DataError, StoreError, TrialError
 from cerebro_spark.store import open_store
 from cerebro_spark.units import UnitKind, UnitResult, UnitTask
 
@@ -352,15 +351,15 @@ def test_results_and_errors_travel_as_json() -> None:
         checkpoint_sha256="ab" * 32,
         io_seconds=0.01,
     )
-    wire = json.loads(json.dumps(result_to_json(original), allow_nan=False))
-    back = result_from_json(wire)
+    wire = json.loads(json.dumps(original.to_json(), allow_nan=False))
+    back = UnitResult.from_json(wire)
     assert back.task == task and back.worker_id == "w1" and back.rows == 40
     assert math.isnan(back.metric_sums["loss"]) and back.metric_sums["big"] == math.inf
     assert back == UnitResult(**{**vars(original), "metric_sums": back.metric_sums})
     with pytest.raises(ValueError, match="malformed unit result"):
-        result_from_json({"task": task.to_json()})
+        UnitResult.from_json({"task": task.to_json()})
     with pytest.raises(ValueError, match="expected a number"):
-        result_from_json({**wire, "seconds": [1]})
+        UnitResult.from_json({**wire, "seconds": [1]})
     for exc, trial, transient in (
         (TrialError("user code"), True, False),
         (StoreError("disk"), False, True),
@@ -375,6 +374,13 @@ def test_results_and_errors_travel_as_json() -> None:
         assert (described["trial_error"], described["transient"]) == (trial, transient)
         assert "Traceback" in described["traceback"]
         json.dumps(described)
+        back_exc = error_from_json(described, "w4", "run", task, ())
+        assert type(back_exc) is (StoreError if transient else TrialError)
+        assert "worker w4 traceback" in str(back_exc.__cause__)
+    loaded = error_from_json({"type_name": "DataError", "message": "bad"}, "w4", "load", None, [1])
+    assert isinstance(loaded, DataError) and str(loaded) == "bad"
+    other = error_from_json({"type_name": "KeyError", "message": "x"}, "w4", "load", None, [1])
+    assert str(other) == "worker w4 failed to load partitions [1]: KeyError: x"
 
 
 # -- the worker task's side (serve() without Spark) ------------------------------------------

@@ -133,8 +133,7 @@ def test_worker_reads_each_partition_once_and_runs_units_on_the_right_split(
         worker.load([9])
     worker.drop([0, 3])
     assert worker.partitions == frozenset({2})
-    assert worker.info().bytes_read == dataset.bytes_of({0, 2})
-    assert worker.info().partitions == frozenset({2})
+    assert worker.bytes_read == dataset.bytes_of({0, 2})  # dropping does not reduce it
 
 
 # -- placement, validation, start failures -----------------------------------------------------

@@ -340,3 +340,17 @@ def test_close_stops_idle_workers_and_fails_busy_ones(
     pool.close()
     with pytest.raises(RuntimeError, match="closed"):
         pool.add_worker()
+
+
+def test_a_failed_rehome_load_is_reported_as_a_membership_change(
+    pools: Callable[..., WorkerPool], script: Script
+) -> None:
+    pool = pools(2)
+    pool.changes()
+    script.failing_loads.add("w0")
+    with pytest.raises(WorkerLostError):
+        result(pool.submit("w1", task("t", 1, die="w1")))
+    wait_until(lambda: held(pool) == {"w0": {0, 2}}, "the failed load to be reported")
+    changes = pool.changes()
+    assert kinds(changes) == [("lost", "w1"), ("partitions", "w0"), ("partitions", "w0")]
+    assert [c.worker.partitions for c in changes[1:]] == [{0, 1, 2, 3}, {0, 2}]
