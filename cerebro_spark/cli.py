@@ -144,10 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_prepare_arguments(prepare)
     prepare.set_defaults(handler=run_prepare)
 
-    from cerebro_spark.simulate import add_plan_command, add_simulate_command
+    from cerebro_spark.elastic._cli import add_plan_command, add_profile_command
+    from cerebro_spark.simulate import add_simulate_command
 
     add_simulate_command(commands)
     add_plan_command(commands)
+    add_profile_command(commands)
     return parser
 
 

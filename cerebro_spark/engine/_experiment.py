@@ -81,6 +81,7 @@ from cerebro_spark.mop import (
 from cerebro_spark.search import (
     Decision,
     EpochReport,
+    ExperimentSpec,
     SearchProcedure,
     make_procedure,
     procedure_options,
@@ -135,6 +136,45 @@ that results."""
 def experiment_prefix(experiment_id: str) -> str:
     """Return the store prefix of an experiment."""
     return f"experiments/{experiment_id}"
+
+
+def build_procedure(config: ExperimentConfig, clock: Callable[[], float]) -> SearchProcedure:
+    """Build the search procedure a config names, as ``run`` does (one code path).
+
+    Its generator comes from the experiment seed; ``num_workers``, for procedures that
+    take it, defaults to the config's ``workers``. ``plan`` builds the procedure here too,
+    so it plans exactly what ``run`` will do.
+    """
+    rng = np.random.default_rng(np.random.SeedSequence([config.seed, _PROCEDURE_STREAM]))
+    options = dict(config.procedure_options)
+    if "num_workers" in procedure_options(config.procedure):
+        options.setdefault("num_workers", config.workers)
+    return make_procedure(
+        config.procedure,
+        space=SearchSpace.from_config(config.space),
+        epochs=config.epochs,
+        metric=config.metric,
+        mode=config.mode,
+        rng=rng,
+        clock=clock,
+        **options,
+    )
+
+
+def experiment_spec(config: ExperimentConfig) -> ExperimentSpec:
+    """The stage structure of the search a config runs (for the planner).
+
+    Raises:
+        ConfigError: The config is bad, or its procedure gives no stage structure.
+    """
+    procedure = build_procedure(config, lambda: 0.0)
+    spec = procedure.stage_spec()
+    if spec is None:
+        raise ConfigError(
+            f"search procedure {config.procedure!r} gives no stage structure to plan "
+            "(SearchProcedure.stage_spec)"
+        )
+    return dataclasses.replace(spec, procedure=config.procedure)
 
 
 def trial_seed(experiment_seed: int, trial_id: str) -> int:
@@ -212,21 +252,7 @@ class Experiment:
         return self._time_before + time.monotonic() - self._session_started
 
     def _make_procedure(self) -> SearchProcedure:
-        config = self.config
-        rng = np.random.default_rng(np.random.SeedSequence([config.seed, _PROCEDURE_STREAM]))
-        options = dict(config.procedure_options)
-        if "num_workers" in procedure_options(config.procedure):
-            options.setdefault("num_workers", config.workers)
-        procedure = make_procedure(
-            config.procedure,
-            space=self.space,
-            epochs=config.epochs,
-            metric=config.metric,
-            mode=config.mode,
-            rng=rng,
-            clock=self.clock,
-            **options,
-        )
+        procedure = build_procedure(self.config, self.clock)
         if self.state.procedure_state is not None:
             procedure.load_state_dict(self.state.procedure_state)
         return procedure

@@ -19,6 +19,7 @@ from cerebro_spark.search._random import RandomSearch
 from cerebro_spark.search._registry import PROCEDURES, make_procedure, procedure_options
 from cerebro_spark.search._seer import SEER, SeerPlan, seer_plan
 from cerebro_spark.search._sha import SuccessiveHalving
+from cerebro_spark.search._stages import Cohort, ExperimentSpec, StageSpec
 from cerebro_spark.search.space import (
     Choice,
     Distribution,
@@ -38,9 +39,11 @@ __all__ = [
     "SEER",
     "Choice",
     "Clock",
+    "Cohort",
     "Decision",
     "Distribution",
     "EpochReport",
+    "ExperimentSpec",
     "Grid",
     "GridSearch",
     "HyperSched",
@@ -53,6 +56,7 @@ __all__ = [
     "SearchProcedure",
     "SearchSpace",
     "SeerPlan",
+    "StageSpec",
     "SuccessiveHalving",
     "TPESearch",
     "TrialSpec",

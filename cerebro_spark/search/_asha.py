@@ -21,6 +21,7 @@ from cerebro_spark.search._rungs import (
     rank,
     to_score,
 )
+from cerebro_spark.search._stages import Cohort, ExperimentSpec, StageSpec, one_stage
 from cerebro_spark.search.space import SearchSpace
 
 
@@ -210,6 +211,32 @@ class ASHA(SearchProcedure):
         del self._live[trial_id]
         self._paused[trial_id] = k
         return Decision.PAUSE
+
+    def stage_spec(self) -> ExperimentSpec:
+        """ASHA's expected work as one asynchronous stage.
+
+        Of ``num_trials``, about ``n / η^k`` reach rung ``k`` and the rest stop there; the
+        best train to ``epochs`` (as in SHA). Without ``num_trials`` it runs until its
+        deadline on ``num_workers``.
+        """
+        if self.num_trials is None:
+            assert self.deadline is not None  # ok: checked in __init__
+            return ExperimentSpec(
+                "asha",
+                one_stage(self.num_workers, self.epochs),
+                elastic=False,
+                max_workers=self.num_workers,
+                fixed_seconds=self.deadline,
+            )
+        ladder = [*self.rungs, self.epochs]
+        reach = [self.num_trials]
+        for _ in ladder[1:]:
+            reach.append(max(1, reach[-1] // self.eta))
+        stop_at = [n - later for n, later in zip(reach, [*reach[1:], 0], strict=True)]
+        cohorts = tuple(Cohort(n, e) for n, e in zip(stop_at, ladder, strict=True) if n > 0)
+        return ExperimentSpec(
+            "asha", (StageSpec(cohorts),), elastic=False, max_workers=self.num_trials
+        )
 
     def is_finished(self) -> bool:
         """Whether the deadline passed, or every config started and nothing can go on."""

@@ -26,6 +26,9 @@ Rules every implementation keeps (``tests/search/procedure_contract.py`` checks 
   engine fills it in with the experiment's worker count when the config does not.
 * :meth:`SearchProcedure.resources` says how many workers a live trial trains on in its
   next epoch (default 1); more than one means a data-parallel group (Cerebro §5.7).
+* :meth:`SearchProcedure.stage_spec` gives the search's stages before it runs (for the
+  elastic planner); it describes the procedure as constructed, options and defaults
+  included.
 * User-input problems raise :class:`~cerebro_spark.errors.ConfigError`, never ``assert``.
 """
 
@@ -41,6 +44,7 @@ from typing import Any, Literal
 import numpy as np
 
 from cerebro_spark.errors import ConfigError
+from cerebro_spark.search._stages import ExperimentSpec
 
 Mode = Literal["min", "max"]
 Clock = Callable[[], float]
@@ -172,6 +176,16 @@ class SearchProcedure(abc.ABC):
     def resumed(self) -> list[str]:
         """Return ids of paused trials to train again from the next epoch (default: none)."""
         return []
+
+    def stage_spec(self) -> ExperimentSpec | None:
+        """Return the search's stage structure (RubberBand Fig. 6), known before it runs.
+
+        Every registered procedure gives one (see :mod:`cerebro_spark.search._stages`):
+        synchronous procedures their stages, asynchronous ones their work as one stage
+        with ``elastic=False`` and the trials they keep in flight. ``None`` (the default)
+        means the procedure cannot say, and the elastic planner refuses it.
+        """
+        return None
 
     @abc.abstractmethod
     def is_finished(self) -> bool:

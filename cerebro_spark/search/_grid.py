@@ -26,6 +26,7 @@ import numpy as np
 
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.search._base import Clock, Decision, EpochReport, SearchProcedure, TrialSpec
+from cerebro_spark.search._stages import ExperimentSpec, one_stage
 from cerebro_spark.search.space import SearchSpace
 
 MAX_GRID_TRIALS = 100_000
@@ -72,6 +73,21 @@ class _OneShotSearch(SearchProcedure):
         self._suggested = 0
         self._live: dict[str, int] = {}  # trial id -> epochs reported so far
         self._stopped: set[str] = set()
+
+    #: The registered name (for the stage spec).
+    name = "one-shot"
+
+    def stage_spec(self) -> ExperimentSpec:
+        """All trials, ``epochs`` each, as one asynchronous stage.
+
+        At most ``max_concurrent`` (else all) are in flight.
+        """
+        return ExperimentSpec(
+            self.name,
+            one_stage(self._total, self.epochs),
+            elastic=False,
+            max_workers=self.max_concurrent or self._total,
+        )
 
     @abc.abstractmethod
     def _params(self, index: int) -> dict[str, Any]:
@@ -170,6 +186,8 @@ class GridSearch(_OneShotSearch):
             (the message names its path), or the grid has more than
             :data:`MAX_GRID_TRIALS` trials.
     """
+
+    name = "grid"
 
     def __init__(
         self,

@@ -19,6 +19,7 @@ from cerebro_spark.search._rungs import (
     check_same_arguments,
     to_score,
 )
+from cerebro_spark.search._stages import ExperimentSpec, ladder_stages, merge_side_by_side
 from cerebro_spark.search.space import SearchSpace
 
 
@@ -142,6 +143,20 @@ class Hyperband(SearchProcedure):
     def resumed(self) -> list[str]:
         """Return the paused survivors of rungs decided since the last call, in id order."""
         return sorted(t for b in self._brackets for t in b.take_resumed())
+
+    def stage_spec(self) -> ExperimentSpec:
+        """A multi-job (RubberBand §3.1): one successive-halving spec per bracket.
+
+        Side by side (stage ``i`` holds every bracket's ``i``-th rung) when
+        ``concurrent``, else one bracket after another.
+        """
+        brackets = [ladder_stages(n, rungs, self.eta) for n, rungs in self.plan]
+        stages = (
+            merge_side_by_side(brackets)
+            if self.concurrent
+            else [stage for bracket in brackets for stage in bracket]
+        )
+        return ExperimentSpec("hyperband", tuple(stages))
 
     def is_finished(self) -> bool:
         """Whether every bracket was started and is done."""

@@ -58,6 +58,7 @@ import numpy as np
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.search._base import Clock, Decision, EpochReport, SearchProcedure, TrialSpec
 from cerebro_spark.search._grid import check_space, positive_int
+from cerebro_spark.search._stages import ExperimentSpec, one_stage
 from cerebro_spark.search.space import SearchSpace
 
 SCALINGS = ("linear", "sqrt", "none")
@@ -308,6 +309,19 @@ class HyperSched(SearchProcedure):
         """Return the paused trials :meth:`suggest` promoted this round."""
         pending, self._pending = self._pending, []
         return pending
+
+    def stage_spec(self) -> ExperimentSpec:
+        """One asynchronous stage of fixed length on ``num_workers``.
+
+        HyperSched fills its workers until its deadline (§4), whatever else happens.
+        """
+        return ExperimentSpec(
+            "hypersched",
+            one_stage(self.max_trials or self.num_workers, self.epochs),
+            elastic=False,
+            max_workers=self.num_workers,
+            fixed_seconds=self.deadline,
+        )
 
     def is_finished(self) -> bool:
         """Past the deadline, or nothing live and nothing the entrance policy would start."""

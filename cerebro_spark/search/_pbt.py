@@ -21,6 +21,7 @@ from cerebro_spark.search._space_tree import (
     quantized_value,
     space_root,
 )
+from cerebro_spark.search._stages import ExperimentSpec, one_stage
 from cerebro_spark.search.space import (
     Choice,
     Distribution,
@@ -220,6 +221,18 @@ class PBT(SearchProcedure):
         params = copy.deepcopy(dict(spec.params))
         self._members[spec.trial_id] = {"base": base, "epochs": 0, "params": params}
         self._training.add(spec.trial_id)
+
+    def stage_spec(self) -> ExperimentSpec:
+        """The population's ``epochs`` epochs as one asynchronous stage.
+
+        Exploits replace members and add no work; ``population`` trials are in flight.
+        """
+        return ExperimentSpec(
+            "pbt",
+            one_stage(self.population, self.epochs),
+            elastic=False,
+            max_workers=self.population,
+        )
 
     def is_finished(self) -> bool:
         """Whether every lineage has trained ``epochs`` epochs."""

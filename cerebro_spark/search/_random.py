@@ -34,6 +34,8 @@ class RandomSearch(_OneShotSearch):
         ConfigError: An argument breaks its rule.
     """
 
+    name = "random"
+
     def __init__(
         self,
         space: SearchSpace,

@@ -64,6 +64,7 @@ from cerebro_spark.errors import ConfigError
 from cerebro_spark.search._base import Clock, Decision, EpochReport, SearchProcedure, TrialSpec
 from cerebro_spark.search._grid import check_space, positive_int
 from cerebro_spark.search._hypersched import check_number, clean_score
+from cerebro_spark.search._stages import Cohort, ExperimentSpec, StageSpec
 from cerebro_spark.search.space import SearchSpace
 
 _EPS = 1e-9
@@ -484,6 +485,27 @@ class SEER(SearchProcedure):
     def is_finished(self) -> bool:
         """After stage ``K`` or past the deadline."""
         return self._stage > self.plan.K or self._now() >= self.deadline
+
+    def stage_spec(self) -> ExperimentSpec:
+        """The plan's stages, one cohort per bracket.
+
+        A cohort has the bracket's trials, the epochs each trains in the stage (at most
+        ``epochs`` in all) and its workers per trial (at most ``num_workers``).
+        """
+        stages = []
+        trained = [0] * len(self.plan.N)
+        for stage in self.plan.stages:
+            cohorts = []
+            for i, (trials, p, e) in enumerate(
+                zip(stage.trials, stage.resources, stage.epochs, strict=True)
+            ):
+                epochs = min(e, self.epochs - trained[i])
+                if trials > 0 and epochs > 0:
+                    cohorts.append(Cohort(trials, epochs, min(p, self.num_workers)))
+                    trained[i] += epochs
+            if cohorts:
+                stages.append(StageSpec(tuple(cohorts)))
+        return ExperimentSpec("seer", tuple(stages))
 
     def resources(self, trial_id: str) -> int:
         """Return ``P`` of the trial's bracket (at most ``num_workers``), else 1."""

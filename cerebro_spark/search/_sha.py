@@ -18,6 +18,7 @@ from cerebro_spark.search._rungs import (
     sha_ladder,
     to_score,
 )
+from cerebro_spark.search._stages import ExperimentSpec, ladder_stages
 from cerebro_spark.search.space import SearchSpace
 
 
@@ -106,6 +107,11 @@ class SuccessiveHalving(SearchProcedure):
     def resumed(self) -> list[str]:
         """Return the paused survivors of a rung decided since the last call."""
         return self._bracket.take_resumed()
+
+    def stage_spec(self) -> ExperimentSpec:
+        """One stage per rung: ``n_k`` trials train from the previous rung to rung ``k``."""
+        stages = ladder_stages(self.num_trials, self.rungs, self.eta)
+        return ExperimentSpec("sha", tuple(stages))
 
     def is_finished(self) -> bool:
         """Whether the configs were suggested and every trial stopped or was eliminated."""

@@ -18,6 +18,7 @@ from cerebro_spark.search._base import Clock, Decision, EpochReport, SearchProce
 from cerebro_spark.search._grid import check_space, positive_int
 from cerebro_spark.search._rungs import check_report, check_same_arguments
 from cerebro_spark.search._space_tree import quantized_bounds, quantized_value, space_root
+from cerebro_spark.search._stages import ExperimentSpec, one_stage
 from cerebro_spark.search.space import (
     Choice,
     Distribution,
@@ -174,6 +175,18 @@ class TPESearch(SearchProcedure):
         else:
             self._get_study().tell(number, state=TrialState.FAIL)
             record["state"] = "fail"
+
+    def stage_spec(self) -> ExperimentSpec:
+        """``num_trials`` trials of ``epochs`` as one asynchronous stage.
+
+        At most ``max_concurrent`` are in flight.
+        """
+        return ExperimentSpec(
+            "tpe",
+            one_stage(self.num_trials, self.epochs),
+            elastic=False,
+            max_workers=self.max_concurrent,
+        )
 
     def is_finished(self) -> bool:
         """Whether ``num_trials`` configs were asked and every trial stopped."""

@@ -1,11 +1,11 @@
 """Virtual-time simulation of search procedures on HyperSched's parametric workload.
 
 No torch, no Spark: any registered procedure runs on Cerebro's round template with a
-virtual clock (:func:`run_simulation`, :func:`compare_procedures`); the ``simulate`` and
-``plan`` commands are built by :func:`add_simulate_command` and :func:`add_plan_command`.
+virtual clock (:func:`run_simulation`, :func:`compare_procedures`); the ``simulate``
+command is built by :func:`add_simulate_command`.
 """
 
-from cerebro_spark.simulate._cli import add_plan_command, add_simulate_command
+from cerebro_spark.simulate._cli import add_simulate_command
 from cerebro_spark.simulate._cluster import (
     EpochJob,
     RoundSchedule,
@@ -41,7 +41,6 @@ __all__ = [
     "SimulationResult",
     "SimulationSettings",
     "VirtualClock",
-    "add_plan_command",
     "add_simulate_command",
     "compare_procedures",
     "epoch_seconds",

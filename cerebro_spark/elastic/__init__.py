@@ -1,0 +1,58 @@
+"""The elastic layer's planning half: profiles, prices, the simulator and the planner.
+
+Pure functions of (stage spec, profile, price catalog, deadline, budget): no Spark, no
+torch. :func:`plan` returns the cheapest allocation of workers per stage that meets the
+deadline and the budget (RubberBand §4, Cynthia §4) or raises :class:`PlanInfeasible`;
+:class:`Simulator` predicts an allocation's time and cost (RubberBand §4.2);
+:class:`GroupModel` is Cynthia's performance model of a data-parallel group (Cynthia §3).
+The stage spec comes from the search procedure (``SearchProcedure.stage_spec``), built from
+a config exactly as ``run`` builds it (:func:`cerebro_spark.engine.experiment_spec`).
+"""
+
+from cerebro_spark.elastic._cynthia import GroupModel, bandwidth_from
+from cerebro_spark.elastic._planner import (
+    Plan,
+    PlanInfeasible,
+    next_lower,
+    plan,
+    static_sizes,
+    worker_bounds,
+)
+from cerebro_spark.elastic._prices import InstancePrice, PriceCatalog, load_catalog, parse_catalog
+from cerebro_spark.elastic._profile import (
+    Latency,
+    Profile,
+    Scaling,
+    TypeProfile,
+    load_profile,
+    parse_profile,
+    parse_scaling,
+)
+from cerebro_spark.elastic._simulator import Node, NodeKind, Outcome, Simulator, StageOutcome
+
+__all__ = [
+    "GroupModel",
+    "InstancePrice",
+    "Latency",
+    "Node",
+    "NodeKind",
+    "Outcome",
+    "Plan",
+    "PlanInfeasible",
+    "PriceCatalog",
+    "Profile",
+    "Scaling",
+    "Simulator",
+    "StageOutcome",
+    "TypeProfile",
+    "bandwidth_from",
+    "load_catalog",
+    "load_profile",
+    "next_lower",
+    "parse_catalog",
+    "parse_profile",
+    "parse_scaling",
+    "plan",
+    "static_sizes",
+    "worker_bounds",
+]

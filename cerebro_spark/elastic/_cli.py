@@ -1,0 +1,272 @@
+"""The ``plan`` and ``profile`` commands.
+
+``cerebro-spark plan CONFIG.yaml --profile P --prices C --deadline S [--budget USD]
+[--instance-type T]`` plans exactly what ``run CONFIG.yaml`` will do (the procedure is
+built by the same code, :func:`cerebro_spark.engine.experiment_spec`). Without a config,
+``--procedure sha|hyperband|seer`` with ``--trials``, ``--eta``, ``--max-epochs``,
+``--min-epochs`` and ``--option KEY=VALUE`` (any other option of the procedure) describes
+the search. Without ``--profile`` the command prints the search's stages only, nothing
+priced. An infeasible deadline or budget exits with status 2 and the numbers.
+
+``cerebro-spark profile CONFIG.yaml --instance-type T --out P`` runs a short pilot on the
+config's data and models and writes a profile (:mod:`._pilot`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cerebro_spark.errors import ConfigError
+from cerebro_spark.search import ExperimentSpec, SearchSpace, make_procedure
+
+FLAG_PROCEDURES = ("sha", "hyperband", "seer")
+"""Procedures ``plan`` can describe from flags, without a config."""
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def add_plan_command(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``plan`` command and return its parser."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "plan",
+        help="plan the workers of every stage for a deadline and a budget, before running",
+        description=(
+            "Plan the cheapest allocation of workers per stage that meets a deadline and a "
+            "budget (RubberBand's planner on a profile and a price catalog), and show it "
+            "beside the cheapest static cluster. Without --profile, show the stages only."
+        ),
+    )
+    parser.add_argument("config", nargs="?", help="experiment config (YAML), as for 'run'")
+    parser.add_argument("--procedure", choices=FLAG_PROCEDURES, help="without a config")
+    parser.add_argument("--trials", type=int, help="trials of SHA (num_trials)")
+    parser.add_argument("--eta", type=int, help="reduction factor")
+    parser.add_argument("--max-epochs", type=int, help="R: the most epochs of a trial")
+    parser.add_argument("--min-epochs", type=int, help="r: the epochs of the first rung")
+    parser.add_argument("--workers", type=int, help="num_workers for procedures that take it")
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another procedure option, VALUE as JSON (e.g. budget=120 for SEER)",
+    )
+    parser.add_argument("--profile", help="profile YAML (cerebro-spark profile, or by hand)")
+    parser.add_argument("--prices", help="price catalog YAML (conf/prices/aws-us-east-1.yaml)")
+    parser.add_argument(
+        "--deadline", type=float, help="seconds from run to the end, start-up included"
+    )
+    parser.add_argument("--budget", type=float, help="most dollars")
+    parser.add_argument("--instance-type", help="plan on this type only (default: every one)")
+    parser.add_argument("--samples", type=int, default=32, help="latency samples (default 32)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the samples")
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.set_defaults(handler=run_plan)
+    return parser
+
+
+def _options(items: list[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--option must look like KEY=VALUE, got {item!r}")
+        try:
+            options[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key] = raw
+    return options
+
+
+def spec_from_args(args: argparse.Namespace) -> tuple[ExperimentSpec, int | None]:
+    """The stages to plan (from the config, else from flags) and the config's partitions.
+
+    Raises:
+        ConfigError: Neither a config nor ``--procedure``, both, or a bad flag.
+    """
+    if args.config is not None:
+        if args.procedure is not None:
+            raise ConfigError("give a config or --procedure, not both")
+        from cerebro_spark.engine import experiment_spec, load_config
+
+        config = load_config(args.config)
+        if args.workers is not None:
+            config = config.replace(workers=args.workers)
+        partitions = config.data.partitions if config.data.source is not None else None
+        return experiment_spec(config), partitions
+    if args.procedure is None:
+        raise ConfigError("plan needs a config (CONFIG.yaml) or --procedure sha|hyperband|seer")
+    if args.max_epochs is None:
+        raise ConfigError(f"--procedure {args.procedure} needs --max-epochs (R)")
+    options = _options(list(args.option))
+    if args.eta is not None:
+        options["eta"] = args.eta
+    if args.min_epochs is not None:
+        options["min_epochs"] = args.min_epochs
+    if args.procedure == "sha":
+        if args.trials is None:
+            raise ConfigError("--procedure sha needs --trials")
+        options["num_trials"] = args.trials
+    elif args.trials is not None:
+        raise ConfigError(f"--trials is for sha; {args.procedure} chooses its own trials")
+    if args.procedure == "seer":
+        if args.min_epochs is not None:
+            raise ConfigError("--min-epochs is for sha and hyperband; SEER plans its stages")
+        options.setdefault("num_workers", args.workers or 1)
+        if "deadline" not in options:
+            if args.deadline is None:
+                raise ConfigError("--procedure seer needs --deadline (or --option deadline=S)")
+            options["deadline"] = args.deadline
+    procedure = make_procedure(
+        args.procedure,
+        space=SearchSpace.from_config({"x": {"uniform": [0.0, 1.0]}}),
+        epochs=args.max_epochs,
+        metric="loss",
+        mode="min",
+        rng=np.random.default_rng(0),
+        clock=lambda: 0.0,
+        **options,
+    )
+    spec = procedure.stage_spec()
+    assert spec is not None  # ok: sha, hyperband and seer give one
+    return spec, None
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """The ``plan`` command (see the module docstring)."""
+    spec, partitions = spec_from_args(args)
+    if args.profile is None:
+        if args.format == "json":
+            _write(json.dumps({"feasible": None, **spec.to_dict()}, indent=2))
+        else:
+            _write(format_stages(spec))
+        return 0
+    from cerebro_spark.elastic._planner import plan
+    from cerebro_spark.elastic._prices import load_catalog
+    from cerebro_spark.elastic._profile import load_profile
+
+    if args.prices is None or args.deadline is None:
+        raise ConfigError("planning with --profile needs --prices and --deadline")
+    profile = load_profile(args.profile)
+    if partitions is not None and partitions != profile.partitions:
+        raise ConfigError(
+            f"the profile {args.profile} measured partitions={profile.partitions}, but the "
+            f"config's data.partitions is {partitions}: profile this config again"
+        )
+    result = plan(
+        spec,
+        profile,
+        load_catalog(args.prices),
+        deadline=args.deadline,
+        budget=args.budget,
+        instance_type=args.instance_type,
+        samples=args.samples,
+        seed=args.seed,
+    )
+    if args.format == "json":
+        _write(json.dumps(result.to_dict(), indent=2))
+    else:
+        from cerebro_spark.elastic._report import format_plan
+
+        _write(format_plan(result))
+    return 0
+
+
+def format_stages(spec: ExperimentSpec) -> str:
+    """The stages of a search as a table (``plan`` without a profile)."""
+    kind = "elastic" if spec.elastic else "one allocation (asynchronous)"
+    lines = [
+        f"{spec.procedure}: {spec.num_stages()} stages, {kind}"
+        + ("" if spec.max_workers is None else f", at most {spec.max_workers} trials in flight")
+        + ("" if spec.fixed_seconds is None else f", runs {spec.fixed_seconds:g} s"),
+        "",
+        "| stage | trials | epochs | cohorts (trials x epochs x workers each) |",
+        "|--:|--:|--:|:--|",
+    ]
+    for i, stage in enumerate(spec.stages):
+        cohorts = ", ".join(f"{c.trials} x {c.epochs} x {c.resources}" for c in stage.cohorts)
+        lines.append(f"| {i + 1} | {stage.trials} | {stage.epochs} | {cohorts} |")
+    lines += ["", "pass --profile, --prices and --deadline to plan workers and dollars"]
+    return "\n".join(lines)
+
+
+def add_profile_command(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``profile`` command and return its parser."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "profile",
+        help="measure a config's workload with a short pilot and write a profile",
+        description=(
+            "Run a short pilot on the config's data and model families (one trial of each, "
+            "two epochs, group units where the backend has the workers) and write the "
+            "profile the planner reads."
+        ),
+    )
+    parser.add_argument("config", help="experiment config (YAML)")
+    parser.add_argument(
+        "--instance-type",
+        default="local",
+        help="the instance type these numbers stand for (a price catalog's name)",
+    )
+    parser.add_argument("--out", help="where to write the profile (default: <name>.profile.yaml)")
+    parser.add_argument("--epochs", type=int, default=2, help="pilot epochs (default 2)")
+    parser.add_argument(
+        "--groups", default="2,4", help="group sizes to measure when workers allow (2,4)"
+    )
+    parser.add_argument(
+        "--scale-seconds",
+        type=float,
+        default=0.0,
+        help="provider latency from request to executor (not measurable on a fixed cluster)",
+    )
+    parser.add_argument(
+        "--bandwidth",
+        type=float,
+        default=1.25e9,
+        help="bytes/s between workers for Cynthia's model when no group can be measured",
+    )
+    parser.add_argument("--backend", choices=("local", "spark"), help="override the config's")
+    parser.add_argument("--master", help="Spark master URL; implies --backend spark")
+    parser.set_defaults(handler=run_profile)
+    return parser
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    """The ``profile`` command."""
+    import dataclasses
+
+    from cerebro_spark.elastic._pilot import pilot_profile
+    from cerebro_spark.engine import load_config
+
+    config = load_config(args.config)
+    if args.master is not None:
+        config = config.replace(
+            backend="spark", spark=dataclasses.replace(config.spark, master=args.master)
+        )
+    elif args.backend is not None:
+        config = config.replace(backend=args.backend)
+    try:
+        groups = tuple(int(g) for g in str(args.groups).split(",") if g.strip())
+    except ValueError:
+        raise ConfigError(
+            f"--groups must be comma-separated integers, got {args.groups!r}"
+        ) from None
+    profile = pilot_profile(
+        config,
+        instance_type=args.instance_type,
+        epochs=args.epochs,
+        groups=groups,
+        scale_seconds=args.scale_seconds,
+        bandwidth=args.bandwidth,
+    )
+    out = Path(args.out or f"{config.name}.profile.yaml")
+    profile.dump(out)
+    _write(f"profile of {config.name} on {args.instance_type}: {out}")
+    return 0

@@ -1,0 +1,304 @@
+"""The pilot behind ``cerebro-spark profile``: measure a config's workload for the planner.
+
+RubberBand §5 profiles a workload "for a configurable period of time", scaling a trial's
+allocation by powers of two; Cynthia §3 profiles one baseline worker. The pilot does both,
+on the config's real data, models and backend:
+
+1. One trial per model family (the first sample of the space that uses each family), each
+   trained ``epochs`` epochs on every partition in turn, then validated. Units of the last
+   epoch count (the first pays for building models and warm-up): ``unit_seconds`` is the
+   median unit without its checkpoint I/O, ``hop_seconds`` the median checkpoint read and
+   write, ``validation_seconds`` the median validation of a trial after an epoch.
+2. ``worker_start_seconds``: the backend's median time from launch to a worker ready,
+   without its initial partition loads; ``partition_load_seconds``: reading one partition
+   (both splits) on the driver, median over the partitions; ``partition_bytes`` from the
+   manifest.
+3. Group scaling: for each size ``g`` with ``g`` workers and partitions available, a group
+   unit of the first trial on ``g`` partitions, twice; ``scaling[g] = g * unit / group unit``
+   (both without I/O). Sizes that cannot be measured come from Cynthia's model
+   (:class:`~._cynthia.GroupModel`) with the measured step time, the model's parameter
+   bytes and the bandwidth fitted to a measured group, else the given ``bandwidth``.
+4. ``scale_seconds`` is not measurable on a fixed cluster: it is given.
+
+Checkpoints go under ``<store>/profiles/<name>-<time>/`` and are deleted at the end.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import math
+import socket
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from cerebro_spark.backends import Backend, WorkerJob
+from cerebro_spark.elastic._cynthia import GroupModel, bandwidth_from
+from cerebro_spark.elastic._profile import Profile, Scaling
+from cerebro_spark.engine import ExperimentConfig, default_backend
+from cerebro_spark.engine._dataset import resolve_dataset
+from cerebro_spark.errors import ConfigError
+from cerebro_spark.search import SearchSpace
+from cerebro_spark.store import Store, open_store
+from cerebro_spark.units import UnitKind, UnitResult, UnitTask, group_tasks
+
+logger = logging.getLogger(__name__)
+
+_MAX_DRAWS = 200
+"""Samples of the space looked at to find one trial of every model family."""
+
+
+def pilot_profile(
+    config: ExperimentConfig,
+    *,
+    instance_type: str = "local",
+    epochs: int = 2,
+    groups: Sequence[int] = (2, 4),
+    scale_seconds: float = 0.0,
+    bandwidth: float = 1.25e9,
+    backend_factory: Callable[[ExperimentConfig], Backend] = default_backend,
+) -> Profile:
+    """Run the pilot (module docstring) and return the profile.
+
+    Raises:
+        ConfigError: A bad argument or config.
+    """
+    if epochs < 1:
+        raise ConfigError(f"--epochs must be >= 1, got {epochs}")
+    root = open_store(config.store)
+    dataset_uri, manifest = resolve_dataset(config, root)
+    partitions = manifest.num_partitions
+    trials = _family_trials(config)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    prefix = f"profiles/{config.name}-{stamp}"
+    workers = min(config.workers, partitions)
+    backend = backend_factory(config.replace(workers=workers))
+    measured: dict[str, Any] = {}
+    try:
+        backend.start(WorkerJob(dataset_uri, root, config.torch_threads))
+        pilot = _Pilot(backend, root, prefix, partitions)
+        families: dict[str, dict[str, float]] = {}
+        units: list[UnitResult] = []
+        validations: list[float] = []
+        for family, (spec, params) in trials.items():
+            trained, validated = pilot.train(family, spec, params, epochs)
+            units += trained
+            validations += validated
+            families[family] = {
+                "unit_seconds": statistics.median(_compute(r) for r in trained),
+                "validation_seconds": statistics.median(validated),
+            }
+        unit = statistics.median(_compute(r) for r in units)
+        first, (spec, params) = next(iter(trials.items()))
+        first_unit = families[first]["unit_seconds"]  # groups train the first family
+        measured_groups = pilot.groups(spec, params, [g for g in groups if g > 1])
+        start = _worker_start(backend, partitions, workers, root, dataset_uri)
+        load = start.pop("load")
+        model = _group_model(
+            root, pilot, spec, params, first_unit, manifest, bandwidth, measured_groups
+        )
+    finally:
+        backend.close()
+        for key in root.list(prefix):
+            root.delete(key)
+    scaling = {1: 1.0, **{g: round(g * first_unit / t, 6) for g, t in measured_groups.items()}}
+    for g in groups:
+        if g > 1 and g not in scaling and model is not None:
+            scaling[g] = round(model.speedup(g), 6)
+    measured.update(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        host=socket.gethostname(),
+        config=config.name,
+        backend=config.backend,
+        workers=workers,
+        units=len(units),
+        groups_measured=sorted(measured_groups),
+        **start,
+    )
+    spreads = {
+        "unit_seconds_spread": {instance_type: _spread([_compute(r) for r in units])},
+        "validation_seconds_spread": {instance_type: _spread(validations)},
+        "hop_seconds_spread": _spread([r.io_seconds for r in units]),
+    }
+    extra: dict[str, Any] = {"families": families, "measured": measured}
+    if model is not None:
+        extra["group"] = {
+            "step_seconds": model.step_seconds,
+            "param_bytes": model.param_bytes,
+            "bandwidth": model.bandwidth,
+            "model": "Cynthia eqs. 3-5, ring all-reduce, no overlap",
+        }
+    return Profile(
+        partitions=partitions,
+        unit_seconds={instance_type: unit},
+        validation_seconds={instance_type: statistics.median(validations)},
+        hop_seconds=statistics.median(r.io_seconds for r in units),
+        worker_start_seconds=start["worker_start_seconds"],
+        scale_seconds=scale_seconds,
+        scaling=Scaling(table=tuple(sorted(scaling.items()))),
+        partition_load_seconds=load,
+        partition_bytes=sum(p.bytes for p in manifest.partitions) / partitions,
+        spreads=spreads,
+        extra=extra,
+    )
+
+
+def _compute(result: UnitResult) -> float:
+    return max(0.0, result.seconds - result.io_seconds)
+
+
+def _spread(values: list[float]) -> float:
+    return statistics.pstdev(values) if len(values) > 1 else 0.0
+
+
+def _family_trials(config: ExperimentConfig) -> dict[str, tuple[str, dict[str, Any]]]:
+    """One trial's spec and params per model family of the space."""
+    space = SearchSpace.from_config(config.space)
+    rng = np.random.default_rng(config.seed)
+    found: dict[str, tuple[str, dict[str, Any]]] = {}
+    for _ in range(_MAX_DRAWS):
+        params = dict(space.sample(rng))
+        spec = params.pop("model", config.model)
+        if not isinstance(spec, str):
+            raise ConfigError("profile needs a model spec: set 'model' or a 'model' param")
+        found.setdefault(spec.rsplit(":", 1)[-1], (spec, params))
+    return found
+
+
+class _Pilot:
+    """Runs the pilot's units on a started backend."""
+
+    def __init__(self, backend: Backend, store: Store, prefix: str, partitions: int) -> None:
+        self.backend = backend
+        self.store = store
+        self.prefix = prefix
+        self.partitions = partitions
+        self.checkpoints: dict[str, str] = {}
+
+    def _holder(self, partition: int, exclude: set[str] | None = None) -> str:
+        for worker, info in self.backend.workers().items():
+            if partition in info.partitions and worker not in (exclude or set()):
+                return worker
+        raise ConfigError(f"no worker holds partition {partition}")
+
+    def _task(self, kind: UnitKind, family: str, spec: str, params: dict[str, Any],
+              epoch: int, partition: int, step: int, out: str | None) -> UnitTask:  # fmt: skip
+        return UnitTask(
+            kind=kind,
+            trial_id=f"pilot-{family}",
+            spec=spec,
+            params=params,
+            trial_seed=1,
+            epoch=epoch,
+            partition=partition,
+            step=step,
+            epoch_units=self.partitions,
+            checkpoint_in=self.checkpoints.get(family),
+            checkpoint_out=out,
+        )
+
+    def train(
+        self, family: str, spec: str, params: dict[str, Any], epochs: int
+    ) -> tuple[list[UnitResult], list[float]]:
+        """Train ``epochs`` epochs.
+
+        Returns:
+            The last epoch's train results, and the validation seconds after each epoch.
+        """
+        kept: list[UnitResult] = []
+        validations: list[float] = []
+        for epoch in range(epochs):
+            trained = []
+            for step in range(self.partitions):
+                out = f"{self.prefix}/{family}/e{epoch}-s{step}.pt"
+                task = self._task(UnitKind.TRAIN, family, spec, params, epoch, step, step, out)
+                trained.append(self.backend.submit(self._holder(step), task).result())
+                self.checkpoints[family] = out
+            seconds = 0.0
+            for p in range(self.partitions):  # a worker runs one unit at a time
+                task = self._task(UnitKind.VALIDATE, family, spec, params, epoch, p, 0, None)
+                seconds += self.backend.submit(self._holder(p), task).result().seconds
+            validations.append(seconds)
+            kept = trained
+        return kept, validations
+
+    def groups(self, spec: str, params: dict[str, Any], sizes: list[int]) -> dict[int, float]:
+        """Median group-unit compute seconds per measurable size (two runs each)."""
+        family = next(iter(self.checkpoints))
+        workers = self.backend.workers()
+        measured: dict[int, float] = {}
+        for g in sizes:
+            if g > len(workers) or g > self.partitions:
+                logger.info("group of %d not measurable on %d workers", g, len(workers))
+                continue
+            runs = []
+            for attempt in range(2):
+                chosen: dict[str, int] = {}
+                for p in range(self.partitions):
+                    holders = [w for w, i in workers.items() if p in i.partitions]
+                    free = [w for w in holders if w not in chosen]
+                    if free and len(chosen) < g:
+                        chosen[free[0]] = p
+                if len(chosen) < g:
+                    break
+                out = f"{self.prefix}/group{g}-{attempt}.pt"
+                base = self._task(UnitKind.TRAIN, family, spec, params, 0, 0, 0, out)
+                tasks = group_tasks(base, list(chosen.values()), f"pilot-g{g}-{attempt}")
+                futures = self.backend.submit_group(dict(zip(chosen, tasks, strict=True)))
+                results = [f.result() for f in futures.values()]
+                runs.append(max(_compute(r) for r in results))
+            if runs:
+                measured[g] = statistics.median(runs)
+        return measured
+
+
+def _worker_start(
+    backend: Backend, partitions: int, workers: int, store: Store, dataset_uri: str
+) -> dict[str, float]:
+    """Worker start (without its loads) and one partition's load, in seconds."""
+    from cerebro_spark.data import read_partition
+
+    loads = []
+    for index in range(partitions):
+        begun = time.perf_counter()
+        for split in ("train", "validation"):
+            read_partition(dataset_uri, split, index)
+        loads.append(time.perf_counter() - begun)
+    load = statistics.median(loads)
+    stats = getattr(backend, "stats", None)
+    ready = list(stats().ready_seconds.values()) if stats is not None else []
+    share = math.ceil(partitions / workers)
+    start = max(0.0, statistics.median(ready) - share * load) if ready else 0.0
+    return {"worker_start_seconds": start, "load": load}
+
+
+def _group_model(
+    store: Store,
+    pilot: _Pilot,
+    spec: str,
+    params: dict[str, Any],
+    unit: float,
+    manifest: Any,
+    bandwidth: float,
+    measured: dict[int, float],
+) -> GroupModel | None:
+    """Cynthia's model from the baseline step time and the model's parameter bytes."""
+    from cerebro_spark.training import decode_checkpoint, load_spec
+
+    family = next(iter(pilot.checkpoints))
+    state = decode_checkpoint(store.get(pilot.checkpoints[family]))["model"]
+    param_bytes = float(sum(t.numel() * t.element_size() for t in state.values()))
+    rows = manifest.rows("train") / pilot.partitions
+    steps = max(1, math.ceil(rows / load_spec(spec).batch_size(params)))
+    model = GroupModel(step_seconds=unit / steps, param_bytes=param_bytes, bandwidth=bandwidth)
+    for g, seconds in sorted(measured.items()):
+        try:  # a group unit covers g partitions: g * steps steps
+            fitted = bandwidth_from(model, g, seconds / (g * steps))
+        except ConfigError:
+            continue
+        return GroupModel(model.step_seconds, model.param_bytes, fitted)
+    return model
