@@ -1,0 +1,49 @@
+"""``cerebro-spark profile``: a real pilot (worker processes, digits, MLP and CNN) writes a
+profile the planner reads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cerebro_spark.cli import main
+from cerebro_spark.elastic import load_profile
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
+
+def test_profile_then_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = yaml.safe_load(Path("conf/experiments/digits.yaml").read_text())
+    config.update(store=str(tmp_path / "runs"), backend="local", workers=2)
+    config.pop("spark", None)
+    path = tmp_path / "digits.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = tmp_path / "digits.profile.yaml"
+    assert main(["-q", "profile", str(path), "--instance-type", "m5.xlarge", "--out", str(out),
+                 "--scale-seconds", "20"]) == 0  # fmt: skip
+    assert f"profile of digits on m5.xlarge: {out}" in capsys.readouterr().out
+    profile = load_profile(out)
+    assert profile.partitions == 4 and profile.instance_types == ["m5.xlarge"]
+    view = profile.for_type("m5.xlarge")
+    assert 0 < view.unit.mean < 5 and 0 < view.validation.mean < 5 and 0 < view.hop.mean < 1
+    assert view.scale.mean == 20 and view.load.mean > 0 and view.partition_bytes > 0
+    assert view.worker_start.mean >= 0
+    assert set(profile.extra["families"]) == {"MLPSpec", "CNNSpec"}
+    measured = profile.extra["measured"]
+    assert measured["groups_measured"] == [2] and measured["workers"] == 2
+    table = dict(profile.scaling.table)
+    assert set(table) == {1, 2, 4} and table[1] == 1.0 and table[2] > 0 and table[4] > 0
+    group = profile.extra["group"]
+    assert group["param_bytes"] > 0 and group["bandwidth"] > 0
+    # Nothing of the pilot is left in the store but the dataset.
+    assert not list((tmp_path / "runs").glob("profiles/**/*.pt"))
+    # The planner reads it.
+    prices = "conf/prices/aws-us-east-1.yaml"
+    assert main(["-q", "plan", str(path), "--profile", str(out), "--prices", prices,
+                 "--deadline", "300", "--format", "json"]) == 0  # fmt: skip
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["feasible"] and planned["instance_type"] == "m5.xlarge"
+    assert planned["seconds"] <= 300

@@ -1,0 +1,95 @@
+"""Profiles and price catalogs: what the planner reads, and the errors for bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cerebro_spark.elastic import load_catalog, load_profile, parse_catalog, parse_profile
+from cerebro_spark.elastic._profile import parse_scaling
+from cerebro_spark.errors import ConfigError
+from tests.elastic.helpers import TYPE, catalog, profile
+
+GOOD: dict[str, Any] = profile().to_dict()
+
+
+def test_a_profile_round_trips_through_yaml(tmp_path: Path) -> None:
+    original = profile(unit_seconds_spread={TYPE: 0.1}, families={"MLPSpec": {"unit": 1.0}})
+    original.dump(tmp_path / "p.yaml")
+    again = load_profile(tmp_path / "p.yaml")
+    assert again == original
+    view = again.for_type(TYPE)
+    assert (view.unit.mean, view.unit.spread, view.hop.mean) == (1.0, 0.1, 0.25)
+    assert view.trial_epoch_seconds(1) == pytest.approx(6.0)
+    assert view.trial_epoch_seconds(2) == pytest.approx(4 * (1 / 1.5 + 0.25) + 1)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"unit_seconds": None}, "profile key 'unit_seconds' is required"),
+        ({"partitions": 0}, "'partitions' must be an integer >= 1, got 0"),
+        ({"hop_seconds": -1}, "'hop_seconds' must be a number >= 0, got -1"),
+        ({"unit_seconds": {TYPE: 0}}, r"'unit_seconds.t1' must be a number > 0"),
+        ({"unit_seconds": 1.0}, "'unit_seconds' must map instance types to seconds"),
+        ({"validation_seconds": {"other": 1.0}}, "must name the same instance types"),
+        ({"scaling": {2: 1.5}}, "must give 1 worker the speedup 1.0"),
+        ({"scaling": {1: 1.0, "two": 2}}, "group size 'two' is not an integer"),
+        ({"scaling": {1: 1.0, 2: 0}}, r"'scaling.2' must be a number > 0"),
+        ({"scaling": "cubic"}, "must be one of"),
+        ({"unit_seconds_spread": {"t9": 0.1}}, "names instance types"),
+        ({"bogus": 1}, r"unknown profile key\(s\) \['bogus'\]"),
+    ],
+)
+def test_a_bad_profile_names_the_key(change: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        parse_profile({**GOOD, **change})
+
+
+def test_a_missing_file_and_a_type_the_profile_lacks(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_profile(tmp_path / "nope.yaml")
+    (tmp_path / "bad.yaml").write_text("partitions: 4\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: profile key 'unit_seconds' is required"):
+        load_profile(tmp_path / "bad.yaml")
+    with pytest.raises(ConfigError, match=r"no unit_seconds for instance type 'p3.2xlarge'"):
+        profile().for_type("p3.2xlarge")
+
+
+def test_scaling_is_interpolated_and_flat_beyond_what_was_measured() -> None:
+    table = parse_scaling({1: 1.0, 2: 1.8, 4: 3.0})
+    assert [table(g) for g in (1, 2, 3, 4, 8)] == pytest.approx([1.0, 1.8, 2.4, 3.0, 3.0])
+    assert parse_scaling("linear")(8) == 8.0
+    assert parse_scaling("sqrt")(4) == 2.0
+    assert parse_scaling("none")(4) == 1.0
+
+
+def test_the_shipped_catalog_has_the_types_and_where_their_prices_come_from() -> None:
+    cat = load_catalog("conf/prices/aws-us-east-1.yaml")
+    for name, price in (("p3.2xlarge", 3.06), ("p3.8xlarge", 12.24), ("p3.16xlarge", 24.48),
+                        ("g4dn.xlarge", 0.526), ("g5.xlarge", 1.006),
+                        ("p4d.24xlarge", 32.7726)):  # fmt: skip
+        entry = cat.price(name)
+        assert entry.usd_per_hour == price and entry.recorded and entry.source
+    assert any(cat.price(t).gpus == 0 for t in cat.instances)  # a CPU type or two
+    assert (cat.billing, cat.granularity_seconds, cat.minimum_seconds) == ("per_instance", 1, 60)
+    assert cat.billed_seconds(10) == 60 and cat.billed_seconds(60.2) == 61
+
+
+def test_dbus_are_added_and_bad_catalogs_are_refused() -> None:
+    with_dbu = catalog(
+        databricks={"dbu_usd_per_hour": 0.5},
+        instances={TYPE: {"usd_per_hour": 1.0, "dbus_per_hour": 2}},
+    )
+    assert with_dbu.price(TYPE).usd_per_hour == 2.0
+    for raw, match in (
+        ({"instances": {}}, "'instances' must map"),
+        ({"instances": {"a": {}}}, r"instances.a.usd_per_hour is required"),
+        ({"instances": {"a": {"usd_per_hour": -1}}}, r"instances.a.usd_per_hour must be"),
+        ({"instances": {"a": {"usd_per_hour": 1, "executors": 0}}}, "executors must be"),
+        ({"instances": {"a": {"usd_per_hour": 1}}, "billing": {"model": "free"}}, "billing.model"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            parse_catalog(raw)
