@@ -15,9 +15,17 @@ the bandwidth between two workers. The all-reduce runs after the backward pass, 
 computation and communication do not overlap: ``t_iter = t_comp + t_comm``. The global
 batch is fixed (strong scaling, as RubberBand §3 assumes and as our group units do), so
 ``t_comp(g) = t_base / g`` with ``t_base`` the step time measured on one worker (eq. 4
-with ``w_iter = t_base * c_base``). Eqs. 6-7 (the parameter server's CPU and network
-bottleneck) have no counterpart without a parameter server; the ring's per-worker traffic
-is what limits us, and it is in ``t_comm``.
+with ``w_iter = t_base * c_base``), times the workers' utilization ``u`` (Cynthia's
+``r_wk = c_wk * u_wk``). Eqs. 6-7 estimate ``u`` from the parameter server's CPU and network
+demand against its supply; without a parameter server the shared resource is the hosts'
+CPU and memory, so ``u`` is measured directly: one unit alone against ``g`` units at once
+on the same workers (``u = t_alone / t_together``; 1 when workers share nothing).
+
+One refinement, off by default (``fixed_step_seconds = 0`` is Cynthia as written): eq. 4
+divides all of an iteration's work by ``n``, but every rank also runs the whole optimizer
+update and its gradient packing each step, whatever its share of the batch. With
+``fixed_step_seconds = c`` (measured from one worker at two batch sizes: ``t(B) = a B +
+c``), ``t_comp(g) = (t_base - c) / (g u) + c``.
 
 From this, the speedup of a trial on ``g`` workers is ``t_iter(1) / t_iter(g)``, and the
 largest useful group is where the computation saved stops paying for the traffic (after
@@ -42,6 +50,10 @@ class GroupModel:
         bandwidth: ``b``: bytes per second between two workers.
         overlap: Whether computation and communication overlap (``max``, Cynthia's BSP)
             or not (sum, our all-reduce after the backward pass).
+        utilization: ``u``: the share of a worker's speed it keeps while the group's other
+            workers compute too (1: they share nothing).
+        fixed_step_seconds: ``c``: the part of a step that does not shrink with the batch
+            (0: Cynthia as written).
 
     Raises:
         ConfigError: A value is not a finite number ``> 0`` (``param_bytes`` may be 0).
@@ -51,18 +63,29 @@ class GroupModel:
     param_bytes: float
     bandwidth: float
     overlap: bool = False
+    utilization: float = 1.0
+    fixed_step_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         for name, low in (("step_seconds", 0.0), ("bandwidth", 0.0)):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > low):
                 raise ConfigError(f"GroupModel.{name} must be a number > 0, got {value!r}")
+        if not (math.isfinite(self.utilization) and 0 < self.utilization <= 1):
+            raise ConfigError(f"GroupModel.utilization must be in (0, 1], got {self.utilization!r}")
+        if not (0 <= self.fixed_step_seconds < self.step_seconds):
+            raise ConfigError(
+                f"GroupModel.fixed_step_seconds must be in [0, step_seconds), got "
+                f"{self.fixed_step_seconds!r}"
+            )
         if not (math.isfinite(self.param_bytes) and self.param_bytes >= 0):
             raise ConfigError(f"GroupModel.param_bytes must be >= 0, got {self.param_bytes!r}")
 
     def compute_seconds(self, group: int) -> float:
         """``t_comp``: eq. 4 with ``group`` homogeneous workers and a fixed global batch."""
-        return self.step_seconds / group
+        scalable = self.step_seconds - self.fixed_step_seconds
+        share = scalable / group / (self.utilization if group > 1 else 1.0)
+        return share + self.fixed_step_seconds
 
     def communicate_seconds(self, group: int) -> float:
         """``t_comm``: eq. 5 with a ring all-reduce instead of a parameter server."""

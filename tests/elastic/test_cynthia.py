@@ -33,3 +33,15 @@ def test_the_bandwidth_is_fitted_from_a_measured_group() -> None:
         bandwidth_from(truth, 1, 0.1)
     with pytest.raises(ConfigError, match="step_seconds must be a number > 0"):
         GroupModel(0.0, 1e6, 1e8)
+
+
+def test_utilization_and_a_fixed_part_of_each_step() -> None:
+    shared = GroupModel(0.1, 0.0, 1e8, utilization=0.5)
+    assert shared.step_time(1) == pytest.approx(0.1)  # alone, nothing is shared
+    assert shared.step_time(2) == pytest.approx(0.1)  # two at half speed: no gain
+    fixed = GroupModel(0.1, 0.0, 1e8, fixed_step_seconds=0.04)
+    assert fixed.step_time(2) == pytest.approx(0.06 / 2 + 0.04)
+    with pytest.raises(ConfigError, match="utilization must be in"):
+        GroupModel(0.1, 0.0, 1e8, utilization=0.0)
+    with pytest.raises(ConfigError, match="fixed_step_seconds must be in"):
+        GroupModel(0.1, 0.0, 1e8, fixed_step_seconds=0.1)
