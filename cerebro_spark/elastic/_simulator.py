@@ -257,13 +257,10 @@ class Simulator:
             frontier = (len(nodes) - 1,)
         return nodes
 
-    def _train(self, index: int, stage: StageSpec, workers: int) -> np.ndarray:
-        if self.spec.fixed_seconds is not None:
-            return np.full(self.samples, float(self.spec.fixed_seconds))
-        profile = self.profile
-        z = self._z[index]
-        work = np.zeros(self.samples)
-        longest = np.zeros(self.samples)
+    def _cohort_work(self, index: int, workers: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per cohort of stage ``index``: its worker-seconds and its longest trial, sampled."""
+        profile, stage, z = self.profile, self.spec.stages[index], self._z[index]
+        out = []
         for j, (cohort, g) in enumerate(
             zip(stage.cohorts, self.groups(index, workers), strict=True)
         ):
@@ -271,8 +268,15 @@ class Simulator:
             hop = self._sample(profile.hop, z[4 + 3 * j])
             validation = self._sample(profile.validation, z[5 + 3 * j])
             t = profile.partitions * (unit / profile.scaling(g) + hop) + validation
-            work += cohort.trials * g * cohort.epochs * t
-            longest = np.maximum(longest, cohort.epochs * t)
+            out.append((cohort.trials * g * cohort.epochs * t, cohort.epochs * t))
+        return out
+
+    def _train(self, index: int, stage: StageSpec, workers: int) -> np.ndarray:
+        if self.spec.fixed_seconds is not None:
+            return np.full(self.samples, float(self.spec.fixed_seconds))
+        cohorts = self._cohort_work(index, workers)
+        work = np.sum([w for w, _ in cohorts], axis=0)
+        longest = np.max([t for _, t in cohorts], axis=0)
         result: np.ndarray = np.maximum(work / workers, longest)
         return result
 
@@ -438,25 +442,14 @@ class Simulator:
             if node.kind is NodeKind.INIT_INSTANCE:
                 usd[node.stage] += (w - held) * rate * node.latency
             elif node.kind is NodeKind.TRAIN:
-                stage = self.spec.stages[node.stage]
-                busy = self._busy_worker_seconds(node.stage, stage, w)
+                busy = self._busy_worker_seconds(node.stage, w)
                 usd[node.stage] += rate * busy
             if node.kind is NodeKind.SYNC:
                 held = w
         return usd
 
-    def _busy_worker_seconds(self, index: int, stage: StageSpec, workers: int) -> np.ndarray:
+    def _busy_worker_seconds(self, index: int, workers: int) -> np.ndarray:
         if self.spec.fixed_seconds is not None:
             return np.full(self.samples, workers * float(self.spec.fixed_seconds))
-        profile = self.profile
-        z = self._z[index]
-        busy = np.zeros(self.samples)
-        for j, (cohort, g) in enumerate(
-            zip(stage.cohorts, self.groups(index, workers), strict=True)
-        ):
-            unit = self._sample(profile.unit, z[3 + 3 * j])
-            hop = self._sample(profile.hop, z[4 + 3 * j])
-            validation = self._sample(profile.validation, z[5 + 3 * j])
-            t = profile.partitions * (unit / profile.scaling(g) + hop) + validation
-            busy += cohort.trials * g * cohort.epochs * t
+        busy: np.ndarray = np.sum([w for w, _ in self._cohort_work(index, workers)], axis=0)
         return busy
