@@ -6,31 +6,22 @@ from cerebro_spark.cli import main
 
 
 def test_plan_reproduces_the_seer_worked_example(capsys):
+    """SEER §3.4: T = 10, B = 80, eta = v = 2 gives N = [8, 4], P = [1, 2] (stages only)."""
     code = main(
-        [
-            "plan",
-            "--procedure",
-            "seer",
-            "--deadline",
-            "10",
-            "--budget",
-            "80",
-            "--eta",
-            "2",
-            "--v",
-            "2",
-            "--format",
-            "json",
-        ]
-    )
+        ["plan", "--procedure", "seer", "--deadline", "10", "--option", "budget=80",
+         "--eta", "2", "--option", "v=2", "--workers", "4", "--max-epochs", "100",
+         "--format", "json"]
+    )  # fmt: skip
     assert code == 0
     plan = json.loads(capsys.readouterr().out)
-    assert (plan["K"], plan["N"], plan["P"]) == (3, [8, 4], [1, 2])
-    assert abs(plan["t1"] - 10 / 7) < 1e-9
+    first = [(c["trials"], c["resources"]) for c in plan["stages"][0]["cohorts"]]
+    assert (len(plan["stages"]), first) == (3, [(8, 1), (4, 2)])
 
 
 def test_plan_infeasible_is_a_clear_error(capsys, caplog):
-    assert main(["plan", "--procedure", "seer", "--deadline", "0.5", "--budget", "80"]) == 2
+    argv = ["plan", "--procedure", "seer", "--deadline", "0.5", "--option", "budget=80",
+            "--max-epochs", "10"]  # fmt: skip
+    assert main(argv) == 2
     assert "T > t_min" in caplog.text
 
 
