@@ -8,10 +8,10 @@ stops them all at the end. The Spark driver runs in a child process (this very m
 with ``python -m``): a process has one SparkContext, and the test process may already hold
 a local one. The child runs every scenario in one Spark application (later ones reuse the
 executors and warm Python workers of earlier ones), kills and starts worker daemons itself
-at the moments a scenario needs (an executor is "killed" by stopping its worker daemon, as
-a crashed machine would), and writes a JSON report per scenario that the tests check. The
-group and retire scenarios are shared with ``test_local_cluster.py``
-(``cluster_scenarios.py``).
+at the moments a scenario needs (an executor is "killed" by killing its worker daemon and
+every process it started, as a crashed machine would), and writes a JSON report per
+scenario that the tests check. The group and retire scenarios are shared with
+``test_local_cluster.py`` (``cluster_scenarios.py``).
 
 Run alone: ``pytest tests/backends/test_standalone_cluster.py``.
 """
@@ -45,7 +45,7 @@ from tests.backends.cluster_scenarios import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-CHILD_TIMEOUT_S = 600
+CHILD_TIMEOUT_S = 900
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 
@@ -65,6 +65,21 @@ def _alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state not in ("Z", "X")
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live process below ``pid``."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, frontier = [], [pid]
+    while frontier:
+        below = children.get(frontier.pop(), [])
+        found += below
+        frontier += below
+    return found
 
 
 def _wait(condition: Callable[[], bool], what: str, timeout_s: float) -> float:
@@ -169,12 +184,29 @@ class Cluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
-    def stop_worker(self, instance: int) -> None:
-        """Stop a worker daemon and wait until the master no longer counts it alive."""
-        running = self.pid_of(WORKER_CLASS, instance)
+    def crash_worker(self, instance: int) -> None:
+        """Kill a worker daemon and everything it started at once, as a crashed machine
+        would, and wait until the master no longer counts it alive.
+
+        Not ``spark-daemon.sh stop``: a worker daemon that is shutting down still obeys
+        the master's order to replace the executor it just killed, and that new executor
+        outlives the daemon, an orphan that keeps serving the application (Spark 4.3's
+        ``Worker``: "Shutdown hooks cannot be modified during shutdown", then the launch
+        goes on). The daemon is frozen first so that it starts nothing while its process
+        tree is collected.
+        """
+        pid = self.pid_of(WORKER_CLASS, instance)
+        if pid is None or not _alive(pid):
+            return
         alive = self.alive_workers()
-        self.stop(WORKER_CLASS, instance)
-        if running is not None and alive > 0:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+        tree = [pid, *_descendants(pid)]
+        for member in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(member, signal.SIGKILL)
+        _wait(lambda: not any(_alive(m) for m in tree), "the worker's processes to end", 30)
+        if alive > 0:
             _wait(lambda: self.alive_workers() < alive, "the master to see the worker gone", 60)
 
     def alive_workers(self) -> int:
@@ -227,7 +259,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield cluster
     finally:
         for pid_file in sorted((root / "pids").glob("*Worker*.pid")):
-            cluster.stop_worker(int(pid_file.stem.rsplit("-", 1)[1]))
+            cluster.crash_worker(int(pid_file.stem.rsplit("-", 1)[1]))
         cluster.stop(MASTER_CLASS, 1)
         leftovers = [p for p in (root / "pids").glob("*.pid") if _alive(int(p.read_text()))]
         assert not leftovers, f"daemons still running: {leftovers}"
@@ -239,21 +271,24 @@ def reports(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[
     tmp = tmp_path_factory.mktemp("driver")
     report = tmp / "report.json"
     args = {"cluster": cluster.to_json(), "tmp": str(tmp), "report": str(report)}
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tests.backends.test_standalone_cluster", json.dumps(args)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        output, _ = child.communicate(timeout=CHILD_TIMEOUT_S)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.communicate()
-    tail = "\n".join(line for line in output.splitlines() if " WARN " not in line)[-8000:]
+    log = tmp / "driver.log"
+    with log.open("w") as sink:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.backends.test_standalone_cluster", json.dumps(args)],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            child.wait(timeout=CHILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            for pid in [child.pid, *_descendants(child.pid)]:  # its JVM and Python workers
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            child.wait()
+    lines = log.read_text(errors="replace").splitlines()
+    tail = "\n".join(line for line in lines if " WARN " not in line)[-8000:]
     assert child.returncode == 0 and report.exists(), f"driver failed ({child.returncode}):\n{tail}"
     result: dict[str, Any] = json.loads(report.read_text())
     logging.getLogger(__name__).info("reports: %s", result)
@@ -354,7 +389,7 @@ def _scenario_backend(cluster: Cluster, session: Any, tmp: Path) -> dict[str, An
         report["executors_at_start"] = backend.executors()
         for worker_id, partitions in held.items():
             assert result(backend.submit(worker_id, train_task("t", partitions[0]))).rows > 0
-        # Stop the worker daemon of w1's executor while w1 runs a unit.
+        # Crash the machine of w1's executor while w1 runs a unit.
         victim = cluster.instance_running(str(backend.executors()["w1"]))
         marker = tmp / "started"
         running = backend.submit(
@@ -362,7 +397,7 @@ def _scenario_backend(cluster: Cluster, session: Any, tmp: Path) -> dict[str, An
         )
         _wait(marker.exists, "the unit to start", 60)
         killed_at = time.monotonic()
-        cluster.stop_worker(victim)
+        cluster.crash_worker(victim)
         try:
             running.result(timeout=120)
             raise AssertionError("the unit on the killed executor succeeded")
@@ -455,7 +490,7 @@ def _scenario_engine(cluster: Cluster, session: Any, tmp: Path) -> dict[str, Any
     _wait(lambda: begun.exists() or not thread.is_alive(), "the first units of epoch 0", 200)
     assert thread.is_alive(), outcome
     executor = str(backends[0].executors()["w1"])
-    cluster.stop_worker(cluster.instance_running(executor))
+    cluster.crash_worker(cluster.instance_running(executor))
     release.touch()
     thread.join(timeout=300)
     assert not thread.is_alive(), "the experiment did not finish"
@@ -508,7 +543,7 @@ def _shared_scenarios(cluster: Cluster, session: Any, tmp: Path) -> dict[str, An
     from tests.backends.cluster_scenarios import run_scenarios
 
     def kill(backend: Any, executor: str) -> None:
-        cluster.stop_worker(cluster.instance_running(executor))
+        cluster.crash_worker(cluster.instance_running(executor))
 
     reports: dict[str, Any] = {}
     for name in ("group", "engine_group", "retire"):
