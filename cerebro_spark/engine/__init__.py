@@ -16,6 +16,7 @@ from cerebro_spark.engine._events import EventLog, read_events
 from cerebro_spark.engine._experiment import (
     Experiment,
     Stage,
+    StageDirective,
     StageHook,
     build_procedure,
     experiment_prefix,
@@ -36,6 +37,7 @@ __all__ = [
     "ReplayReport",
     "ReplayRow",
     "Stage",
+    "StageDirective",
     "StageHook",
     "TrialState",
     "WorkerState",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -63,6 +64,44 @@ class SparkConfig:
     conf: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
+MANAGERS = ("standalone", "spark", "databricks", "ec2")
+
+
+@dataclasses.dataclass(frozen=True)
+class ElasticConfig:
+    """Deadline, budget and the cluster manager of an elastic run (``elastic:``).
+
+    Attributes:
+        manager: Who resizes the cluster: ``standalone`` (worker daemons cerebro-spark
+            starts on this machine), ``spark`` (the running application's executors on
+            standalone, YARN or Kubernetes), ``databricks`` or ``ec2``.
+        deadline: Seconds from ``run`` to the end of the search, start-up included.
+        prices: Path of the price catalog.
+        budget: Most dollars the search may cost (``None``: no limit).
+        instance_type: Instance type of the executors (default: the cheapest plan's).
+        profile: Path of a profile YAML (``cerebro-spark profile``), or ``auto``: a short
+            pilot on the config's backend before the search.
+        plan: ``auto`` (plan at the start) or the path of a plan written by
+            ``cerebro-spark plan --format json`` (its workers per stage are followed).
+        resize_timeout: Seconds a stage waits for the cluster to reach its size before it
+            goes on with what it has (and re-plans).
+        replan_drift: Share by which a stage's measured seconds may differ from the plan's
+            before the remaining stages are re-planned.
+        options: The manager's own section (``standalone: {cores, memory}`` ...).
+    """
+
+    manager: str
+    deadline: float
+    prices: str
+    budget: float | None = None
+    instance_type: str | None = None
+    profile: str = "auto"
+    plan: str = "auto"
+    resize_timeout: float = 180.0
+    replan_drift: float = 0.25
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     """A whole model-selection experiment.
@@ -90,6 +129,8 @@ class ExperimentConfig:
         visit_order: ``seeded`` (reproducible bit for bit) or ``dynamic`` (Alg. 1 as
             written: any order, reproducible by ``replay`` from the logged order).
         torch_threads: Intra-op threads of each worker.
+        elastic: Plan workers per stage for a deadline and a budget and resize the
+            cluster between stages (``None``: a fixed cluster of ``workers``).
     """
 
     name: str
@@ -109,6 +150,7 @@ class ExperimentConfig:
     rule: Rule = "work-aware"
     visit_order: VisitOrder = "seeded"
     torch_threads: int = 1
+    elastic: ElasticConfig | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the config as plain JSON values (the inverse of :func:`parse_config`)."""
@@ -117,6 +159,15 @@ class ExperimentConfig:
         out["procedure"] = procedure
         out["data"] = {k: v for k, v in out["data"].items() if v is not None}
         out["spark"] = {k: v for k, v in out["spark"].items() if v is not None}
+        if out["elastic"] is None:
+            del out["elastic"]
+        else:
+            elastic = out["elastic"]
+            elastic.update(
+                {elastic["manager"]: elastic.pop("options")} if elastic["options"] else {}
+            )
+            elastic.pop("options", None)
+            out["elastic"] = {k: v for k, v in elastic.items() if v is not None}
         return out
 
     def replace(self, **changes: Any) -> ExperimentConfig:
@@ -196,6 +247,7 @@ def parse_config(raw: Any) -> ExperimentConfig:
         rule=top.take_choice("rule", ("randomized", "work-aware"), "work-aware"),  # type: ignore[arg-type]
         visit_order=top.take_choice("visit_order", ("seeded", "dynamic"), "seeded"),  # type: ignore[arg-type]
         torch_threads=top.take_int("torch_threads", 1, minimum=1),
+        elastic=_parse_elastic(top.take("elastic", dict, None)),
     )
     top.finish()
     return config
@@ -258,6 +310,38 @@ def _parse_spark(raw: Mapping[str, Any]) -> SparkConfig:
     return config
 
 
+def _parse_elastic(raw: Mapping[str, Any] | None) -> ElasticConfig | None:
+    if raw is None:
+        return None
+    section = _Section(raw, "elastic.")
+    manager = section.take_choice("manager", MANAGERS, "standalone")
+    deadline = section.take_number("deadline", positive=True)
+    budget = section.take("budget", (int, float), None)
+    if budget is not None and not budget > 0:
+        raise ConfigError(f"elastic.budget must be a number of dollars > 0, got {budget!r}")
+    options = section.take(manager, dict, {})
+    for other in MANAGERS:
+        if other != manager and other in section.raw:
+            raise ConfigError(
+                f"elastic.{other} is set but elastic.manager is {manager!r}: set manager: "
+                f"{other} or remove the section"
+            )
+    config = ElasticConfig(
+        manager=manager,
+        deadline=deadline,
+        prices=section.take("prices", str),
+        budget=float(budget) if budget is not None else None,
+        instance_type=section.take("instance_type", str, None),
+        profile=section.take("profile", str, "auto"),
+        plan=section.take("plan", str, "auto"),
+        resize_timeout=section.take_number("resize_timeout", 180.0, positive=True),
+        replan_drift=section.take_number("replan_drift", 0.25, positive=True),
+        options=dict(options),
+    )
+    section.finish()
+    return config
+
+
 _MISSING = object()
 
 
@@ -298,6 +382,15 @@ class _Section:
         if value < minimum:
             raise ConfigError(f"{self.prefix}{key} must be an int ≥ {minimum}, got {value}")
         return value
+
+    def take_number(
+        self, key: str, default: float | object = _MISSING, *, positive: bool = False
+    ) -> float:
+        value = self.take(key, (int, float), default)
+        if not math.isfinite(value) or (positive and not value > 0):
+            rule = "a finite number > 0" if positive else "a finite number"
+            raise ConfigError(f"{self.prefix}{key} must be {rule}, got {value!r}")
+        return float(value)
 
     def take_choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
         value: str = self.take(key, str, default)

@@ -117,20 +117,40 @@ class Stage:
     """The round about to start, as the stage boundary shows it.
 
     Attributes:
-        round: Its number (0-based).
-        trials: The live trials it trains, in id order.
+        round: Its number (0-based); after the last round, the number the next would have.
+        trials: The live trials it trains, in id order (empty when ``final``).
         resources: Workers each trial asked for (``SearchProcedure.resources``).
+        seconds: Experiment time (seconds since the first start).
+        final: The search has ended: no round follows (the hook's last call, before the
+            workers are stopped).
     """
 
     round: int
     trials: tuple[str, ...]
     resources: Mapping[str, int]
+    seconds: float = 0.0
+    final: bool = False
 
 
-StageHook = Callable[[Stage, Backend], None]
-"""Called at each stage boundary with the next round and the backend; it may add or retire
-workers (and should wait until they are ready or gone); the round uses the membership
-that results."""
+@dataclasses.dataclass(frozen=True)
+class StageDirective:
+    """What a stage hook tells the engine.
+
+    Attributes:
+        events: Events to log, ``(name, fields)``, in order (``stage_plan`` ...).
+        stop: Why the search must admit no more work (a budget would be overrun); the
+            round does not start, the live trials are stopped. ``None``: go on.
+    """
+
+    events: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+    stop: str | None = None
+
+
+StageHook = Callable[[Stage, Backend], "StageDirective | None"]
+"""Called at each stage boundary with the next round and the backend, and once more after
+the last round (``Stage.final``). It may add or retire workers (and should wait until they
+are ready or gone); the round uses the membership that results. Its directive's events are
+logged and its ``stop`` ends the search."""
 
 
 def experiment_prefix(experiment_id: str) -> str:
@@ -318,6 +338,9 @@ class Experiment:
             while self._next_round(backend):
                 self._run_round(backend)
                 self._end_round()
+            if self.on_stage is not None:
+                final = Stage(self.state.round + 1, (), {}, seconds=self.clock(), final=True)
+                self._stage_boundary(final, backend)
             for worker_id, info in sorted(backend.workers().items()):
                 self._emit("worker_bytes", worker=worker_id, bytes_read=info.bytes_read)
             for trial in sorted(self.state.trials.values(), key=lambda t: t.trial_id):
@@ -367,6 +390,8 @@ class Experiment:
         if self.state.round_open:
             logger.info("resuming round %d", self.state.round + 1)
             return True
+        if self.state.stopped is not None:
+            return False
         for spec in self.procedure.suggest():
             self._add_trial(spec.trial_id, spec.params, spec.clone_from)
         for trial_id in self.procedure.resumed():
@@ -380,7 +405,12 @@ class Experiment:
             return False
         number = self.state.round + 1
         resources = {t: self._resources(t) for t in live}
-        self._stage_boundary(Stage(number, tuple(live), resources), backend)
+        stop = self._stage_boundary(
+            Stage(number, tuple(live), resources, seconds=self.clock()), backend
+        )
+        if stop is not None:
+            self._stop_search(stop)
+            return False
         self._emit(
             "round_start",
             round=number,
@@ -393,12 +423,37 @@ class Experiment:
         )
         return True
 
-    def _stage_boundary(self, stage: Stage, backend: Backend) -> None:
-        """Where a cluster manager may resize, before the round's visit orders are drawn."""
+    def _stage_boundary(self, stage: Stage, backend: Backend) -> str | None:
+        """Where a cluster manager may resize, before the round's visit orders are drawn.
+
+        Returns:
+            Why the search must stop, if the hook says so.
+        """
         self._sync_membership(backend, None)
-        if self.on_stage is not None:
-            self.on_stage(stage, backend)
-            self._sync_membership(backend, None)
+        if self.on_stage is None:
+            return None
+        directive = self.on_stage(stage, backend)
+        self._sync_membership(backend, None)
+        if directive is None:
+            return None
+        for event, fields in directive.events:
+            self._emit(event, **fields)
+        return directive.stop
+
+    def _stop_search(self, reason: str) -> None:
+        """End the search before its next round: every live trial is stopped."""
+        logger.warning("stopping the search: %s", reason)
+        self._emit("search_stopped", round=self.state.round, reason=reason)
+        for trial_id in self.state.live_trials():
+            trial = self.state.trials[trial_id]
+            self._emit(
+                "decision",
+                round=self.state.round,
+                trial=trial_id,
+                epoch=trial.epochs,
+                decision=Decision.STOP.value,
+                status=COMPLETED if trial.epochs >= self.config.epochs else STOPPED,
+            )
 
     def _resources(self, trial_id: str) -> int:
         """The procedure's number of workers for a trial's next epoch (Cerebro §5.7)."""

@@ -129,7 +129,11 @@ class ExperimentState:
     _last_time: float | None = None
     dataset_id: str | None = None
     finished: bool = False
+    stopped: str | None = None
     sessions: int = 0
+    stage_plans: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    stage_actuals: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    elastic_summary: dict[str, Any] | None = None
     _open_groups: dict[str, dict[int, Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -287,3 +291,15 @@ class ExperimentState:
 
     def _on_experiment_end(self, event: Mapping[str, Any]) -> None:
         self.finished = True
+
+    def _on_search_stopped(self, event: Mapping[str, Any]) -> None:
+        self.stopped = str(event["reason"])
+
+    def _on_stage_plan(self, event: Mapping[str, Any]) -> None:
+        self.stage_plans[int(event["stage"])] = dict(event)
+
+    def _on_stage_actual(self, event: Mapping[str, Any]) -> None:
+        self.stage_actuals[int(event["stage"])] = dict(event)
+
+    def _on_elastic_summary(self, event: Mapping[str, Any]) -> None:
+        self.elastic_summary = dict(event)

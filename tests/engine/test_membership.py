@@ -108,6 +108,8 @@ def test_the_stage_boundary_retires_and_adds_workers_and_the_round_uses_them(
 
     def on_stage(stage: Stage, backend: Backend) -> None:
         assert isinstance(backend, WorkerPool)
+        if stage.final:
+            return
         if stage.round == 1:
             backend.retire("w1").result(timeout=30)
         if stage.round == 2:
