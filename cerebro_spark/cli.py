@@ -48,8 +48,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
         config = config.replace(backend=args.backend)
     result = run_experiment(config, experiment_id=args.experiment_id)
     _out(format_table(result.trials, config.metric, config.mode))
+    _print_cost(config.store, result.experiment_id)
     _out(f"experiment {result.experiment_id}: {result.url}")
     return 0
+
+
+def _print_cost(store: str, experiment_id: str) -> None:
+    """Predicted vs actual seconds and dollars of an elastic run, and what it cost."""
+    from cerebro_spark.engine import load_state
+    from cerebro_spark.engine._elastic import cost_table
+
+    _, state = load_state(store, experiment_id)
+    table = cost_table(state)
+    if table is None:
+        return
+    summary = state.elastic_summary or {}
+    _out("")
+    _out(table)
+    if summary:
+        _out(
+            f"the search cost ${summary['usd']:.4f} ({summary['instance_seconds']:.0f} "
+            f"instance-seconds on {summary['instances']} instances) in {summary['seconds']:.0f} s; "
+            f"planned ${summary['planned_usd']:.4f} in {summary['planned_seconds']:.0f} s"
+        )
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
@@ -59,6 +80,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     config, _ = load_state(store, experiment_id)
     result = resume_experiment(store, experiment_id)
     _out(format_table(result.trials, config.metric, config.mode))
+    _print_cost(store, experiment_id)
     _out(f"experiment {result.experiment_id}: {result.url}")
     return 0
 
@@ -90,6 +112,7 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
         sys.stdout.write(leaderboard_csv(trials, config.metric, config.mode))
     else:
         _out(format_table(trials, config.metric, config.mode, limit=args.limit))
+        _print_cost(store, experiment_id)
     return 0
 
 

@@ -101,6 +101,10 @@ def run_experiment(
         visit_orders: Visit orders to impose by round and trial (used by replay).
         group_plans: Data-parallel group sizes to impose along them (used by replay).
         on_stage: Called at every stage boundary (a cluster manager resizing).
+
+    With ``config.elastic`` (and the default backend factory and no ``on_stage``), the
+    search is planned first and the cluster follows the plan between its stages
+    (:mod:`cerebro_spark.engine._elastic`).
     """
     store = open_store(config.store)
     experiment_id = experiment_id or new_experiment_id(config, store)
@@ -112,6 +116,20 @@ def run_experiment(
         )
     # key order kept: it fixes the search space's grid order, hence which trial gets what
     store.put(config_key, json.dumps(config.to_dict(), indent=2).encode())
+    if config.elastic is not None and on_stage is None and backend_factory is default_backend:
+        from cerebro_spark.engine._elastic import elastic_run
+
+        with elastic_run(config) as (factory, controller):
+            experiment = Experiment(
+                config,
+                store,
+                experiment_id,
+                factory,
+                visit_orders=visit_orders,
+                group_plans=group_plans,
+                on_stage=controller,
+            )
+            return ExperimentResult(experiment_id, store, experiment.run())
     experiment = Experiment(
         config,
         store,

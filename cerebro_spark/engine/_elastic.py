@@ -1,0 +1,787 @@
+"""Elastic execution: the cluster follows the plan between stages, the meter bills it.
+
+With ``elastic:`` in a config, :func:`elastic_run` plans the search before anything starts
+(:func:`cerebro_spark.elastic.plan` on the procedure's stages, from a profile file or a
+pilot), starts the cluster at the first stage's size, and hands the engine an
+:class:`ElasticController` as its stage hook. At every stage boundary the controller:
+
+1. closes the stage that ended: ``stage_actual`` with its measured seconds, executors and
+   dollars (the :class:`~cerebro_spark.cluster.CostMeter`'s bill at the boundary minus the
+   bill at the stage's start) beside the ``stage_plan`` logged at the start;
+2. re-plans the remaining stages from the measured state (time left, money left, workers
+   running) when the stage's seconds drifted from the plan by more than ``replan_drift``
+   or a resize failed;
+3. stops the search, with a ``search_stopped`` event that says why, when the next stage
+   would overrun the budget;
+4. resizes to the next stage's workers. To shrink it retires the idle workers holding the
+   fewest sole-copy partitions (their partitions are re-homed on the others, their tasks
+   end normally) and only then releases their executors, so Spark re-runs nothing. To grow
+   it asks early: from the round at whose start the next stage is less than the
+   provider's latency away, so that the workers are ready when the stage starts; at the
+   boundary it waits for them up to ``resize_timeout`` and otherwise goes on with what it
+   has. A lost executor is survived as always (Q/Q').
+
+Every round also checks the budget against the bill so far plus the round ahead. After the
+last round it logs the last ``stage_actual`` and an ``elastic_summary``
+(:func:`cost_table` renders the predicted-vs-actual table from the log).
+
+Mapping a plan's stages onto the engine's rounds: a stage of ``e`` epochs is ``e`` rounds
+(one epoch of every live trial per round), so stage ``k`` starts at the round numbered
+``sum(epochs of stages before k)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import wait as wait_futures
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cerebro_spark.backends import Backend, WorkerInfo
+from cerebro_spark.engine._config import ElasticConfig, ExperimentConfig
+from cerebro_spark.engine._experiment import Stage, StageDirective, experiment_spec
+from cerebro_spark.errors import ConfigError
+from cerebro_spark.search import ExperimentSpec
+
+if TYPE_CHECKING:
+    from cerebro_spark.cluster import ClusterManager, CostMeter
+    from cerebro_spark.elastic import Outcome, Plan, PriceCatalog, Profile, TypeProfile
+    from cerebro_spark.engine._state import ExperimentState
+
+logger = logging.getLogger(__name__)
+
+_POLL_S = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class StagePlan:
+    """One stage of the plan being followed.
+
+    Attributes:
+        index: Its number (0-based).
+        trials: Live trials.
+        epochs: Epochs (rounds) it spans.
+        workers: Executors (one worker each) it runs on.
+        start: Predicted seconds from ``run`` to its training start.
+        end: Predicted seconds from ``run`` to its end.
+        usd: Predicted dollars charged to it.
+    """
+
+    index: int
+    trials: int
+    epochs: int
+    workers: int
+    start: float
+    end: float
+    usd: float
+
+    def to_event(self, replan: int) -> dict[str, Any]:
+        """The ``stage_plan`` event's fields."""
+        return {
+            "stage": self.index,
+            "trials": self.trials,
+            "epochs": self.epochs,
+            "workers": self.workers,
+            "start": round(self.start, 3),
+            "end": round(self.end, 3),
+            "usd": round(self.usd, 6),
+            "replan": replan,
+        }
+
+
+def stages_of(outcome: Outcome, first: int = 0, offset: float = 0.0) -> list[StagePlan]:
+    """The stages of a simulated allocation, numbered from ``first``.
+
+    Times are shifted by ``offset`` (a re-plan's t = 0 is the moment it was made).
+    """
+    return [
+        StagePlan(first + i, s.trials, s.epochs, s.workers, offset + s.start, offset + s.end, s.usd)
+        for i, s in enumerate(outcome.stages)
+    ]
+
+
+def stages_from_json(raw: Mapping[str, Any], spec: ExperimentSpec, where: str) -> list[StagePlan]:
+    """The stages of a plan written by ``cerebro-spark plan --format json``.
+
+    Raises:
+        ConfigError: The file is not a feasible plan of this search's stages.
+    """
+    if not raw.get("feasible", False):
+        raise ConfigError(f"plan {where} is not feasible (feasible: {raw.get('feasible')!r})")
+    stages = raw.get("stages")
+    if not isinstance(stages, list) or len(stages) != spec.num_stages():
+        raise ConfigError(
+            f"plan {where} has {len(stages) if isinstance(stages, list) else 'no'} stages; "
+            f"this config's {spec.procedure} search has {spec.num_stages()}"
+        )
+    out = []
+    for i, (stage, expected) in enumerate(zip(stages, spec.stages, strict=True)):
+        if (stage.get("trials"), stage.get("epochs")) != (expected.trials, expected.epochs):
+            raise ConfigError(
+                f"plan {where}: stage {i} plans {stage.get('trials')} trials x "
+                f"{stage.get('epochs')} epochs, but this config's stage {i} has "
+                f"{expected.trials} x {expected.epochs}"
+            )
+        workers = stage.get("workers")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ConfigError(f"plan {where}: stage {i} workers must be an integer >= 1")
+        out.append(
+            StagePlan(
+                i,
+                expected.trials,
+                expected.epochs,
+                workers,
+                float(stage.get("start", 0.0)),
+                float(stage.get("end", 0.0)),
+                float(stage.get("usd", 0.0)),
+            )
+        )
+    return out
+
+
+def victims_to_retire(workers: Mapping[str, WorkerInfo], count: int) -> list[str]:
+    """The ``count`` workers to retire: those holding the fewest sole-copy partitions.
+
+    Chosen one at a time (a partition becomes a sole copy once its other holder is
+    chosen); ties go to the worker with fewer partitions, then the newest.
+    """
+    left = dict(workers)
+    chosen: list[str] = []
+    for _ in range(min(count, max(0, len(left) - 1))):
+
+        def cost(worker: str) -> tuple[int, int, int]:
+            others = [i.partitions for w, i in left.items() if w != worker]
+            sole = sum(1 for p in left[worker].partitions if not any(p in o for o in others))
+            index = int(worker[1:]) if worker[1:].isdigit() else 0
+            return (sole, len(left[worker].partitions), -index)
+
+        victim = min(sorted(left), key=cost)
+        chosen.append(victim)
+        del left[victim]
+    return chosen
+
+
+class ElasticController:
+    """The stage hook of an elastic run (see the module docstring).
+
+    Args:
+        manager: Resizes the cluster.
+        meter: Bills it (started by the controller, stopped after the last stage).
+        stages: The plan being followed.
+        spec: The search's stages, as planned.
+        deadline: Seconds from ``run`` to the end.
+        budget: Most dollars (``None``: no limit).
+        started_at: Unix time of ``run`` (the plan's t = 0).
+        lead_seconds: Seconds from a request to a new worker ready (provider latency,
+            worker start, partition loads): how early growth is asked for.
+        resize_timeout: Seconds a boundary waits for the cluster to reach its size.
+        replan_drift: Share of drift in a stage's seconds that triggers a re-plan.
+        replan: Plans the remaining stages from ``(index, time left, money left,
+            workers running)``; returns the new stages (numbered from ``index``, times
+            from the plan's t = 0) or raises ``PlanInfeasible``. ``None``: never re-plan.
+        plan_fields: Extra fields of the ``elastic_plan`` event.
+        clock: Unix time (for tests).
+    """
+
+    def __init__(
+        self,
+        manager: ClusterManager,
+        meter: CostMeter,
+        stages: list[StagePlan],
+        spec: ExperimentSpec,
+        *,
+        deadline: float,
+        budget: float | None,
+        started_at: float,
+        lead_seconds: float,
+        resize_timeout: float,
+        replan_drift: float,
+        replan: Callable[[int, float, float | None, int], list[StagePlan]] | None = None,
+        plan_fields: Mapping[str, Any] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.manager = manager
+        self.meter = meter
+        self.stages = list(stages)
+        self.spec = spec
+        self.deadline = deadline
+        self.budget = budget
+        self.started_at = started_at
+        self.lead_seconds = lead_seconds
+        self.resize_timeout = resize_timeout
+        self.replan_drift = replan_drift
+        self._replan = replan
+        self._plan_fields = dict(plan_fields or {})
+        self._clock = clock
+        self._first_rounds = self._rounds_of(self.stages)
+        self._current: int | None = None
+        self._stage_began = started_at
+        self._stage_usd = 0.0
+        self._stage_executors = 0
+        self._grow_requested: int | None = None
+        self._replans = 0
+        self._failed_resizes = 0
+        self._stopped: str | None = None
+
+    # -- the hook ----------------------------------------------------------------------------
+
+    def __call__(self, stage: Stage, backend: Backend) -> StageDirective:
+        """Resize at a stage boundary; check the budget at every round."""
+        events: list[tuple[str, Mapping[str, Any]]] = []
+        if self._current is None:
+            self.meter.start()
+            events.append(("elastic_plan", self._plan_event()))
+            events += [("stage_plan", s.to_event(0)) for s in self.stages]
+        if stage.final:
+            if self._current is not None:
+                events.append(("stage_actual", self._close_stage()))
+            self.meter.stop()
+            events.append(("elastic_summary", self._summary()))
+            return StageDirective(tuple(events))
+        index = self._stage_of(stage.round)
+        if index != self._current:
+            if self._current is not None:
+                actual = self._close_stage()
+                events.append(("stage_actual", actual))
+                events += self._maybe_replan(index, backend, actual)
+            stop = self._over_budget(self._planned(index).usd, f"stage {index}")
+            if stop is not None:
+                return StageDirective(tuple(events), stop)
+            self._open_stage(index)  # the resize is the stage's first step (its SCALE)
+            events += self._resize(self._planned(index).workers, backend, index)
+            self._stage_executors = len(self.manager.executors())
+        else:
+            stop = self._over_budget(self._round_usd(index), f"round {stage.round}")
+            if stop is not None:
+                return StageDirective(tuple(events), stop)
+        self._maybe_grow_early(stage.round, index)
+        return StageDirective(tuple(events))
+
+    # -- stages ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _rounds_of(stages: list[StagePlan]) -> list[int]:
+        first, rounds = 0, []
+        for s in stages:
+            rounds.append(first)
+            first += s.epochs
+        return rounds
+
+    def _stage_of(self, round_number: int) -> int:
+        """The plan stage a round belongs to (the last one beyond the plan)."""
+        index = 0
+        for i, first in enumerate(self._first_rounds):
+            if round_number >= first:
+                index = i
+        return index
+
+    def _planned(self, index: int) -> StagePlan:
+        return self.stages[min(index, len(self.stages) - 1)]
+
+    def _open_stage(self, index: int) -> None:
+        """Start stage ``index`` now (the first at ``run``: its start-up is its own)."""
+        now = self._clock()
+        self.meter.sample()
+        if self._current is None:
+            self._stage_began, self._stage_usd = self.started_at, 0.0
+        else:
+            self._stage_began, self._stage_usd = now, self.meter.usd(now)
+        self._current = index
+
+    def _close_stage(self) -> dict[str, Any]:
+        assert self._current is not None  # ok: only after a stage opened
+        now = self._clock()
+        self.meter.sample()
+        index = self._current
+        planned = self._planned(index)
+        previous_end = self.stages[index - 1].end if index > 0 else 0.0
+        seconds = now - self._stage_began
+        return {
+            "stage": index,
+            "seconds": round(seconds, 3),
+            "planned_seconds": round(planned.end - previous_end, 3),
+            "end": round(now - self.started_at, 3),
+            "planned_end": round(planned.end, 3),
+            "workers": self._stage_executors,
+            "planned_workers": planned.workers,
+            "executors_at_end": len(self.manager.executors()),
+            "usd": round(self.meter.usd(now) - self._stage_usd, 6),
+            "planned_usd": round(planned.usd, 6),
+            "spent_usd": round(self.meter.usd(now), 6),
+        }
+
+    def _summary(self) -> dict[str, Any]:
+        now = self._clock()
+        return {
+            "seconds": round(now - self.started_at, 3),
+            "planned_seconds": round(self.stages[-1].end, 3),
+            "usd": round(self.meter.usd(now), 6),
+            "planned_usd": round(sum(s.usd for s in self.stages), 6),
+            "instance_seconds": round(self.meter.instance_seconds(now), 3),
+            "instances": len(self.meter.held()),
+            "replans": self._replans,
+            "failed_resizes": self._failed_resizes,
+            "stopped": self._stopped,
+            "deadline": self.deadline,
+            "budget": self.budget,
+        }
+
+    def _plan_event(self) -> dict[str, Any]:
+        return {
+            **self._plan_fields,
+            "deadline": self.deadline,
+            "budget": self.budget,
+            "seconds": round(self.stages[-1].end, 3),
+            "usd": round(sum(s.usd for s in self.stages), 6),
+            "workers": [s.workers for s in self.stages],
+            "stage_rounds": self._first_rounds,
+            "capabilities": dataclasses.asdict(self.manager.capabilities),
+        }
+
+    # -- budget ------------------------------------------------------------------------------
+
+    def _over_budget(self, ahead_usd: float, what: str) -> str | None:
+        if self.budget is None:
+            return None
+        spent = self.meter.usd()
+        if spent + ahead_usd <= self.budget + 1e-9:
+            return None
+        self._stopped = (
+            f"the budget of ${self.budget:.4f} would be overrun: ${spent:.4f} spent and "
+            f"{what} would cost about ${ahead_usd:.4f}"
+        )
+        return self._stopped
+
+    def _round_usd(self, index: int) -> float:
+        """Predicted dollars of one more round of stage ``index`` on today's executors."""
+        planned = self._planned(index)
+        previous_end = self.stages[index - 1].end if index > 0 else 0.0
+        round_seconds = (planned.end - previous_end) / max(1, planned.epochs)
+        rate = self.meter.price.usd_per_hour / 3600.0
+        return len(self.manager.executors()) * rate * round_seconds
+
+    # -- resizing ----------------------------------------------------------------------------
+
+    def _maybe_grow_early(self, round_number: int, index: int) -> None:
+        """Ask for the next stage's extra executors once it is less than the lead away."""
+        following = index + 1
+        if following >= len(self.stages) or not self.manager.capabilities.resizable:
+            return
+        target = self.stages[following].workers
+        if target <= len(self.manager.executors()) or self._grow_requested == following:
+            return
+        planned = self._planned(index)
+        previous_end = self.stages[index - 1].end if index > 0 else 0.0
+        round_seconds = (planned.end - previous_end) / max(1, planned.epochs)
+        rounds_left = self._first_rounds[following] - round_number
+        if rounds_left * round_seconds > self.lead_seconds:
+            return
+        logger.info(
+            "asking for %d executors for stage %d (%d rounds, about %.0f s, ahead)",
+            target,
+            following,
+            rounds_left,
+            rounds_left * round_seconds,
+        )
+        self._grow_requested = following
+        self.manager.resize(self._bounded(target))
+
+    def _bounded(self, target: int) -> int:
+        caps = self.manager.capabilities
+        bounded = max(target, caps.min_executors)
+        return bounded if caps.max_executors is None else min(bounded, caps.max_executors)
+
+    def _resize(
+        self, target: int, backend: Backend, index: int
+    ) -> list[tuple[str, Mapping[str, Any]]]:
+        """Bring the workers to ``target`` (see the module docstring); log what happened."""
+        caps = self.manager.capabilities
+        workers = backend.workers()
+        if not caps.resizable or target == len(workers):
+            return []
+        target = self._bounded(target)
+        begun = self._clock()
+        fields: dict[str, Any] = {"stage": index, "from": len(workers), "target": target}
+        try:
+            if target < len(workers):
+                victims = victims_to_retire(workers, len(workers) - target)
+                executors = [workers[w].executor_id for w in victims]
+                if caps.choose_victims:  # drain first: nothing runs when they are released
+                    retiring = [backend.retire(w) for w in victims]
+                    _, late = wait_futures(retiring, timeout=self.resize_timeout)
+                    if late:
+                        raise TimeoutError(f"workers {victims} did not retire in time")
+                    for future in retiring:
+                        future.result()
+                fields["victims"] = victims
+                self.manager.resize(
+                    target, [e for e in executors if e] if caps.choose_victims else ()
+                )
+                self.manager.wait(target, self.resize_timeout)
+            else:
+                if self._grow_requested != index:
+                    self.manager.resize(target)
+                self._wait_for_workers(backend, target)
+        except Exception as error:  # any failure: go on with what there is
+            self._failed_resizes += 1
+            fields.update(error=f"{type(error).__name__}: {error}", workers=len(backend.workers()))
+            logger.warning("resize to %d executors failed: %s; going on", target, error)
+            self._grow_requested = None
+            return [("resize_failed", {**fields, "seconds": round(self._clock() - begun, 3)})]
+        fields.update(workers=len(backend.workers()), seconds=round(self._clock() - begun, 3))
+        logger.info(
+            "stage %d: %d -> %d workers in %.1f s", index, fields["from"], target, fields["seconds"]
+        )
+        return [("resized", fields)]
+
+    def _wait_for_workers(self, backend: Backend, target: int) -> None:
+        deadline = time.monotonic() + self.resize_timeout
+        while len(backend.workers()) < target:
+            if time.monotonic() > deadline:
+                from cerebro_spark.cluster import ResizeTimeout
+
+                raise ResizeTimeout(
+                    target,
+                    len(backend.workers()),
+                    self.resize_timeout,
+                    f"{len(self.manager.executors())} executors serve",
+                )
+            time.sleep(_POLL_S)
+
+    # -- re-planning -------------------------------------------------------------------------
+
+    def _maybe_replan(
+        self, index: int, backend: Backend, actual: Mapping[str, Any]
+    ) -> list[tuple[str, Mapping[str, Any]]]:
+        planned = float(actual["planned_seconds"])
+        drift = abs(float(actual["seconds"]) - planned) / planned if planned > 0 else 0.0
+        reasons = []
+        if drift > self.replan_drift:
+            reasons.append(
+                f"stage {actual['stage']} took {actual['seconds']:.1f} s, planned {planned:.1f} s"
+            )
+        if self._failed_resizes > self._replans:
+            reasons.append("a resize failed")
+        if not reasons or self._replan is None or index >= len(self.stages):
+            return []
+        now = self._clock()
+        elapsed = now - self.started_at
+        money = None if self.budget is None else self.budget - self.meter.usd(now)
+        fields: dict[str, Any] = {
+            "stage": index,
+            "reason": "; ".join(reasons),
+            "elapsed": round(elapsed, 3),
+        }
+        try:
+            fresh = self._replan(index, self.deadline - elapsed, money, len(backend.workers()))
+        except Exception as error:  # PlanInfeasible, a bad state: keep the plan
+            self._replans += 1
+            logger.warning("re-planning from stage %d failed: %s; keeping the plan", index, error)
+            return [("replan_failed", {**fields, "error": str(error)})]
+        self._replans += 1
+        self.stages = self.stages[:index] + fresh
+        logger.info(
+            "re-planned stages %d.. (%s): workers %s",
+            index,
+            fields["reason"],
+            [s.workers for s in fresh],
+        )
+        return [("replanned", {**fields, "workers": [s.workers for s in fresh]})] + [
+            ("stage_plan", s.to_event(self._replans)) for s in fresh
+        ]
+
+
+# -- building an elastic run ---------------------------------------------------------------
+
+
+def load_plan_inputs(config: ExperimentConfig) -> tuple[Profile, PriceCatalog]:
+    """The profile (a file, or a pilot on the config's backend) and the price catalog."""
+    from cerebro_spark.elastic import load_catalog, load_profile
+
+    elastic = _elastic_of(config)
+    catalog = load_catalog(elastic.prices)
+    if elastic.profile != "auto":
+        return load_profile(elastic.profile), catalog
+    if elastic.instance_type is None:
+        raise ConfigError(
+            "elastic.profile: auto runs a pilot and records it under elastic.instance_type; "
+            "set instance_type (an instance type of the price catalog)"
+        )
+    from cerebro_spark.elastic._pilot import pilot_profile
+
+    logger.info("running a pilot to profile %s (elastic.profile: auto)", config.name)
+    scale = float(elastic.options.get("scale_seconds", 10.0))
+    pilot = config.replace(elastic=None)
+    return pilot_profile(pilot, instance_type=elastic.instance_type, scale_seconds=scale), catalog
+
+
+def planned_spec(config: ExperimentConfig, profile: Profile) -> ExperimentSpec:
+    """The stages ``run`` follows, with the most executors the run may hold.
+
+    At most the dataset's partitions (a worker beyond them would hold replicas only, and
+    the pool starts no more workers than partitions) and at most the manager's
+    ``max_executors``.
+    """
+    spec = experiment_spec(config)
+    caps = [profile.partitions]
+    most = _elastic_of(config).options.get("max_executors")
+    if most is not None:
+        if isinstance(most, bool) or not isinstance(most, int) or most < 1:
+            raise ConfigError(
+                f"elastic.{config.elastic.manager if config.elastic else ''}.max_executors "
+                f"must be an integer >= 1, got {most!r}"
+            )
+        caps.append(most)
+    if spec.max_workers is not None:
+        caps.append(spec.max_workers)
+    return dataclasses.replace(spec, max_workers=min(caps))
+
+
+def plan_config(config: ExperimentConfig, profile: Profile, catalog: PriceCatalog) -> Plan:
+    """Plan a config's search: the stages ``run`` follows, its deadline and budget."""
+    from cerebro_spark.elastic import plan
+
+    elastic = _elastic_of(config)
+    return plan(
+        planned_spec(config, profile),
+        profile,
+        catalog,
+        deadline=elastic.deadline,
+        budget=elastic.budget,
+        instance_type=elastic.instance_type,
+        seed=config.seed,
+    )
+
+
+@contextlib.contextmanager
+def elastic_run(
+    config: ExperimentConfig,
+) -> Iterator[tuple[Callable[[ExperimentConfig], Backend], ElasticController]]:
+    """Plan, start the cluster, and yield the backend factory and stage hook of a run.
+
+    The cluster starts at the first stage's size and is closed at the end.
+
+    Raises:
+        ConfigError: A bad elastic section, or a manager this build cannot run.
+        PlanInfeasible: No plan meets the deadline and the budget.
+    """
+    from cerebro_spark.cluster import CostMeter
+
+    elastic = _elastic_of(config)
+    started_at = time.time()
+    profile, catalog = load_plan_inputs(config)
+    spec = planned_spec(config, profile)
+    fields: dict[str, Any] = {"manager": elastic.manager}
+    if elastic.plan == "auto":
+        planned = plan_config(config, profile, catalog)
+        instance_type = planned.instance_type
+        stages = stages_of(planned.outcome)
+        fields.update(
+            instance_type=instance_type,
+            static={
+                "workers": planned.static.workers[0],
+                "seconds": round(planned.static.seconds, 3),
+                "usd": round(planned.static.usd, 6),
+            },
+        )
+    else:
+        path = Path(elastic.plan)
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"elastic.plan {path} cannot be read as JSON: {error}") from None
+        stages = stages_from_json(raw, spec, str(path))
+        instance_type = elastic.instance_type or str(raw.get("instance_type") or "")
+        if not instance_type:
+            raise ConfigError(f"elastic.instance_type is required with plan {path}")
+        fields.update(instance_type=instance_type, plan_file=str(path))
+    lead = _lead_seconds(profile.for_type(instance_type), stages)
+    fields["lead_seconds"] = round(lead, 3)
+    first = stages[0].workers
+    logger.info(
+        "elastic plan on %s: workers %s, %.0f s, $%.4f",
+        instance_type,
+        [s.workers for s in stages],
+        stages[-1].end,
+        sum(s.usd for s in stages),
+    )
+
+    def replan(index: int, seconds: float, usd: float | None, running: int) -> list[StagePlan]:
+        """The cheapest plan of the stages left that meets the time and money left.
+
+        When none does (the run is late), the fastest one found.
+        """
+        from cerebro_spark.elastic import PlanInfeasible, plan
+
+        rest = dataclasses.replace(spec, stages=spec.stages[index:])
+        offset = time.time() - started_at
+        try:
+            fresh = plan(
+                rest,
+                profile,
+                catalog,
+                deadline=max(seconds, 1.0),
+                budget=usd if usd is None or usd > 0 else 1e-9,
+                instance_type=instance_type,
+                seed=config.seed,
+                running=running,
+            ).outcome
+        except PlanInfeasible as late:
+            logger.warning("no plan of the stages left meets the time and money left: %s", late)
+            fresh = late.fastest[1]
+        return stages_of(fresh, index, offset)
+
+    with build_cluster(config, elastic, first, instance_type) as (manager, factory):
+        meter = CostMeter(manager, catalog, instance_type)
+        controller = ElasticController(
+            manager,
+            meter,
+            stages,
+            spec,
+            deadline=elastic.deadline,
+            budget=elastic.budget,
+            started_at=started_at,
+            lead_seconds=lead,
+            resize_timeout=elastic.resize_timeout,
+            replan_drift=elastic.replan_drift,
+            replan=replan if elastic.plan == "auto" else None,
+            plan_fields=fields,
+        )
+        try:
+            yield factory, controller
+        finally:
+            meter.stop()
+
+
+def _lead_seconds(typed: TypeProfile, stages: list[StagePlan]) -> float:
+    """Seconds from asking for executors to their workers ready with their partitions."""
+    most = max(s.workers for s in stages)
+    loads = math.ceil(typed.partitions / max(1, most)) * typed.load.mean
+    return typed.scale.mean + typed.worker_start.mean + loads
+
+
+@contextlib.contextmanager
+def build_cluster(
+    config: ExperimentConfig, elastic: ElasticConfig, workers: int, instance_type: str
+) -> Iterator[tuple[ClusterManager, Callable[[ExperimentConfig], Backend]]]:
+    """Start (or attach to) the cluster at ``workers`` executors.
+
+    Yields its manager and a backend factory whose workers run on it; releases what was
+    started at the end.
+    """
+    from cerebro_spark.backends import SparkBackend
+    from cerebro_spark.spark_session import spark_session
+
+    options = dict(elastic.options)
+    name = f"cerebro-spark {config.name}"
+    if elastic.manager == "standalone":
+        from cerebro_spark.cluster import LocalStandaloneCluster
+
+        known = {"root", "cores", "memory", "max_executors"}
+        if set(options) - known:
+            raise ConfigError(
+                f"unknown field(s) {sorted(set(options) - known)} in elastic.standalone; "
+                f"known: {sorted(known)}"
+            )
+        cluster = LocalStandaloneCluster(
+            workers,
+            root=options.get("root"),
+            cores=int(options.get("cores", 1)),
+            memory=str(options.get("memory", "1g")),
+            max_executors=options.get("max_executors"),
+            instance_type=instance_type,
+        )
+        try:
+            conf = {**config.spark.conf, **cluster.spark_conf()}
+            session = spark_session(cluster.master_url, name, conf)
+            try:
+                cluster.attach(session)
+                cluster.wait(workers, elastic.resize_timeout)
+                yield cluster, _factory(session, workers, SparkBackend)
+            finally:
+                session.stop()
+        finally:
+            cluster.close()
+        return
+    if elastic.manager == "spark":
+        from cerebro_spark.cluster import SparkExecutors
+
+        session = spark_session(config.spark.master, name, config.spark.conf)
+        manager = SparkExecutors(
+            session,
+            min_executors=int(options.pop("min_executors", 1)),
+            max_executors=options.pop("max_executors", None),
+            instance_type=instance_type,
+        )
+        manager.resize(workers)
+        manager.wait(workers, elastic.resize_timeout)
+        try:
+            yield manager, _factory(session, workers, SparkBackend)
+        finally:
+            manager.close()
+        return
+    raise ConfigError(
+        f"elastic.manager {elastic.manager!r} is not available in this build; use standalone "
+        "or spark"
+    )
+
+
+def _factory(
+    session: Any, workers: int, backend_class: Any
+) -> Callable[[ExperimentConfig], Backend]:
+    def factory(config: ExperimentConfig) -> Backend:
+        del config
+        backend: Backend = backend_class(workers, spark=session)
+        return backend
+
+    return factory
+
+
+def _elastic_of(config: ExperimentConfig) -> ElasticConfig:
+    if config.elastic is None:
+        raise ConfigError(f"config {config.name} has no elastic section")
+    return config.elastic
+
+
+# -- the table -----------------------------------------------------------------------------
+
+
+def cost_table(state: ExperimentState) -> str | None:
+    """Predicted vs actual seconds and dollars per stage and in total (``None``: not elastic)."""
+    if not state.stage_actuals:
+        return None
+    rows = [
+        f"{'stage':>5} {'workers':>9} {'seconds':>17} {'err':>7} {'dollars':>21} {'err':>7}",
+        f"{'':>5} {'plan/act':>9} {'plan/actual':>17} {'':>7} {'plan/actual':>21} {'':>7}",
+    ]
+    for index in sorted(state.stage_actuals):
+        a = state.stage_actuals[index]
+        rows.append(
+            f"{index:>5} {a['planned_workers']:>4}/{a['workers']:<4} "
+            f"{a['planned_seconds']:>8.1f}/{a['seconds']:<8.1f} "
+            f"{_err(a['seconds'], a['planned_seconds']):>7} "
+            f"{a['planned_usd']:>10.4f}/{a['usd']:<10.4f} {_err(a['usd'], a['planned_usd']):>7}"
+        )
+    summary = state.elastic_summary
+    if summary is not None:
+        rows.append(
+            f"{'total':>5} {'':>9} {summary['planned_seconds']:>8.1f}/{summary['seconds']:<8.1f} "
+            f"{_err(summary['seconds'], summary['planned_seconds']):>7} "
+            f"{summary['planned_usd']:>10.4f}/{summary['usd']:<10.4f} "
+            f"{_err(summary['usd'], summary['planned_usd']):>7}"
+        )
+        if summary.get("stopped"):
+            rows.append(f"stopped early: {summary['stopped']}")
+    return "\n".join(rows)
+
+
+def _err(actual: float, planned: float) -> str:
+    if planned == 0:
+        return "-"
+    return f"{100.0 * (actual - planned) / planned:+.1f}%"
