@@ -17,9 +17,14 @@ the pilot was run under):
   (Python worker, ``import torch``, the first partition loads excepted).
 * ``scale_seconds`` (required): provider latency from a request to an executor granted.
 * ``scaling`` (required): a trial's throughput on ``g`` workers relative to one, ``{1:
-  1.0, 2: ..., 4: ...}`` (``1`` must map to ``1.0``), or ``linear`` / ``sqrt`` / ``none``.
-  Between listed sizes it is interpolated linearly; beyond the largest it stays at the
-  largest's value (no gain is assumed that was not measured).
+  1.0, 2: ..., 4: ...}`` (``1`` must map to ``1.0``, and no ``g`` to more than ``g``), or
+  ``linear`` / ``sqrt`` / ``none``. Between listed sizes it is interpolated linearly;
+  beyond the largest it stays at the largest's value (no gain is assumed that was not
+  measured). A superlinear speedup is refused: the execution model divides only the
+  training time of a unit among a group's workers, and the planner's least worker count
+  (all the work on one worker each, divided by the deadline) holds only if a group of
+  ``g`` does at most ``g`` workers' work; a measurement above ``g`` is noise or a cache
+  effect of the pilot's small data that would not last.
 * ``partition_load_seconds`` (default 0): reading one partition (both splits) into a worker.
 * ``partition_bytes`` (default 0): bytes of one partition (both splits): data ingress.
 * Optional spreads (standard deviations, same shape as their key): ``unit_seconds_spread``,
@@ -28,8 +33,9 @@ the pilot was run under):
 * Optional, not read by the planner: ``families`` (per model family measurements),
   ``group`` (what Cynthia's model was given), ``measured`` (provenance).
 
-Missing or inconsistent keys raise :class:`~cerebro_spark.errors.ConfigError` naming the
-key and the rule.
+Numbers may be written as numeric strings (YAML reads ``1e9`` as a string, ``1.0e9`` as a
+number). Missing, unknown or inconsistent keys raise
+:class:`~cerebro_spark.errors.ConfigError` naming the key and the rule.
 """
 
 from __future__ import annotations
@@ -38,8 +44,9 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import numpy as np
 import yaml
 
 from cerebro_spark.errors import ConfigError
@@ -54,6 +61,8 @@ _SPREADS = (
     "partition_load_seconds_spread",
 )
 _INFORMATIONAL = ("families", "group", "measured")
+
+T = TypeVar("T", float, np.ndarray)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,13 +102,25 @@ class TypeProfile:
     scaling: Scaling
 
     def trial_epoch_seconds(self, group: int = 1) -> float:
-        """Mean seconds of one trial-epoch on a group of ``group`` workers.
+        """Mean seconds of one trial-epoch on a group of ``group`` workers (:func:`trial_epoch`)."""
+        return trial_epoch(
+            self.partitions,
+            self.unit.mean,
+            self.hop.mean,
+            self.validation.mean,
+            self.scaling(group),
+        )
 
-        ``P * (unit / scaling(g) + hop) + validation``: a trial never runs two units at
-        once; a group divides the training time by its scaling, not the hops.
-        """
-        p = self.partitions
-        return p * (self.unit.mean / self.scaling(group) + self.hop.mean) + self.validation.mean
+
+def trial_epoch(partitions: int, unit: T, hop: T, validation: T, speedup: float) -> T:
+    """Seconds of one trial-epoch: ``P * (unit / speedup + hop) + validation``.
+
+    A trial never runs two units at once, so its ``P`` units and their hops follow one
+    another; a group of ``g`` workers divides the training time by its ``scaling(g)``, not
+    the hops (the checkpoint is read and written once per unit). The latencies may be
+    numbers or arrays of samples (the simulator's): this is the one place the formula is.
+    """
+    return partitions * (unit / speedup + hop) + validation  # type: ignore[no-any-return]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,11 +147,6 @@ class Scaling:
             if g0 <= group <= g1:
                 return s0 + (s1 - s0) * (group - g0) / (g1 - g0)
         raise AssertionError("unreachable: the table starts at 1")  # pragma: no cover
-
-    @property
-    def largest(self) -> int | None:
-        """The largest measured group size (``None`` for a named scaling)."""
-        return self.table[-1][0] if self.table else None
 
     def to_yaml(self) -> Any:
         """The ``scaling`` value of a profile file."""
@@ -346,14 +362,13 @@ def parse_scaling(value: Any) -> Scaling:
             g = 0
         if g < 1 or str(size).strip() != str(g):
             raise ConfigError(f"profile key 'scaling': group size {size!r} is not an integer >= 1")
-        if (
-            isinstance(speedup, bool)
-            or not isinstance(speedup, (int, float))
-            or not math.isfinite(speedup)
-            or speedup <= 0
-        ):
-            raise ConfigError(f"profile key 'scaling.{g}' must be a number > 0, got {speedup!r}")
-        table.append((g, float(speedup)))
+        value = _number({f"scaling.{g}": speedup}, f"scaling.{g}", positive=True)
+        if value > g * (1 + 1e-9):
+            raise ConfigError(
+                f"profile key 'scaling.{g}' must be at most {g} (a group of {g} workers does at "
+                f"most {g} workers' work; superlinear speedups are refused), got {speedup!r}"
+            )
+        table.append((g, value))
     table.sort()
     if table[0] != (1, 1.0) and not (table[0][0] == 1 and math.isclose(table[0][1], 1.0)):
         raise ConfigError(
@@ -363,18 +378,31 @@ def parse_scaling(value: Any) -> Scaling:
 
 
 def _number(raw: Mapping[str, Any], key: str, *, positive: bool, default: Any = None) -> float:
+    """The number at ``raw[key]``, checked ``>= 0`` or ``> 0``; the error names the key.
+
+    A numeric string is read as a number (YAML reads ``1e9`` as a string).
+    """
     value = raw.get(key, default)
     if value is None:
         raise ConfigError(f"profile key {key!r} is required")
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-        or (positive and value == 0)
-    ):
+    number = numeric(value)
+    if number is None or number < 0 or (positive and number == 0):
         rule = "> 0" if positive else ">= 0"
         raise ConfigError(f"profile key {key!r} must be a number {rule}, got {value!r}")
+    return number
+
+
+def numeric(value: Any) -> float | None:
+    """``value`` as a finite float: an int, a float or a numeric string; else ``None``."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
     return float(value)
 
 

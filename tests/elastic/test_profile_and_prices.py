@@ -5,9 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from cerebro_spark.elastic import load_catalog, load_profile, parse_catalog, parse_profile
+from cerebro_spark.elastic import (
+    PriceCatalog,
+    load_catalog,
+    load_profile,
+    parse_catalog,
+    parse_profile,
+)
 from cerebro_spark.elastic._profile import parse_scaling
 from cerebro_spark.errors import ConfigError
 from tests.elastic.helpers import TYPE, catalog, profile
@@ -41,11 +48,31 @@ def test_a_profile_round_trips_through_yaml(tmp_path: Path) -> None:
         ({"scaling": "cubic"}, "must be one of"),
         ({"unit_seconds_spread": {"t9": 0.1}}, "names instance types"),
         ({"bogus": 1}, r"unknown profile key\(s\) \['bogus'\]"),
+        ({"hop_seconds": "fast"}, "'hop_seconds' must be a number >= 0, got 'fast'"),
+        ({"partition_bytes": "nan"}, "'partition_bytes' must be a number >= 0, got 'nan'"),
+        ({"scaling": {1: 1.0, 2: 2.5}}, r"'scaling.2' must be at most 2 .*superlinear"),
+        ({"scaling": {1: 1.0, 2: "1.5x"}}, r"'scaling.2' must be a number > 0, got '1.5x'"),
     ],
 )
 def test_a_bad_profile_names_the_key(change: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         parse_profile({**GOOD, **change})
+
+
+def test_numbers_may_be_numeric_strings(tmp_path: Path) -> None:
+    """YAML reads ``1.0e9`` as a number but ``1e9`` as a string: both are accepted."""
+    (tmp_path / "p.yaml").write_text(
+        "partitions: 4\nunit_seconds: {t1: 1e0}\nvalidation_seconds: {t1: 1.0}\n"
+        "hop_seconds: 25e-2\nworker_start_seconds: 10\nscale_seconds: 5\n"
+        "scaling: {1: 1.0, 2: 15e-1}\npartition_bytes: 1e9\n"
+    )
+    read = load_profile(tmp_path / "p.yaml")
+    assert read.partition_bytes == 1e9 and read.hop_seconds == 0.25
+    assert read.unit_seconds == {"t1": 1.0} and read.scaling(2) == 1.5
+    assert (
+        parse_catalog({"instances": {"a": {"usd_per_hour": "3.06"}}}).price("a").usd_per_hour
+        == 3.06
+    )
 
 
 def test_a_missing_file_and_a_type_the_profile_lacks(tmp_path: Path) -> None:
@@ -72,10 +99,15 @@ def test_the_shipped_catalog_has_the_types_and_where_their_prices_come_from() ->
                         ("g4dn.xlarge", 0.526), ("g5.xlarge", 1.006),
                         ("p4d.24xlarge", 32.7726)):  # fmt: skip
         entry = cat.price(name)
-        assert entry.usd_per_hour == price and entry.recorded and entry.source
+        assert entry.usd_per_hour == price and entry.effective == "2026-11-22" and entry.source
     assert any(cat.price(t).gpus == 0 for t in cat.instances)  # a CPU type or two
     assert (cat.billing, cat.granularity_seconds, cat.minimum_seconds) == ("per_instance", 1, 60)
     assert cat.billed_seconds(10) == 60 and cat.billed_seconds(60.2) == 61
+    # Minimum paid before (re-planning): by the second only. Arrays of samples alike.
+    assert (
+        cat.billed_seconds(10, minimum=False) == 10 and cat.billed_seconds(0.0, minimum=False) == 0
+    )
+    assert list(cat.billed_seconds(np.array([10.0, 60.2]))) == [60, 61]
 
 
 def test_dbus_are_added_and_bad_catalogs_are_refused() -> None:
@@ -90,6 +122,26 @@ def test_dbus_are_added_and_bad_catalogs_are_refused() -> None:
         ({"instances": {"a": {"usd_per_hour": -1}}}, r"instances.a.usd_per_hour must be"),
         ({"instances": {"a": {"usd_per_hour": 1, "executors": 0}}}, "executors must be"),
         ({"instances": {"a": {"usd_per_hour": 1}}, "billing": {"model": "free"}}, "billing.model"),
-    ):
+        ({"instances": {"a": {"usd_per_hour": 1, "recorded": "2026"}}},
+         r"unknown price catalog key\(s\) \['instances.a.recorded'\]"),
+        ({"instances": {"a": {"usd_per_hour": 1}}, "billing": {"minimum": 60}},
+         r"\['billing.minimum'\]; known keys here: \['billing.model'"),
+        ({"instances": {"a": {"usd_per_hour": 1}}, "zone": "us-east-1a"}, r"\['zone'\]"),
+        ({"instances": {"a": {"usd_per_hour": 1}}, "currency": "EUR"}, "currency' must be USD"),
+    ):  # fmt: skip
         with pytest.raises(ConfigError, match=match):
             parse_catalog(raw)
+
+
+def test_a_catalog_and_its_dataclass_share_their_defaults() -> None:
+    parsed = parse_catalog({"instances": {"a": {"usd_per_hour": 1}}})
+    built = PriceCatalog(instances=parsed.instances)
+    assert (
+        (parsed.billing, parsed.granularity_seconds, parsed.minimum_seconds)
+        == (
+            built.billing,
+            built.granularity_seconds,
+            built.minimum_seconds,
+        )
+        == ("per_instance", 1.0, 60.0)
+    )
