@@ -217,7 +217,7 @@ class ASHA(SearchProcedure):
 
         Of ``num_trials``, about ``n / η^k`` reach rung ``k`` and the rest stop there; the
         best train to ``epochs`` (as in SHA). Without ``num_trials`` it runs until its
-        deadline on ``num_workers``.
+        deadline on ``num_workers``; with both, the deadline caps the run (``deadline``).
         """
         if self.num_trials is None:
             assert self.deadline is not None  # ok: checked in __init__
@@ -227,6 +227,7 @@ class ASHA(SearchProcedure):
                 elastic=False,
                 max_workers=self.num_workers,
                 fixed_seconds=self.deadline,
+                deadline=self.deadline,
             )
         ladder = [*self.rungs, self.epochs]
         reach = [self.num_trials]
@@ -235,7 +236,11 @@ class ASHA(SearchProcedure):
         stop_at = [n - later for n, later in zip(reach, [*reach[1:], 0], strict=True)]
         cohorts = tuple(Cohort(n, e) for n, e in zip(stop_at, ladder, strict=True) if n > 0)
         return ExperimentSpec(
-            "asha", (StageSpec(cohorts),), elastic=False, max_workers=self.num_trials
+            "asha",
+            (StageSpec(cohorts),),
+            elastic=False,
+            max_workers=self.num_trials,
+            deadline=self.deadline,
         )
 
     def is_finished(self) -> bool:

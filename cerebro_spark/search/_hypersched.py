@@ -321,6 +321,7 @@ class HyperSched(SearchProcedure):
             elastic=False,
             max_workers=self.num_workers,
             fixed_seconds=self.deadline,
+            deadline=self.deadline,
         )
 
     def is_finished(self) -> bool:

@@ -490,7 +490,9 @@ class SEER(SearchProcedure):
         """The plan's stages, one cohort per bracket.
 
         A cohort has the bracket's trials, the epochs each trains in the stage (at most
-        ``epochs`` in all) and its workers per trial (at most ``num_workers``).
+        ``epochs`` in all) and its workers per trial (at most ``num_workers``). The spec
+        carries ``T`` (``deadline``: SEER stops then) and ``epoch_seconds`` (the time per
+        epoch the stages were shaped with).
         """
         stages = []
         trained = [0] * len(self.plan.N)
@@ -505,7 +507,9 @@ class SEER(SearchProcedure):
                     trained[i] += epochs
             if cohorts:
                 stages.append(StageSpec(tuple(cohorts)))
-        return ExperimentSpec("seer", tuple(stages))
+        return ExperimentSpec(
+            "seer", tuple(stages), deadline=self.deadline, epoch_seconds=self.epoch_seconds
+        )
 
     def resources(self, trial_id: str) -> int:
         """Return ``P`` of the trial's bracket (at most ``num_workers``), else 1."""

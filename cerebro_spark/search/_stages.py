@@ -19,11 +19,18 @@ run), the work they will do as a single stage (for ASHA, its rungs' expected wor
 ``max_workers``, the trials they keep in flight: more workers than that would idle. A
 procedure that runs until a deadline whatever the workers do (HyperSched, ASHA without
 ``num_trials``) also gives ``fixed_seconds``.
+
+A procedure with a deadline of its own (SEER, HyperSched, ASHA with ``deadline``) gives it
+as ``deadline``: it stops then, counted like a plan's time from the experiment's start (its
+clock starts before the workers do), so a plan must end by it. SEER, which turns stage time
+into epochs with an assumed ``epoch_seconds``, gives that too, so that the planner can warn
+when the profile disagrees.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from cerebro_spark.errors import ConfigError
@@ -95,8 +102,13 @@ class ExperimentSpec:
         elastic: Whether the cluster may be resized between stages (synchronous
             procedures); ``False``: one allocation for the whole run.
         max_workers: Most workers the search can keep busy (trials in flight), if bounded.
-        fixed_seconds: The search runs this long whatever the workers (a deadline-bound
-            procedure); ``None``: it ends when its work is done.
+        fixed_seconds: The search runs this long from the experiment's start whatever the
+            workers do (a deadline-bound procedure: one asynchronous stage); ``None``: it
+            ends when its work is done.
+        deadline: The procedure's own deadline in seconds from the experiment's start (it
+            stops then), if it has one.
+        epoch_seconds: Seconds of one trial-epoch on one worker the procedure assumed when
+            it shaped its stages (SEER), if any.
     """
 
     procedure: str
@@ -104,10 +116,28 @@ class ExperimentSpec:
     elastic: bool = True
     max_workers: int | None = None
     fixed_seconds: float | None = None
+    deadline: float | None = None
+    epoch_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if not self.stages:
             raise ConfigError(f"the spec of {self.procedure} has no stage")
+        if self.max_workers is not None and self.max_workers < 1:
+            raise ConfigError(
+                f"the spec of {self.procedure}: max_workers must be >= 1, got {self.max_workers}"
+            )
+        for name in ("fixed_seconds", "deadline", "epoch_seconds"):
+            value = getattr(self, name)
+            if value is not None and not (0 < value < math.inf):
+                raise ConfigError(
+                    f"the spec of {self.procedure}: {name} must be a number of seconds > 0, "
+                    f"got {value!r}"
+                )
+        if self.fixed_seconds is not None and (self.elastic or len(self.stages) != 1):
+            raise ConfigError(
+                f"the spec of {self.procedure}: fixed_seconds is for one asynchronous stage "
+                f"(elastic=False), got {len(self.stages)} stage(s), elastic={self.elastic}"
+            )
 
     def num_stages(self) -> int:
         """Number of stages (RubberBand's ``num_stages``)."""
@@ -125,6 +155,8 @@ class ExperimentSpec:
             "elastic": self.elastic,
             "max_workers": self.max_workers,
             "fixed_seconds": self.fixed_seconds,
+            "deadline": self.deadline,
+            "epoch_seconds": self.epoch_seconds,
             "stages": [stage.to_dict() for stage in self.stages],
         }
 

@@ -54,6 +54,10 @@ def test_the_planned_spec_is_what_the_run_trains(
     config = parse_config(raw)
     spec = experiment_spec(config)
     assert spec.procedure == procedure["name"]
+    # A procedure's own deadline and assumed epoch time travel with its stages (the plan
+    # must end by the one and warns about the other).
+    assert spec.deadline == procedure.get("deadline")
+    assert spec.epoch_seconds == procedure.get("epoch_seconds")
     run_experiment(config, experiment_id="e", backend_factory=lambda c: WorkerPool(
         ThreadTransport(), c.workers))  # fmt: skip
     events = read_events(open_store(str(tmp_path)).child("experiments/e"))
