@@ -3,7 +3,8 @@
 Pure functions of (stage spec, profile, price catalog, deadline, budget): no Spark, no
 torch. :func:`plan` returns the cheapest allocation of workers per stage that meets the
 deadline and the budget (RubberBand §4, Cynthia §4) or raises :class:`PlanInfeasible`;
-:class:`Simulator` predicts an allocation's time and cost (RubberBand §4.2);
+:class:`Simulator` predicts an allocation's time and cost (RubberBand §4.2), also for the
+rest of a search re-planned mid-run with workers already running (``running``);
 :class:`GroupModel` is Cynthia's performance model of a data-parallel group (Cynthia §3).
 The stage spec comes from the search procedure (``SearchProcedure.stage_spec``), built from
 a config exactly as ``run`` builds it (:func:`cerebro_spark.engine.experiment_spec`).
@@ -27,8 +28,16 @@ from cerebro_spark.elastic._profile import (
     load_profile,
     parse_profile,
     parse_scaling,
+    trial_epoch,
 )
-from cerebro_spark.elastic._simulator import Node, NodeKind, Outcome, Simulator, StageOutcome
+from cerebro_spark.elastic._simulator import (
+    Node,
+    NodeKind,
+    Outcome,
+    Simulator,
+    StageOutcome,
+    partition_moves,
+)
 
 __all__ = [
     "GroupModel",
@@ -52,7 +61,9 @@ __all__ = [
     "parse_catalog",
     "parse_profile",
     "parse_scaling",
+    "partition_moves",
     "plan",
     "static_sizes",
+    "trial_epoch",
     "worker_bounds",
 ]

@@ -1,43 +1,61 @@
 """The execution model and simulator (RubberBand §4.2, Alg. 1), adapted to MOP.
 
 An *allocation* gives every stage of an :class:`~cerebro_spark.search.ExperimentSpec` its
-workers ``W_i``. :func:`to_dag` turns spec and allocation into a DAG of tasks, stage by
-stage from the frontier (RubberBand §4.2, "DAG construction"):
+workers ``W_i``. :meth:`Simulator.to_dag` turns spec and allocation into a DAG of tasks,
+stage by stage from the frontier (RubberBand §4.2, "DAG construction"):
 
-* **SCALE** (``scale_seconds``): the stage needs more workers than the last one held: a
-  blocking request to the provider, billed from its start.
-* **INIT_INSTANCE** (``worker_start_seconds + ceil(P / W_i) * partition_load_seconds``):
-  the new workers start and load their share of the partitions (as replicas: MOP holds each
-  partition on some worker; ``P`` loads for the first stage, ``ceil(P / W_i)`` per new
-  worker later), in parallel, after SCALE.
+* **SCALE** (``scale_seconds``): the stage needs more workers than are held: a blocking
+  request to the provider, billed from its start.
+* **INIT_INSTANCE** (``worker_start_seconds + share * partition_load_seconds``): the new
+  workers start and load their partitions in parallel, after SCALE. Starting from none,
+  worker ``k`` of ``W`` loads partitions ``i = k mod W`` (the pool's placement) and, past
+  ``P`` workers, one replica each: ``share = ceil(P / W)``, ``max(P, W)`` loads in all.
+  Joining held workers, each new one loads ``ceil(P / W)`` replicas (the pool's
+  ``replica_share``). :func:`partition_moves` is the one place this is counted, for the
+  time and for the data ingress alike.
 * **REHOME** (``ceil(L / W_i) * partition_load_seconds``): the stage needs fewer workers:
   the leaving workers' ``L = min(P, ceil((W_(i-1) - W_i) * P / W_(i-1)))`` partitions are
   read again by the survivors; the leaving instances are released at the stage boundary.
 * **TRAIN**: the stage's units under model hopper parallelism. A trial-epoch on a group of
-  ``g`` workers takes ``T(g) = P * (unit / scaling(g) + hop) + validation`` (a trial never
-  runs two units at once); a stage whose cohorts ``j`` have ``n_j`` trials of ``e_j``
-  epochs on groups of ``g_j`` takes ``max(sum_j n_j g_j e_j T(g_j) / W_i, max_j e_j
-  T(g_j))``: MOP keeps all ``W_i`` workers busy while there is work, and no trial can go
-  faster than its own epochs in sequence (``e * max(n T / W, T)`` for one cohort). Per
+  ``g`` workers takes ``T(g) = P * (unit / scaling(g) + hop) + validation``
+  (:func:`~._profile.trial_epoch`); a stage whose cohorts ``j`` have ``n_j`` trials of
+  ``e_j`` epochs on groups of ``g_j`` takes ``max(sum_j n_j g_j e_j T(g_j) / W_i, max_j
+  e_j T(g_j))``: MOP keeps all ``W_i`` workers busy while there is work, and no trial can
+  go faster than its own epochs in sequence (``e * max(n T / W, T)`` for one cohort). Per
   unit nodes would be meaningless: with MOP any worker runs any trial's next unit, so the
   stage is one node.
 * **SYNC**: the end of the stage (zero latency).
 
+Every node's only predecessor is the frontier, so the DAG is a chain and its critical path
+(Alg. 1 ``sample_duration``) is the running sum of the latencies: :meth:`Simulator.run`
+sums the same per-stage pieces :meth:`Simulator.to_dag` shows (memoized per stage, worker
+count and predecessor), without building nodes.
+
 Latencies are sampled from normal distributions with the profile's means and spreads
-(truncated at 0), from a seeded ``numpy.random.Generator``; the critical path (Alg. 1
-``sample_duration``: a node finishes at its latency plus the latest finish of its
-predecessors) is averaged over the samples. Every allocation a :class:`Simulator` sees uses
-the same samples (common random numbers), so allocations compare fairly and results repeat.
+(truncated at 0), from a seeded ``numpy.random.Generator``; the critical path is averaged
+over the samples. Every allocation a :class:`Simulator` sees uses the same samples (common
+random numbers), so allocations compare fairly and results repeat. A profile without
+spreads is simulated once, on plain floats (the fast path: the same code, on numbers).
 
 **Cost** (RubberBand §4.2): per-instance billing charges every instance from its request
 (the start of its SCALE) to its release (the end of the last stage that needs it, or the
-end of the search), per the catalog's granularity and minimum; per-function billing charges
-only the worker-seconds of INIT_INSTANCE and TRAIN. Data ingress adds every partition load
-at the catalog's price per GB. Instances are ``ceil(W_i / executors per instance)``; the
-newest are released first. The **time** is wall time from ``run`` to the last SYNC,
-start-up included.
+end of the search), by :meth:`PriceCatalog.billed_seconds` (granularity and minimum);
+per-function billing charges only the worker-seconds of INIT_INSTANCE and TRAIN. Data
+ingress adds every partition load at the catalog's price per GB. Instances are
+``ceil(W_i / executors per instance)``; the newest are released first. The **time** is
+wall time from ``run`` to the last SYNC, start-up included.
 
-A spec with ``fixed_seconds`` (a deadline-bound procedure) trains for exactly that long.
+**Re-planning** (``running``): when a search is planned again mid-run, ``running`` workers
+are up and loaded at ``t = 0``. Keeping them costs no SCALE, worker start or partition
+load; growing beyond them pays those as usual for the new workers (which load replicas);
+shrinking below them re-homes and releases them at ``t = 0``. Their instances' minimum
+charge was paid when they started: they are billed only for the seconds they are held
+from ``t = 0`` (rounded to the granularity), and released last.
+
+A spec with ``fixed_seconds`` (a deadline-bound procedure: ASHA or HyperSched with a
+deadline) runs until ``fixed_seconds`` after ``t = 0`` -- the procedure's clock starts
+when the experiment is built, before any worker -- or until its start-up ends, if later:
+it ends at ``max(start-up, fixed_seconds)``.
 """
 
 from __future__ import annotations
@@ -45,15 +63,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from cerebro_spark.elastic._prices import InstancePrice, PriceCatalog
-from cerebro_spark.elastic._profile import Latency, TypeProfile
+from cerebro_spark.elastic._profile import Latency, TypeProfile, trial_epoch
 from cerebro_spark.errors import ConfigError
-from cerebro_spark.search._stages import ExperimentSpec, StageSpec
+from cerebro_spark.search._stages import Cohort, ExperimentSpec, StageSpec
 
 
 class NodeKind(str, enum.Enum):
@@ -90,6 +108,7 @@ class StageOutcome:
         end: When it ends (its SYNC).
         usd: Dollars charged to it (the compute of its time window, the minimum charge of
             instances released after it, the data it loaded).
+        loads: Partition loads it made (initial, replicas, re-homing).
     """
 
     trials: int
@@ -100,6 +119,7 @@ class StageOutcome:
     start: float
     end: float
     usd: float
+    loads: int = 0
 
     @property
     def seconds(self) -> float:
@@ -119,6 +139,7 @@ class StageOutcome:
             "end": self.end,
             "seconds": self.seconds,
             "usd": self.usd,
+            "partition_loads": self.loads,
         }
 
 
@@ -145,6 +166,53 @@ class Outcome:
     stages: tuple[StageOutcome, ...]
 
 
+def partition_moves(partitions: int, held: int, workers: int) -> tuple[int, int]:
+    """Partition loads of going from ``held`` workers to ``workers`` (module docstring).
+
+    Returns:
+        The loads of the busiest worker (they are the critical path: workers load in
+        parallel) and the loads in all (the data ingress).
+    """
+    p = partitions
+    if workers > held:
+        share = math.ceil(p / workers)
+        if held == 0:  # placement i mod W, then one replica each past P workers
+            return share, max(p, workers)
+        return share, (workers - held) * share  # replicas of a fair share each
+    if workers < held:
+        moved = min(p, math.ceil((held - workers) * p / held))
+        return math.ceil(moved / workers), moved
+    return 0, 0
+
+
+Samples = Any
+"""Sampled seconds or dollars: a float when a simulation has one sample (a profile without
+spreads: the fast path), else an array of the samples."""
+
+
+class _Piece(NamedTuple):
+    """A stage's part of the chain, given the workers before it and its own (sampled)."""
+
+    kind: NodeKind | None  # what precedes training: INIT_INSTANCE (after SCALE), REHOME, none
+    scale: Samples  # SCALE's latency
+    latency: Samples  # INIT_INSTANCE's or REHOME's latency
+    before: Samples  # scale + latency: from the previous SYNC to the start of training
+    train: Samples  # TRAIN's latency (unused for fixed_seconds)
+    busy: Samples  # worker-seconds of training (unused for fixed_seconds)
+    new_workers: int
+    loads: int
+
+
+class _Trace(NamedTuple):
+    """A simulated allocation before the means, per stage."""
+
+    starts: list[Samples]
+    ends: list[Samples]
+    compute: list[Samples]
+    loads: list[int]
+    data_usd: list[float]
+
+
 class Simulator:
     """Simulates allocations of one spec on one instance type (see the module docstring).
 
@@ -155,9 +223,11 @@ class Simulator:
         price: The instance type's price.
         samples: Latency samples per simulation (1 when the profile has no spread).
         seed: Seed of the samples.
+        running: Workers up and loaded at ``t = 0`` (re-planning a running search; module
+            docstring).
 
     Raises:
-        ConfigError: ``samples < 1``.
+        ConfigError: ``samples < 1`` or ``running < 0``.
     """
 
     def __init__(
@@ -169,13 +239,17 @@ class Simulator:
         *,
         samples: int = 32,
         seed: int = 0,
+        running: int = 0,
     ) -> None:
-        if samples < 1:
-            raise ConfigError(f"samples must be >= 1, got {samples}")
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+            raise ConfigError(f"samples must be an integer >= 1, got {samples!r}")
+        if isinstance(running, bool) or not isinstance(running, int) or running < 0:
+            raise ConfigError(f"running must be a number of workers >= 0, got {running!r}")
         self.spec = spec
         self.profile = profile
         self.catalog = catalog
         self.price = price
+        self.running = running
         spreads = [
             profile.unit.spread,
             profile.hop.spread,
@@ -189,103 +263,232 @@ class Simulator:
         widest = max(len(stage.cohorts) for stage in spec.stages)
         # Standard normals, by stage: [scale, start, load, then unit, hop, validation per cohort].
         self._z = rng.standard_normal((len(spec.stages), 3 + 3 * widest, self.samples))
-        self._memo: dict[tuple[int, ...], Outcome] = {}
+        self._epoch: dict[int, float] = {}
         self._groups: dict[tuple[int, int], tuple[int, ...]] = {}
+        self._useful: dict[int, int] = {}
+        self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._trains: dict[tuple[int, int], tuple[Samples, Samples]] = {}
+        self._scalar = self.samples == 1
+        self._pieces: dict[tuple[int, int, int], _Piece] = {}
+        self._evaluated: dict[tuple[int, ...], tuple[float, float]] = {}
+        self._memo: dict[tuple[int, ...], Outcome] = {}
 
     # -- the model --------------------------------------------------------------------------
+
+    def epoch_seconds(self, group: int) -> float:
+        """Mean seconds of one trial-epoch on a group of ``group`` workers (memoized)."""
+        seconds = self._epoch.get(group)
+        if seconds is None:
+            seconds = self._epoch[group] = self.profile.trial_epoch_seconds(group)
+        return seconds
 
     def groups(self, index: int, workers: int) -> tuple[int, ...]:
         """The group size of each cohort of stage ``index`` on ``workers`` workers.
 
         A cohort with ``resources > 1`` (SEER) trains on ``min(resources, W)``. Cohorts
-        with ``resources == 1`` get the group size ``g <= floor(W / trials)`` (a fair share,
-        at most ``P``) that makes the stage shortest: larger groups only help while the
-        stage has fewer trials than workers and the scaling keeps paying.
+        with ``resources == 1`` share the smallest group size ``g <= floor(W / trials)``
+        (a fair share, at most ``P``) that makes the stage shortest: larger groups only
+        help while the stage has fewer trials than workers and the scaling keeps paying.
         """
         cached = self._groups.get((index, workers))
         if cached is not None:
             return cached
-        stage = self.spec.stages[index]
+        stage = self._stage(index)
         fixed = [min(c.resources, workers) if c.resources > 1 else 0 for c in stage.cohorts]
         fair = max(1, min(workers // max(1, stage.trials), self.profile.partitions))
-        best: tuple[int, ...] = tuple(g or 1 for g in fixed)
-        best_seconds = self._stage_seconds(stage, workers, best)
-        for g in range(2, fair + 1):
-            option = tuple(f or g for f in fixed)
-            seconds = self._stage_seconds(stage, workers, option)
-            if seconds < best_seconds - 1e-12:
-                best, best_seconds = option, seconds
+        g = 1
+        if fair > 1 and not all(fixed):
+            base = tuple(f or 1 for f in fixed)
+            fixed_work, fixed_longest = self._work(stage.cohorts, base, free=False)
+            work, longest = self._free_table(index)
+            times = np.maximum(
+                (fixed_work + work[:fair]) / workers, np.maximum(fixed_longest, longest[:fair])
+            )
+            g = int(np.argmax(times <= times.min() * (1 + 1e-9))) + 1
+        best = tuple(f or g for f in fixed)
         self._groups[(index, workers)] = best
         return best
 
-    def _stage_seconds(self, stage: StageSpec, workers: int, groups: Sequence[int]) -> float:
-        profile = self.profile
+    def _free_table(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Worker-seconds and longest trial of the cohorts without fixed resources.
+
+        For every group size ``g = 1..P`` (means), as arrays indexed by ``g - 1``.
+        """
+        cached = self._tables.get(index)
+        if cached is None:
+            cohorts = self._stage(index).cohorts
+            work, longest = np.zeros(self.profile.partitions), np.zeros(self.profile.partitions)
+            for g in range(1, self.profile.partitions + 1):
+                work[g - 1], longest[g - 1] = self._work(cohorts, (g,) * len(cohorts), free=True)
+            cached = self._tables[index] = (work, longest)
+        return cached
+
+    def _work(
+        self, cohorts: Sequence[Cohort], groups: Sequence[int], *, free: bool | None = None
+    ) -> tuple[float, float]:
+        """Mean worker-seconds and longest trial of ``cohorts`` on ``groups``.
+
+        Of all of them, or only those with (``free=False``) or without (``free=True``)
+        fixed resources.
+        """
         work, longest = 0.0, 0.0
-        for cohort, g in zip(stage.cohorts, groups, strict=True):
-            t = profile.trial_epoch_seconds(g)
+        for cohort, g in zip(cohorts, groups, strict=True):
+            if free is not None and (cohort.resources == 1) != free:
+                continue
+            t = self.epoch_seconds(g)
             work += cohort.trials * g * cohort.epochs * t
             longest = max(longest, cohort.epochs * t)
+        return work, longest
+
+    def stage_seconds(self, index: int, workers: int, groups: Sequence[int] | None = None) -> float:
+        """Mean training seconds of stage ``index`` on ``workers`` (groups: the best)."""
+        if groups is None:
+            groups = self.groups(index, workers)
+        work, longest = self._work(self._stage(index).cohorts, groups)
         return max(work / workers, longest)
+
+    def widest(self, index: int) -> int:
+        """Workers stage ``index`` could ever give work to: every trial's largest group."""
+        p = self.profile.partitions
+        return sum(
+            c.trials * (c.resources if c.resources > 1 else p) for c in self._stage(index).cohorts
+        )
+
+    def useful_workers(self, index: int) -> int:
+        """The fewest workers on which stage ``index`` trains as fast as it can.
+
+        More workers than that leave the stage no shorter (its trials' groups cannot
+        grow, or no longer pay), only dearer. Found by bisection: the stage's time does
+        not grow with its workers (every group size possible on ``W`` is possible on
+        ``W + 1``).
+        """
+        cached = self._useful.get(index)
+        if cached is not None:
+            return cached
+        low, high = 1, self.widest(index)
+        fastest = self.stage_seconds(index, high)
+        while low < high:
+            middle = (low + high) // 2
+            if self.stage_seconds(index, middle) <= fastest * (1 + 1e-9):
+                high = middle
+            else:
+                low = middle + 1
+        self._useful[index] = high
+        return high
+
+    def _stage(self, index: int) -> StageSpec:
+        return self.spec.stages[index]
+
+    def _sample(self, latency: Latency, z: np.ndarray) -> Samples:
+        if self._scalar:
+            if latency.spread == 0:
+                return latency.mean
+            return max(0.0, latency.mean + latency.spread * float(z[0]))
+        if latency.spread == 0:
+            return np.full(z.shape, latency.mean)
+        return np.maximum(0.0, latency.mean + latency.spread * z)
+
+    def _maximum(self, a: Samples, b: Samples) -> Samples:
+        return max(a, b) if self._scalar else np.maximum(a, b)
+
+    def _mean(self, value: Samples) -> float:
+        return float(value) if self._scalar else float(np.mean(value))
+
+    def _train(self, index: int, workers: int) -> tuple[Samples, Samples]:
+        """Stage ``index`` on ``workers``: its training seconds and busy worker-seconds."""
+        cached = self._trains.get((index, workers))
+        if cached is not None:
+            return cached
+        profile, z = self.profile, self._z[index]
+        work: Samples = 0.0
+        longest: Samples = 0.0
+        for j, (cohort, g) in enumerate(
+            zip(self._stage(index).cohorts, self.groups(index, workers), strict=True)
+        ):
+            t = trial_epoch(
+                profile.partitions,
+                self._sample(profile.unit, z[3 + 3 * j]),
+                self._sample(profile.hop, z[4 + 3 * j]),
+                self._sample(profile.validation, z[5 + 3 * j]),
+                profile.scaling(g),
+            )
+            work = work + cohort.trials * g * cohort.epochs * t
+            longest = self._maximum(longest, cohort.epochs * t)
+        result = (self._maximum(work / workers, longest), work)
+        self._trains[(index, workers)] = result
+        return result
+
+    def _piece(self, index: int, held: int, workers: int) -> _Piece:
+        """Stage ``index`` on ``workers`` after ``held``: its part of the chain (memoized)."""
+        key = (index, held, workers)
+        cached = self._pieces.get(key)
+        if cached is not None:
+            return cached
+        profile, z = self.profile, self._z[index]
+        share, loads = partition_moves(profile.partitions, held, workers)
+        kind: NodeKind | None = None
+        scale: Samples = 0.0
+        latency: Samples = 0.0
+        if workers > held:
+            kind = NodeKind.INIT_INSTANCE
+            scale = self._sample(profile.scale, z[0])
+            latency = self._sample(profile.worker_start, z[1]) + share * self._sample(
+                profile.load, z[2]
+            )
+        elif workers < held:
+            kind = NodeKind.REHOME
+            latency = share * self._sample(profile.load, z[2])
+        train: Samples = 0.0
+        busy: Samples = 0.0
+        if self.spec.fixed_seconds is None:
+            train, busy = self._train(index, workers)
+        piece = _Piece(
+            kind,
+            scale,
+            latency,
+            scale + latency,
+            train,
+            busy,
+            max(0, workers - held),
+            loads,
+        )
+        self._pieces[key] = piece
+        return piece
 
     # -- the DAG ----------------------------------------------------------------------------
 
     def to_dag(self, workers: Sequence[int]) -> list[Node]:
-        """Build the DAG of an allocation (RubberBand §4.2, adapted; module docstring)."""
-        spec, profile = self.spec, self.profile
-        p = profile.partitions
+        """Build the DAG of an allocation (RubberBand §4.2, adapted; module docstring).
+
+        Built from the same per-stage pieces :meth:`run` sums; a chain (every node's
+        predecessor is the frontier).
+        """
+        key = self._check(workers)
         nodes: list[Node] = []
         frontier: tuple[int, ...] = ()
-        held = 0
-        for i, (stage, w) in enumerate(zip(spec.stages, workers, strict=True)):
-            z = self._z[i]
-            if w > held:
-                nodes.append(Node(NodeKind.SCALE, i, self._sample(profile.scale, z[0]), frontier))
-                share = math.ceil(p / w)
-                init = self._sample(profile.worker_start, z[1]) + share * self._sample(
-                    profile.load, z[2]
-                )
-                nodes.append(Node(NodeKind.INIT_INSTANCE, i, init, (len(nodes) - 1,)))
-                frontier = (len(nodes) - 1,)
-            elif w < held:
-                moved = min(p, math.ceil((held - w) * p / held))
-                rehome = math.ceil(moved / w) * self._sample(profile.load, z[2])
-                nodes.append(Node(NodeKind.REHOME, i, rehome, frontier))
-                frontier = (len(nodes) - 1,)
-            held = w
-            nodes.append(Node(NodeKind.TRAIN, i, self._train(i, stage, w), frontier))
-            nodes.append(Node(NodeKind.SYNC, i, np.zeros(self.samples), (len(nodes) - 1,)))
+        held = self.running
+        now = np.zeros(self.samples)
+
+        def add(kind: NodeKind, stage: int, latency: Samples) -> None:
+            nonlocal frontier, now
+            samples = np.broadcast_to(np.asarray(latency, dtype=float), now.shape).copy()
+            nodes.append(Node(kind, stage, samples, frontier))
             frontier = (len(nodes) - 1,)
+            now = now + samples
+
+        for i, w in enumerate(key):
+            piece = self._piece(i, held, w)
+            if piece.kind is NodeKind.INIT_INSTANCE:
+                add(NodeKind.SCALE, i, piece.scale)
+            if piece.kind is not None:
+                add(piece.kind, i, piece.latency)
+            if self.spec.fixed_seconds is not None:
+                add(NodeKind.TRAIN, i, np.maximum(0.0, self.spec.fixed_seconds - now))
+            else:
+                add(NodeKind.TRAIN, i, piece.train)
+            add(NodeKind.SYNC, i, 0.0)
+            held = w
         return nodes
-
-    def _cohort_work(self, index: int, workers: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per cohort of stage ``index``: its worker-seconds and its longest trial, sampled."""
-        profile, stage, z = self.profile, self.spec.stages[index], self._z[index]
-        out = []
-        for j, (cohort, g) in enumerate(
-            zip(stage.cohorts, self.groups(index, workers), strict=True)
-        ):
-            unit = self._sample(profile.unit, z[3 + 3 * j])
-            hop = self._sample(profile.hop, z[4 + 3 * j])
-            validation = self._sample(profile.validation, z[5 + 3 * j])
-            t = profile.partitions * (unit / profile.scaling(g) + hop) + validation
-            out.append((cohort.trials * g * cohort.epochs * t, cohort.epochs * t))
-        return out
-
-    def _train(self, index: int, stage: StageSpec, workers: int) -> np.ndarray:
-        if self.spec.fixed_seconds is not None:
-            return np.full(self.samples, float(self.spec.fixed_seconds))
-        cohorts = self._cohort_work(index, workers)
-        work = np.sum([w for w, _ in cohorts], axis=0)
-        longest = np.max([t for _, t in cohorts], axis=0)
-        result: np.ndarray = np.maximum(work / workers, longest)
-        return result
-
-    @staticmethod
-    def _sample(latency: Latency, z: np.ndarray) -> np.ndarray:
-        if latency.spread == 0:
-            return np.full(z.shape, latency.mean)
-        values: np.ndarray = np.maximum(0.0, latency.mean + latency.spread * z)
-        return values
 
     @staticmethod
     def critical_path(nodes: Sequence[Node]) -> list[np.ndarray]:
@@ -298,158 +501,144 @@ class Simulator:
 
     # -- a simulation -----------------------------------------------------------------------
 
-    def run(self, workers: Sequence[int]) -> Outcome:
-        """Simulate an allocation: mean time and cost over the samples (memoized).
-
-        Raises:
-            ConfigError: The allocation does not give every stage at least one worker.
-        """
+    def _check(self, workers: Sequence[int]) -> tuple[int, ...]:
         key = tuple(int(w) for w in workers)
         if len(key) != len(self.spec.stages) or min(key) < 1:
             raise ConfigError(
                 f"an allocation gives each of the {len(self.spec.stages)} stages >= 1 worker, "
                 f"got {list(key)}"
             )
-        cached = self._memo.get(key)
+        return key
+
+    def evaluate(self, workers: Sequence[int]) -> tuple[float, float]:
+        """Mean seconds and dollars of an allocation (memoized; what :meth:`run` gives).
+
+        The planner's inner loop: no per-stage breakdown is built.
+
+        Raises:
+            ConfigError: The allocation does not give every stage at least one worker.
+        """
+        key = tuple(workers)
+        cached = self._evaluated.get(key)
         if cached is None:
-            cached = self._memo[key] = self._simulate(key)
+            key = self._check(key)
+            trace = self._trace(key)
+            usd = self._mean(sum(trace.compute)) + sum(trace.data_usd)
+            cached = self._evaluated[key] = (self._mean(trace.ends[-1]), usd)
         return cached
 
-    def _simulate(self, workers: tuple[int, ...]) -> Outcome:
-        nodes = self.to_dag(workers)
-        finish = self.critical_path(nodes)
-        stages = self.spec.stages
-        ends = [finish[k] for k, n in enumerate(nodes) if n.kind is NodeKind.SYNC]
-        starts = [finish[k] - n.latency for k, n in enumerate(nodes) if n.kind is NodeKind.TRAIN]
-        scale_starts = {
-            n.stage: finish[k] - n.latency for k, n in enumerate(nodes) if n.kind is NodeKind.SCALE
-        }
-        loads, stage_loads = self._loads(workers)
-        data_usd = [
-            n * self.profile.partition_bytes / 1e9 * self.catalog.ingress_usd_per_gb
-            for n in stage_loads
-        ]
-        if self.catalog.billing == "per_function":
-            compute = self._per_function(nodes, finish, workers)
-        else:
-            compute = self._per_instance(workers, ends, scale_starts)
-        stage_usd = [float(np.mean(c)) + d for c, d in zip(compute, data_usd, strict=True)]
-        outcomes = tuple(
+    @property
+    def explored(self) -> Mapping[tuple[int, ...], tuple[float, float]]:
+        """Every allocation simulated so far, with its mean seconds and dollars."""
+        return self._evaluated
+
+    def run(self, workers: Sequence[int]) -> Outcome:
+        """Simulate an allocation: mean time and cost over the samples (memoized).
+
+        Raises:
+            ConfigError: The allocation does not give every stage at least one worker.
+        """
+        key = self._check(workers)
+        cached = self._memo.get(key)
+        if cached is None:
+            cached = self._memo[key] = self._outcome(key)
+        return cached
+
+    def _outcome(self, key: tuple[int, ...]) -> Outcome:
+        trace = self._trace(key)
+        stages = tuple(
             StageOutcome(
                 trials=stage.trials,
                 epochs=stage.epochs,
                 workers=w,
                 instances=self._instances(w),
                 groups=self.groups(i, w),
-                start=float(np.mean(start)),
-                end=float(np.mean(end)),
-                usd=usd,
+                start=self._mean(trace.starts[i]),
+                end=self._mean(trace.ends[i]),
+                usd=self._mean(trace.compute[i]) + trace.data_usd[i],
+                loads=trace.loads[i],
             )
-            for i, (stage, w, start, end, usd) in enumerate(
-                zip(stages, workers, starts, ends, stage_usd, strict=True)
-            )
+            for i, (stage, w) in enumerate(zip(self.spec.stages, key, strict=True))
         )
-        compute_usd = float(sum(np.mean(c) for c in compute))
-        return Outcome(
-            workers=workers,
-            seconds=float(np.mean(ends[-1])),
-            usd=compute_usd + sum(data_usd),
+        compute_usd = self._mean(sum(trace.compute))
+        data_usd = float(sum(trace.data_usd))
+        outcome = Outcome(
+            workers=key,
+            seconds=self._mean(trace.ends[-1]),
+            usd=compute_usd + data_usd,
             compute_usd=compute_usd,
-            data_usd=float(sum(data_usd)),
-            loads=loads,
-            stages=outcomes,
+            data_usd=data_usd,
+            loads=sum(trace.loads),
+            stages=stages,
         )
+        self._evaluated.setdefault(key, (outcome.seconds, outcome.usd))
+        return outcome
 
     def _instances(self, workers: int) -> int:
-        return math.ceil(workers / self.price.executors)
+        return -(-workers // self.price.executors)
 
-    def _loads(self, workers: tuple[int, ...]) -> tuple[int, list[int]]:
-        p = self.profile.partitions
-        per_stage = []
-        held = 0
-        for w in workers:
-            if held == 0:
-                n = p
-            elif w > held:
-                n = (w - held) * math.ceil(p / w)
-            elif w < held:
-                n = min(p, math.ceil((held - w) * p / held))
-            else:
-                n = 0
-            per_stage.append(n)
-            held = w
-        return sum(per_stage), per_stage
+    def _trace(self, key: tuple[int, ...]) -> _Trace:
+        """Simulate an allocation: per stage its start, end, compute dollars and loads.
 
-    def _per_instance(
-        self,
-        workers: tuple[int, ...],
-        ends: list[np.ndarray],
-        scale_starts: dict[int, np.ndarray],
-    ) -> list[np.ndarray]:
-        """Compute dollars per stage under per-instance billing.
-
-        A stage pays the instance-seconds of its time window, plus the minimum-charge
-        surplus of the instances released after it.
+        The chain of the DAG summed stage by stage (pieces memoized per stage, worker
+        count and predecessor), and the bill alongside: under per-instance billing
+        instances change only at stage boundaries (SCALE starts at the previous SYNC;
+        released instances leave there), so a stage's window holds a constant number of
+        instances; the minimum charge (and the rounding to the billing granularity) of
+        the instances released after a stage is charged to that stage.
         """
-        rate = self.price.usd_per_hour / 3600.0
-        windows = [(np.zeros(self.samples) if i == 0 else ends[i - 1], ends[i])
-                   for i in range(len(workers))]  # fmt: skip
-        usd = [np.zeros(self.samples) for _ in workers]
-        held: list[tuple[int, np.ndarray]] = []  # (instances, acquired at), oldest first
+        catalog = self.catalog
+        fixed = self.spec.fixed_seconds
+        per_instance = catalog.billing == "per_instance"
+        instance_rate = self.price.usd_per_hour / 3600.0
+        worker_rate = instance_rate / self.price.executors
+        starts: list[Samples] = []
+        ends: list[Samples] = []
+        compute: list[Samples] = []
+        loads: list[int] = []
+        held = self.running
+        current = self._instances(held)
+        # Instances held, oldest first: [count, requested at, minimum paid before t = 0].
+        stack: list[list[Any]] = [[current, 0.0, True]] if current else []
 
-        def release(count: int, at: np.ndarray, stage: int) -> None:
-            nonlocal held
+        def release(count: int, at: Samples, stage: int) -> None:
             while count > 0:
-                n, acquired = held[-1]
-                taken = min(n, count)
-                for k, (lo, hi) in enumerate(windows):
-                    overlap = np.clip(np.minimum(hi, at) - np.maximum(lo, acquired), 0.0, None)
-                    usd[k] += taken * rate * overlap
-                held_for = at - acquired
-                usd[stage] += taken * rate * (self._billed(held_for) - held_for)
+                piece = stack[-1]
+                taken = min(piece[0], count)
+                held_for = at - piece[1]
+                billed = catalog.billed_seconds(held_for, minimum=not piece[2])
+                compute[stage] = compute[stage] + taken * instance_rate * (billed - held_for)
                 count -= taken
-                held[-1] = (n - taken, acquired)
-                if held[-1][0] == 0:
-                    held.pop()
+                piece[0] -= taken
+                if piece[0] == 0:
+                    stack.pop()
 
-        current = 0
-        for i, w in enumerate(workers):
-            need = self._instances(w)
-            if need > current:
-                held.append((need - current, scale_starts[i]))
-            elif need < current:
-                release(current - need, windows[i][0], max(0, i - 1))
-            current = need
-        release(current, ends[-1], len(workers) - 1)
-        return usd
-
-    def _billed(self, held: np.ndarray) -> np.ndarray:
-        """Seconds billed for instances held ``held`` seconds (granularity, minimum)."""
-        step = self.catalog.granularity_seconds
-        units = np.ceil(held / step - 1e-9) * step
-        billed: np.ndarray = np.maximum(self.catalog.minimum_seconds, units)
-        return billed
-
-    def _per_function(
-        self, nodes: list[Node], finish: list[np.ndarray], workers: tuple[int, ...]
-    ) -> list[np.ndarray]:
-        """Compute dollars per stage: only the worker-seconds that start or train."""
-        rate = self.price.usd_per_hour / self.price.executors / 3600.0
-        usd = [np.zeros(self.samples) for _ in workers]
-        held = 0
-        for node in nodes:
-            w = workers[node.stage]
-            if node.kind is NodeKind.INIT_INSTANCE:
-                usd[node.stage] += (w - held) * rate * node.latency
-            elif node.kind is NodeKind.TRAIN:
-                busy = self._busy_worker_seconds(node.stage, w)
-                usd[node.stage] += rate * busy
-            if node.kind is NodeKind.SYNC:
-                held = w
-        return usd
-
-    def _busy_worker_seconds(self, index: int, workers: int) -> np.ndarray:
-        if self.spec.fixed_seconds is not None:
-            return np.full(self.samples, workers * float(self.spec.fixed_seconds))
-        busy: np.ndarray = np.sum([w for w, _ in self._cohort_work(index, workers)], axis=0)
-        return busy
+        now: Samples = 0.0
+        for i, w in enumerate(key):
+            piece = self._piece(i, held, w)
+            start = now + piece.before
+            if fixed is None:
+                end = start + piece.train
+                busy = piece.busy
+            else:  # one stage (ExperimentSpec checks): it ends at max(start-up, fixed)
+                end = self._maximum(start, fixed)
+                busy = w * (end - start)
+            starts.append(start)
+            ends.append(end)
+            loads.append(piece.loads)
+            if per_instance:
+                need = self._instances(w)
+                compute.append(need * instance_rate * (end - now))
+                if need > current:
+                    stack.append([need - current, now, False])
+                elif need < current:
+                    release(current - need, now, max(0, i - 1))
+                current = need
+            else:
+                compute.append(worker_rate * (piece.new_workers * piece.latency + busy))
+            held = w
+            now = end
+        if per_instance:
+            release(current, now, len(key) - 1)
+        gb_usd = self.profile.partition_bytes / 1e9 * catalog.ingress_usd_per_gb
+        return _Trace(starts, ends, compute, loads, [n * gb_usd for n in loads])
