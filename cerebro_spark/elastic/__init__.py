@@ -14,9 +14,11 @@ from cerebro_spark.elastic._cynthia import GroupModel, bandwidth_from
 from cerebro_spark.elastic._planner import (
     Plan,
     PlanInfeasible,
+    fair_at_most,
     next_lower,
     plan,
     static_sizes,
+    step_candidates,
     worker_bounds,
 )
 from cerebro_spark.elastic._prices import InstancePrice, PriceCatalog, load_catalog, parse_catalog
@@ -38,6 +40,7 @@ from cerebro_spark.elastic._simulator import (
     StageOutcome,
     partition_moves,
 )
+from cerebro_spark.elastic._specs import procedure_spec
 
 __all__ = [
     "GroupModel",
@@ -55,6 +58,7 @@ __all__ = [
     "StageOutcome",
     "TypeProfile",
     "bandwidth_from",
+    "fair_at_most",
     "load_catalog",
     "load_profile",
     "next_lower",
@@ -63,7 +67,9 @@ __all__ = [
     "parse_scaling",
     "partition_moves",
     "plan",
+    "procedure_spec",
     "static_sizes",
+    "step_candidates",
     "trial_epoch",
     "worker_bounds",
 ]

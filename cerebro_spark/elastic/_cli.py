@@ -5,8 +5,12 @@
 built by the same code, :func:`cerebro_spark.engine.experiment_spec`). Without a config,
 ``--procedure sha|hyperband|seer`` with ``--trials``, ``--eta``, ``--max-epochs``,
 ``--min-epochs`` and ``--option KEY=VALUE`` (any other option of the procedure) describes
-the search. Without ``--profile`` the command prints the search's stages only, nothing
-priced. An infeasible deadline or budget exits with status 2 and the numbers.
+the search; ``--workers`` is SEER's ``num_workers`` (with a config: the config's
+``workers``). Without ``--profile`` the command prints the search's stages only, nothing
+priced. A procedure with a deadline of its own (SEER, HyperSched, ASHA with a deadline)
+is planned for it: ``--deadline`` defaults to it and may not differ. An infeasible
+deadline or budget exits with status 2 and the numbers (with ``--format json``, also as
+``{"feasible": false, "fastest": ..., "cheapest": ..., "message": ...}``).
 
 ``cerebro-spark profile CONFIG.yaml --instance-type T --out P`` runs a short pilot on the
 config's data and models and writes a profile (:mod:`._pilot`).
@@ -16,14 +20,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from cerebro_spark.elastic._specs import procedure_spec
 from cerebro_spark.errors import ConfigError
-from cerebro_spark.search import ExperimentSpec, SearchSpace, make_procedure
+from cerebro_spark.search import ExperimentSpec
+
+logger = logging.getLogger(__name__)
 
 FLAG_PROCEDURES = ("sha", "hyperband", "seer")
 """Procedures ``plan`` can describe from flags, without a config."""
@@ -51,7 +58,9 @@ def add_plan_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--eta", type=int, help="reduction factor")
     parser.add_argument("--max-epochs", type=int, help="R: the most epochs of a trial")
     parser.add_argument("--min-epochs", type=int, help="r: the epochs of the first rung")
-    parser.add_argument("--workers", type=int, help="num_workers for procedures that take it")
+    parser.add_argument(
+        "--workers", type=int, help="SEER's num_workers (with a config: the config's workers)"
+    )
     parser.add_argument(
         "--option",
         action="append",
@@ -62,7 +71,9 @@ def add_plan_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--profile", help="profile YAML (cerebro-spark profile, or by hand)")
     parser.add_argument("--prices", help="price catalog YAML (conf/prices/aws-us-east-1.yaml)")
     parser.add_argument(
-        "--deadline", type=float, help="seconds from run to the end, start-up included"
+        "--deadline",
+        type=float,
+        help="seconds from run to the end, start-up included (default: the procedure's own)",
     )
     parser.add_argument("--budget", type=float, help="most dollars")
     parser.add_argument("--instance-type", help="plan on this type only (default: every one)")
@@ -120,40 +131,57 @@ def spec_from_args(args: argparse.Namespace) -> tuple[ExperimentSpec, int | None
     if args.procedure == "seer":
         if args.min_epochs is not None:
             raise ConfigError("--min-epochs is for sha and hyperband; SEER plans its stages")
-        options.setdefault("num_workers", args.workers or 1)
+        if args.workers is not None:
+            options.setdefault("num_workers", args.workers)
+        options.setdefault("num_workers", 1)
         if "deadline" not in options:
             if args.deadline is None:
                 raise ConfigError("--procedure seer needs --deadline (or --option deadline=S)")
             options["deadline"] = args.deadline
-    procedure = make_procedure(
-        args.procedure,
-        space=SearchSpace.from_config({"x": {"uniform": [0.0, 1.0]}}),
-        epochs=args.max_epochs,
-        metric="loss",
-        mode="min",
-        rng=np.random.default_rng(0),
-        clock=lambda: 0.0,
-        **options,
-    )
-    spec = procedure.stage_spec()
-    assert spec is not None  # ok: sha, hyperband and seer give one
-    return spec, None
+    elif args.workers is not None:
+        raise ConfigError(
+            f"--workers is SEER's num_workers; {args.procedure} has no such option: the "
+            "planner chooses its workers per stage"
+        )
+    return procedure_spec(args.procedure, args.max_epochs, **options), None
+
+
+def plan_deadline(spec: ExperimentSpec, deadline: float | None) -> float | None:
+    """The deadline to plan for: ``--deadline``, or the procedure's own when omitted.
+
+    A procedure with a deadline of its own (SEER, HyperSched, ASHA with a deadline) stops
+    then: planning for another would plan a run that does not happen.
+
+    Raises:
+        ConfigError: ``--deadline`` differs from the procedure's (the message names both).
+    """
+    own = spec.deadline
+    if own is None or deadline is None:
+        return deadline if own is None else own
+    if not math.isclose(deadline, own, rel_tol=1e-9, abs_tol=1e-9):
+        raise ConfigError(
+            f"--deadline {deadline:g} differs from the deadline {own:g} s of the {spec.procedure} "
+            f"search, which stops then: omit --deadline (it defaults to {own:g}) or set the "
+            "procedure's deadline to it"
+        )
+    return own
 
 
 def run_plan(args: argparse.Namespace) -> int:
     """The ``plan`` command (see the module docstring)."""
     spec, partitions = spec_from_args(args)
+    deadline = plan_deadline(spec, args.deadline)
     if args.profile is None:
         if args.format == "json":
             _write(json.dumps({"feasible": None, **spec.to_dict()}, indent=2))
         else:
             _write(format_stages(spec))
         return 0
-    from cerebro_spark.elastic._planner import plan
+    from cerebro_spark.elastic._planner import PlanInfeasible, plan
     from cerebro_spark.elastic._prices import load_catalog
     from cerebro_spark.elastic._profile import load_profile
 
-    if args.prices is None or args.deadline is None:
+    if args.prices is None or deadline is None:
         raise ConfigError("planning with --profile needs --prices and --deadline")
     profile = load_profile(args.profile)
     if partitions is not None and partitions != profile.partitions:
@@ -161,16 +189,23 @@ def run_plan(args: argparse.Namespace) -> int:
             f"the profile {args.profile} measured partitions={profile.partitions}, but the "
             f"config's data.partitions is {partitions}: profile this config again"
         )
-    result = plan(
-        spec,
-        profile,
-        load_catalog(args.prices),
-        deadline=args.deadline,
-        budget=args.budget,
-        instance_type=args.instance_type,
-        samples=args.samples,
-        seed=args.seed,
-    )
+    try:
+        result = plan(
+            spec,
+            profile,
+            load_catalog(args.prices),
+            deadline=deadline,
+            budget=args.budget,
+            instance_type=args.instance_type,
+            samples=args.samples,
+            seed=args.seed,
+        )
+    except PlanInfeasible as error:
+        if args.format != "json":
+            raise
+        logger.error("%s", error)
+        _write(json.dumps(error.to_dict(), indent=2))
+        return 2
     if args.format == "json":
         _write(json.dumps(result.to_dict(), indent=2))
     else:
@@ -186,7 +221,12 @@ def format_stages(spec: ExperimentSpec) -> str:
     lines = [
         f"{spec.procedure}: {spec.num_stages()} stages, {kind}"
         + ("" if spec.max_workers is None else f", at most {spec.max_workers} trials in flight")
-        + ("" if spec.fixed_seconds is None else f", runs {spec.fixed_seconds:g} s"),
+        + ("" if spec.fixed_seconds is None else f", runs {spec.fixed_seconds:g} s")
+        + (
+            ""
+            if spec.deadline is None or spec.fixed_seconds is not None
+            else f", stops at its deadline {spec.deadline:g} s"
+        ),
         "",
         "| stage | trials | epochs | cohorts (trials x epochs x workers each) |",
         "|--:|--:|--:|:--|",

@@ -31,6 +31,13 @@ def format_plan(plan: Plan) -> str:
         f"cheapest static plan: {static.workers[0]} worker(s), {static.seconds:.1f} s, "
         f"{usd(static.usd)}; the plan saves {plan.saving:.0%}",
     ]
+    if plan.running:
+        lines.append(f"re-planned with {plan.running} worker(s) already running at 0 s")
+    if plan.price is not None:
+        price = plan.price
+        effective = f", effective {price.effective}" if price.effective else ""
+        source = f" ({price.source})" if price.source else ""
+        lines.append(f"price: {price.instance_type} ${price.usd_per_hour:g}/h{effective}{source}")
     if len(plan.candidates) > 1:
         options = ", ".join(
             f"{t} " + ("infeasible" if v is None else f"{usd(v[1])} in {v[0]:.0f} s")

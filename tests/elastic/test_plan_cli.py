@@ -71,10 +71,12 @@ def test_sha_from_flags_with_a_profile_and_prices(
     assert [s["trials"] for s in out["stages"]] == [32, 10, 3, 1, 1]
     assert sum(s["usd"] for s in out["stages"]) == pytest.approx(out["usd"])
     assert {"workers", "seconds", "usd"} == set(out["static"])
+    assert out["price"]["effective"] and out["price"]["usd_per_hour"] == 3.06
     assert main(["-q", "plan", *argv]) == 0
     table = capsys.readouterr().out
     assert "| stage | trials | epochs | workers | group | instances | type |" in table
     assert "cheapest static plan:" in table and "the plan saves" in table
+    assert "price: p3.2xlarge $3.06/h, effective 2026-11-22 (https://aws.amazon.com" in table
 
 
 def test_an_infeasible_budget_exits_2_with_the_numbers(
@@ -85,49 +87,99 @@ def test_an_infeasible_budget_exits_2_with_the_numbers(
     assert main(argv) == 2
     message = " ".join(r.getMessage() for r in caplog.records)
     assert "no allocation meets the deadline 1200 s and budget $2.00" in message
-    assert "the cheapest found takes" in message
+    assert "the cheapest found within the deadline takes" in message
+    capsys.readouterr()
+    assert main([*argv, "--format", "json"]) == 2
+    out = json.loads(capsys.readouterr().out)
+    assert out["feasible"] is False and "budget $2.00" in out["message"]
+    for key in ("fastest", "cheapest"):
+        assert {"seconds", "usd", "workers", "instance_type"} == set(out[key])
+    assert out["cheapest"]["seconds"] <= 1200 and out["cheapest"]["usd"] > 2
+    assert out["fastest"]["seconds"] <= out["cheapest"]["seconds"]
+
+
+def test_a_budget_the_static_plan_misses_is_met_elastically(
+    p3: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--procedure", "sha", "--trials", "32", "--eta", "3", "--max-epochs", "50",
+            "--profile", p3, "--prices", PRICES, "--deadline", "700"]  # fmt: skip
+    free = plan_json(argv, capsys)
+    budget = (free["usd"] + free["static"]["usd"]) / 2
+    bound = plan_json([*argv, "--budget", str(budget)], capsys)
+    assert bound["usd"] <= budget < bound["static"]["usd"]
 
 
 def test_a_config_is_planned_with_the_procedure_run_would_build(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """digits-seer.yaml: SEER's defaults (t_min = epoch_seconds, budget...) come from the
-    procedure class, as in ``run``: the plan shows the trials the run would start."""
+    procedure class, as in ``run``: the plan shows the trials the run would start, and is
+    planned for SEER's own deadline (60 s)."""
     from cerebro_spark.engine import experiment_spec, load_config
 
     config = "conf/experiments/digits-seer.yaml"
     out = plan_json([config], capsys)
     expected = experiment_spec(load_config(config))
-    assert out["stages"] == expected.to_dict()["stages"]
+    assert out["stages"] == expected.to_dict()["stages"] and out["deadline"] == 60
     path = tmp_path / "digits.yaml"
     profile(partitions=4, unit_seconds={"m5.xlarge": 0.02}, validation_seconds={"m5.xlarge": 0.02},
             scale_seconds=0.0, worker_start_seconds=2.0).dump(path)  # fmt: skip
-    planned = plan_json([config, "--profile", str(path), "--prices", PRICES, "--deadline",
-                         "120"], capsys)  # fmt: skip
-    assert planned["procedure"] == "seer" and planned["seconds"] <= 120
+    planned = plan_json([config, "--profile", str(path), "--prices", PRICES], capsys)
+    assert planned["procedure"] == "seer" and planned["deadline"] == 60
+    assert planned["seconds"] <= 60
     assert [s["trials"] for s in planned["stages"]] == [s.trials for s in expected.stages]
+    same = plan_json([config, "--profile", str(path), "--prices", PRICES, "--deadline", "60"],
+                     capsys)  # fmt: skip
+    assert same["usd"] == planned["usd"]
 
 
-def test_bad_plan_arguments(p3: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_deadline_other_than_the_procedures_own_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "digits.yaml"
+    profile(partitions=4, unit_seconds={"m5.xlarge": 0.02}, validation_seconds={"m5.xlarge": 0.02},
+            scale_seconds=0.0, worker_start_seconds=2.0).dump(path)  # fmt: skip
+    argv = ["-q", "plan", "conf/experiments/digits-seer.yaml", "--profile", str(path),
+            "--prices", PRICES, "--deadline", "3000"]  # fmt: skip
+    assert main(argv) == 2
+    assert "--deadline 3000 differs from the deadline 60 s of the seer search" in caplog.text
+    caplog.clear()
+    flags = ["-q", "plan", "--procedure", "seer", "--max-epochs", "12", "--option",
+             "deadline=60", "--deadline", "90"]  # fmt: skip
+    assert main(flags) == 2
+    assert "--deadline 90 differs from the deadline 60 s" in caplog.text
+
+
+def test_a_deadline_bound_config_is_planned_at_its_deadline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """HyperSched and ASHA with ``deadline: 600`` end 600 s after the start, start-up
+    included: ``--deadline 600`` is feasible, and the plan takes exactly 600 s."""
+    prof = tmp_path / "digits.profile.yaml"
+    profile(partitions=4, unit_seconds={"m5.xlarge": 0.02}, validation_seconds={"m5.xlarge": 0.02},
+            scale_seconds=30.0, worker_start_seconds=20.0).dump(prof)  # fmt: skip
+    base = yaml.safe_load(Path("conf/experiments/digits-asha.yaml").read_text())
+    for procedure in ({"name": "hypersched", "deadline": 600},
+                      {"name": "asha", "deadline": 600}):  # fmt: skip
+        path = tmp_path / f"{procedure['name']}.yaml"
+        path.write_text(yaml.safe_dump({**base, "procedure": procedure}, sort_keys=False))
+        out = plan_json([str(path), "--profile", str(prof), "--prices", PRICES,
+                         "--deadline", "600"], capsys)  # fmt: skip
+        assert out["seconds"] == pytest.approx(600.0) and out["workers"] == [2]
+        assert out["stages"][0]["start"] == pytest.approx(30 + 20 + 2 * 0.5)
+
+
+def test_bad_plan_arguments(
+    p3: str, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     assert main(["-q", "plan"]) == 2  # neither a config nor --procedure
     assert main(["-q", "plan", "--procedure", "sha", "--max-epochs", "4"]) == 2  # no --trials
-    assert (
-        main(
-            [
-                "-q",
-                "plan",
-                "--procedure",
-                "sha",
-                "--trials",
-                "4",
-                "--max-epochs",
-                "4",
-                "--profile",
-                p3,
-            ]
-        )
-        == 2
-    )  # fmt: skip  (no prices, no deadline)
+    sha = ["-q", "plan", "--procedure", "sha", "--trials", "4", "--max-epochs", "4"]
+    assert main([*sha, "--profile", p3]) == 2  # no prices, no deadline
+    assert "needs --prices and --deadline" in caplog.text
+    assert main([*sha, "--workers", "8"]) == 2
+    assert "--workers is SEER's num_workers; sha has no such option" in caplog.text
     wrong = "conf/experiments/digits.yaml"  # 4 partitions; the profile measured 8
     assert main(["-q", "plan", wrong, "--profile", p3, "--prices", PRICES,
                  "--deadline", "60"]) == 2  # fmt: skip
+    assert "measured partitions=8, but the config's data.partitions is 4" in caplog.text
