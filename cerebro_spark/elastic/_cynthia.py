@@ -27,9 +27,19 @@ update and its gradient packing each step, whatever its share of the batch. With
 ``fixed_step_seconds = c`` (measured from one worker at two batch sizes: ``t(B) = a B +
 c``), ``t_comp(g) = (t_base - c) / (g u) + c``.
 
-From this, the speedup of a trial on ``g`` workers is ``t_iter(1) / t_iter(g)``, and the
-largest useful group is where the computation saved stops paying for the traffic (after
-Thm. 4.1's upper bound, ``sqrt(w_iter * b / (2 * g_param * c))``).
+From this, the speedup of a trial on ``g`` workers is ``t_iter(1) / t_iter(g)``: the pilot
+(:mod:`._pilot`) writes it into a profile's ``scaling`` for the group sizes it could not
+measure, and that is how the model reaches the planner.
+:meth:`GroupModel.largest_useful_group` gives where the computation saved stops paying for
+the traffic (after Thm. 4.1's upper bound, ``sqrt(w_iter * b / (2 * g_param * c))``), for
+reading a fitted model; the planner does not use it: it bounds a stage's workers by the
+profile's scaling itself (the group size past which it stops gaining,
+:meth:`~._simulator.Simulator.useful_workers`), which is what the model predicted or what
+was measured.
+
+Not used: eq. 1 (a target loss to the number of iterations it takes). Cynthia chooses a
+cluster for one training job that runs until a loss; here the search procedure fixes every
+trial's epochs per stage (the stage spec), so the iterations are given, not predicted.
 """
 
 from __future__ import annotations

@@ -8,14 +8,16 @@ on the config's real data, models and backend:
    trained ``epochs`` epochs on every partition in turn, then validated. Units of the last
    epoch count (the first pays for building models and warm-up): ``unit_seconds`` is the
    median unit without its checkpoint I/O, ``hop_seconds`` the median checkpoint read and
-   write, ``validation_seconds`` the median validation of a trial after an epoch.
+   write, ``validation_seconds`` the median validation of a trial after an epoch, each with
+   its spread (standard deviation) over all families' units; ``families`` keeps the same
+   numbers per model family (informational: the planner reads the pooled ones).
 2. ``worker_start_seconds``: the backend's median time from launch to a worker ready,
    without its initial partition loads; ``partition_load_seconds``: reading one partition
    (both splits) on the driver, median over the partitions; ``partition_bytes`` from the
    manifest.
 3. Group scaling: for each size ``g`` with ``g`` workers and partitions available, a group
    unit of the first trial on ``g`` partitions, twice; ``scaling[g] = g * unit / group unit``
-   (both without I/O). Sizes that cannot be measured come from Cynthia's model
+   (both without I/O; at most ``g``). Sizes that cannot be measured come from Cynthia's model
    (:class:`~._cynthia.GroupModel`) with the measured step time, the model's parameter
    bytes and the bandwidth fitted to a measured group, else the given ``bandwidth``.
 4. ``scale_seconds`` is not measurable on a fixed cluster: it is given.
@@ -88,9 +90,14 @@ def pilot_profile(
             trained, validated = pilot.train(family, spec, params, epochs)
             units += trained
             validations += validated
+            computed = [_compute(r) for r in trained]
             families[family] = {
-                "unit_seconds": statistics.median(_compute(r) for r in trained),
+                "unit_seconds": statistics.median(computed),
+                "unit_seconds_spread": _spread(computed),
                 "validation_seconds": statistics.median(validated),
+                "validation_seconds_spread": _spread(validated),
+                "hop_seconds": statistics.median(r.io_seconds for r in trained),
+                "hop_seconds_spread": _spread([r.io_seconds for r in trained]),
             }
         unit = statistics.median(_compute(r) for r in units)
         first, (spec, params) = next(iter(trials.items()))
@@ -105,7 +112,7 @@ def pilot_profile(
         backend.close()
         for key in root.list(prefix):
             root.delete(key)
-    scaling = {1: 1.0, **{g: round(g * first_unit / t, 6) for g, t in measured_groups.items()}}
+    scaling = {1: 1.0, **{g: _speedup(g, first_unit, t) for g, t in measured_groups.items()}}
     for g in groups:
         if g > 1 and g not in scaling and model is not None:
             scaling[g] = round(model.speedup(g), 6)
@@ -145,6 +152,25 @@ def pilot_profile(
         spreads=spreads,
         extra=extra,
     )
+
+
+def _speedup(group: int, unit: float, group_unit: float) -> float:
+    """A group's measured speedup, ``g * unit / group unit``, at most ``g``.
+
+    A profile refuses a superlinear speedup (:mod:`._profile`): a pilot's few units can
+    measure one by noise or a warm cache; it is written as ``g``, with a warning.
+    """
+    speedup = group * unit / group_unit
+    if speedup > group:
+        logger.warning(
+            "a group of %d measured a speedup of %.3f, more than %d: written as %d",
+            group,
+            speedup,
+            group,
+            group,
+        )
+        speedup = float(group)
+    return round(speedup, 6)
 
 
 def _compute(result: UnitResult) -> float:

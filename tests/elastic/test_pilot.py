@@ -32,6 +32,9 @@ def test_profile_then_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert view.scale.mean == 20 and view.load.mean > 0 and view.partition_bytes > 0
     assert view.worker_start.mean >= 0
     assert set(profile.extra["families"]) == {"MLPSpec", "CNNSpec"}
+    for family in profile.extra["families"].values():
+        assert family["unit_seconds"] > 0 and family["unit_seconds_spread"] >= 0
+        assert family["validation_seconds_spread"] >= 0 and family["hop_seconds_spread"] >= 0
     measured = profile.extra["measured"]
     assert measured["groups_measured"] == [2] and measured["workers"] == 2
     table = dict(profile.scaling.table)

@@ -145,3 +145,14 @@ def test_a_catalog_and_its_dataclass_share_their_defaults() -> None:
         )
         == ("per_instance", 1.0, 60.0)
     )
+
+
+def test_a_pilot_never_writes_a_speedup_the_profile_refuses(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from cerebro_spark.elastic._pilot import _speedup
+
+    assert _speedup(4, 1.0, 2.0) == 2.0  # 4 x 1 s of units in 2 s
+    assert _speedup(2, 1.0, 0.8) == 2.0  # 2.5 measured: noise, written as 2
+    assert "a group of 2 measured a speedup of 2.500, more than 2: written as 2" in caplog.text
+    assert parse_scaling({1: 1.0, 2: _speedup(2, 1.0, 0.8)})(2) == 2.0
