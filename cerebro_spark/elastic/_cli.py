@@ -21,11 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
+from cerebro_spark.elastic._planner import plan_deadline
 from cerebro_spark.elastic._specs import procedure_spec
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.search import ExperimentSpec
@@ -144,27 +144,6 @@ def spec_from_args(args: argparse.Namespace) -> tuple[ExperimentSpec, int | None
             "planner chooses its workers per stage"
         )
     return procedure_spec(args.procedure, args.max_epochs, **options), None
-
-
-def plan_deadline(spec: ExperimentSpec, deadline: float | None) -> float | None:
-    """The deadline to plan for: ``--deadline``, or the procedure's own when omitted.
-
-    A procedure with a deadline of its own (SEER, HyperSched, ASHA with a deadline) stops
-    then: planning for another would plan a run that does not happen.
-
-    Raises:
-        ConfigError: ``--deadline`` differs from the procedure's (the message names both).
-    """
-    own = spec.deadline
-    if own is None or deadline is None:
-        return deadline if own is None else own
-    if not math.isclose(deadline, own, rel_tol=1e-9, abs_tol=1e-9):
-        raise ConfigError(
-            f"--deadline {deadline:g} differs from the deadline {own:g} s of the {spec.procedure} "
-            f"search, which stops then: omit --deadline (it defaults to {own:g}) or set the "
-            "procedure's deadline to it"
-        )
-    return own
 
 
 def run_plan(args: argparse.Namespace) -> int:

@@ -285,6 +285,28 @@ def plan(
     return dataclasses.replace(best, candidates=candidates)
 
 
+def plan_deadline(spec: ExperimentSpec, deadline: float | None) -> float | None:
+    """The deadline to plan for: the one given, or the procedure's own when none is.
+
+    A procedure with a deadline of its own (``spec.deadline``: SEER, HyperSched, ASHA with
+    a deadline) stops then: planning for another would plan a run that does not happen
+    (``plan --deadline``, and an elastic run's deadline, reconcile through this).
+
+    Raises:
+        ConfigError: ``deadline`` differs from the procedure's (the message names both).
+    """
+    own = spec.deadline
+    if own is None or deadline is None:
+        return deadline if own is None else own
+    if not math.isclose(deadline, own, rel_tol=1e-9, abs_tol=1e-9):
+        raise ConfigError(
+            f"the deadline asked, {deadline:g} s, differs from the deadline {own:g} s of the "
+            f"{spec.procedure} search, which stops then: omit it (it defaults to {own:g} s) or "
+            "set the procedure's deadline to it"
+        )
+    return own
+
+
 def _check_epoch_seconds(spec: ExperimentSpec, profile: TypeProfile) -> None:
     """Warn when the procedure shaped its stages with another epoch time than measured."""
     if spec.epoch_seconds is None:

@@ -142,12 +142,14 @@ def test_a_deadline_other_than_the_procedures_own_is_refused(
     argv = ["-q", "plan", "conf/experiments/digits-seer.yaml", "--profile", str(path),
             "--prices", PRICES, "--deadline", "3000"]  # fmt: skip
     assert main(argv) == 2
-    assert "--deadline 3000 differs from the deadline 60 s of the seer search" in caplog.text
+    assert "the deadline asked, 3000 s, differs from the deadline 60 s of the seer search" in (
+        caplog.text
+    )
     caplog.clear()
     flags = ["-q", "plan", "--procedure", "seer", "--max-epochs", "12", "--option",
              "deadline=60", "--deadline", "90"]  # fmt: skip
     assert main(flags) == 2
-    assert "--deadline 90 differs from the deadline 60 s" in caplog.text
+    assert "the deadline asked, 90 s, differs from the deadline 60 s" in caplog.text
 
 
 def test_a_deadline_bound_config_is_planned_at_its_deadline(

@@ -14,6 +14,7 @@ from cerebro_spark.elastic import (
     fair_at_most,
     next_lower,
     plan,
+    plan_deadline,
     procedure_spec,
     static_sizes,
     step_candidates,
@@ -203,6 +204,14 @@ def test_a_procedure_with_its_own_deadline_is_planned_to_end_by_it() -> None:
     assert result.deadline == 100.0 and result.seconds <= 100.0
     loose = plan(two_stages(), profile(), catalog(), deadline=1000, instance_type=TYPE)
     assert loose.seconds > 100  # without it, a slower, cheaper plan
+
+
+def test_the_deadline_to_plan_for_is_the_procedures_own() -> None:
+    own = ExperimentSpec("seer", two_stages().stages, deadline=60.0)
+    assert plan_deadline(own, None) == 60.0 and plan_deadline(own, 60.0) == 60.0
+    assert plan_deadline(two_stages(), 90.0) == 90.0 and plan_deadline(two_stages(), None) is None
+    with pytest.raises(ConfigError, match=r"asked, 90 s, differs from the deadline 60 s of"):
+        plan_deadline(own, 90.0)
 
 
 def test_an_assumed_epoch_time_far_from_the_profile_is_warned_about(
