@@ -1,10 +1,12 @@
 """Spark standalone daemons on this machine, driven through ``spark-daemon.sh``.
 
-A master and worker daemons on 127.0.0.1, each with its own ports, pid, log and work
+A master and worker daemons on 127.0.0.1 (the master on another address of this machine
+where workers elsewhere must reach it), each with its own ports, pid, log and work
 directories under one root (the defaults collide between clusters), so that several
 clusters and a user's own Spark can run side by side. Used by
-:class:`~cerebro_spark.cluster.LocalStandaloneCluster` (the one-machine elastic cluster)
-and by the tests that need a real standalone cluster.
+:class:`~cerebro_spark.cluster.LocalStandaloneCluster` (the one-machine elastic cluster),
+by :class:`~cerebro_spark.cluster.Ec2Cluster` (its master) and by the tests that need a
+real standalone cluster.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class SparkDaemons:
             tells how many workers are alive.
         spark_home: Spark's home (default: the installed ``pyspark`` package).
         env: Extra environment of the daemons.
+        host: The address the daemons bind to and announce (default: loopback).
     """
 
     def __init__(
@@ -96,17 +99,19 @@ class SparkDaemons:
         master_ui_port: int | None = None,
         spark_home: str | None = None,
         env: Mapping[str, str] | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self.root = Path(root)
-        self.master_port = master_port or free_port()
-        self.master_ui_port = master_ui_port or free_port()
+        self.host = host
+        self.master_port = master_port or free_port(host)
+        self.master_ui_port = master_ui_port or free_port(host)
         self._spark_home = spark_home
         self._extra_env = dict(env or {})
 
     @property
     def url(self) -> str:
-        """The master's URL (``spark://127.0.0.1:PORT``)."""
-        return f"spark://127.0.0.1:{self.master_port}"
+        """The master's URL (``spark://HOST:PORT``)."""
+        return f"spark://{self.host}:{self.master_port}"
 
     @property
     def spark_home(self) -> str:
@@ -119,13 +124,13 @@ class SparkDaemons:
 
     @property
     def env(self) -> dict[str, str]:
-        """The daemons' environment: own pid and log directories, loopback, this Python."""
+        """The daemons' environment: own pid and log directories, their host, this Python."""
         return {
             **os.environ,
             "SPARK_HOME": self.spark_home,
             "SPARK_LOG_DIR": str(self.root / "logs"),
             "SPARK_PID_DIR": str(self.root / "pids"),
-            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOCAL_IP": self.host,
             "SPARK_IDENT_STRING": _IDENT,
             "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
             **self._extra_env,
@@ -137,12 +142,18 @@ class SparkDaemons:
             "root": str(self.root),
             "master_port": self.master_port,
             "master_ui_port": self.master_ui_port,
+            "host": self.host,
         }
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> SparkDaemons:
         """The daemons :meth:`to_json` described."""
-        return cls(raw["root"], int(raw["master_port"]), int(raw["master_ui_port"]))
+        return cls(
+            raw["root"],
+            int(raw["master_port"]),
+            int(raw["master_ui_port"]),
+            host=str(raw.get("host", "127.0.0.1")),
+        )
 
     # -- daemons ---------------------------------------------------------------------------
 
@@ -180,7 +191,7 @@ class SparkDaemons:
             MASTER_CLASS,
             1,
             "--host",
-            "127.0.0.1",
+            self.host,
             "--port",
             str(self.master_port),
             "--webui-port",
@@ -196,13 +207,13 @@ class SparkDaemons:
             WORKER_CLASS,
             instance,
             "--host",
-            "127.0.0.1",
+            self.host,
             "--cores",
             str(cores),
             "--memory",
             memory,
             "--webui-port",
-            str(free_port()),
+            str(free_port(self.host)),
             "--work-dir",
             str(self.work_dir(instance)),
             self.url,
@@ -274,7 +285,7 @@ class SparkDaemons:
         """The master's JSON view (workers, applications), ``None`` if it does not answer."""
         try:
             with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.master_ui_port}/json/", timeout=5
+                f"http://{self.host}:{self.master_ui_port}/json/", timeout=5
             ) as response:
                 state: dict[str, Any] = json.load(response)
         except OSError:

@@ -125,6 +125,18 @@ class SparkExecutors(ClusterManager):
             )
         return sorted(found, key=lambda e: (len(e.executor_id), e.executor_id))
 
+    def ended(self, executor_id: str) -> bool:
+        """Whether Spark no longer has executor ``executor_id`` (released or lost).
+
+        Spark keeps listing a killed executor for seconds: this is true only once both
+        the scheduler and the status store let it go.
+        """
+        jsc = self._sc._jsc.sc()
+        if executor_id in str(jsc.getExecutorIds().mkString("\n")).split("\n"):
+            return False
+        summaries = jsc.statusStore().executorList(True)
+        return not any(str(summaries.apply(i).id()) == executor_id for i in range(summaries.size()))
+
     def resize(self, target: int, victims: Sequence[str] = ()) -> None:
         """Release ``victims`` (``killExecutors``), then set the target.
 
