@@ -358,21 +358,27 @@ class Simulator:
         """The fewest workers on which stage ``index`` trains as fast as it can.
 
         More workers than that leave the stage no shorter (its trials' groups cannot
-        grow, or no longer pay), only dearer. Found by bisection: the stage's time does
-        not grow with its workers (every group size possible on ``W`` is possible on
-        ``W + 1``).
+        grow, or no longer pay), only dearer. Found by bisection where the stage's time
+        cannot grow with its workers -- every group size possible on ``W`` is possible on
+        ``W + 1`` -- else (a cohort's group is forced to ``min(resources, W)``, which a
+        scaling below 1 makes slower) by trying every ``W``.
         """
         cached = self._useful.get(index)
         if cached is not None:
             return cached
         low, high = 1, self.widest(index)
-        fastest = self.stage_seconds(index, high)
-        while low < high:
-            middle = (low + high) // 2
-            if self.stage_seconds(index, middle) <= fastest * (1 + 1e-9):
-                high = middle
-            else:
-                low = middle + 1
+        if any(c.resources > 1 for c in self._stage(index).cohorts):
+            times = [self.stage_seconds(index, w) for w in range(1, high + 1)]
+            fastest = min(times)
+            high = next(w for w, t in enumerate(times, 1) if t <= fastest * (1 + 1e-9))
+        else:
+            fastest = self.stage_seconds(index, high)
+            while low < high:
+                middle = (low + high) // 2
+                if self.stage_seconds(index, middle) <= fastest * (1 + 1e-9):
+                    high = middle
+                else:
+                    low = middle + 1
         self._useful[index] = high
         return high
 

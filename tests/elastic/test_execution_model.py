@@ -133,6 +133,17 @@ def test_seer_resources_are_kept() -> None:
     assert simulator(spec).groups(0, 1) == (1, 1)
 
 
+def test_the_useful_workers_of_a_forced_group_that_stops_paying() -> None:
+    """One SEER trial on resources=4 trains on min(4, W) workers; with scaling 1.9 on 2
+    but 1.0 on 4 its epoch takes 6 s on 1 worker, 4.1 s on 2, 4.8 s on 3, 6 s on 4: the
+    stage is fastest on 2 (the time is not monotone in W: no bisection)."""
+    spec = ExperimentSpec("seer", (StageSpec((Cohort(1, 1, resources=4),)),))
+    sim = simulator(spec, profile=profile(scaling={1: 1.0, 2: 1.9, 4: 1.0}))
+    times = [sim.stage_seconds(0, w) for w in (1, 2, 3, 4)]
+    assert times == pytest.approx([6.0, 4 * (1 / 1.9 + 0.25) + 1, 4 * (1 / 1.45 + 0.25) + 1, 6])
+    assert sim.useful_workers(0) == 2
+
+
 def test_a_deadline_bound_search_ends_at_its_deadline_from_the_start() -> None:
     """The procedure's clock starts before the workers: start-up (scale 5 + start 10 + 2
     loads of 0.5 = 16 s) is part of its 100 s, so it ends at 100 s, training 84 s; with a
