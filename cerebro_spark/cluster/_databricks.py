@@ -250,6 +250,15 @@ class DatabricksCluster(ClusterManager):
                 "and a fixed num_workers"
             )
         self.initial_workers: int = int(details.num_workers)
+        if instance_type is not None and details.node_type_id not in (None, instance_type):
+            logger.warning(
+                "Databricks cluster %s runs node type %s, but its nodes are billed as %s "
+                "(the plan's instance type): the cost meter uses %s's price",
+                self.cluster_id,
+                details.node_type_id,
+                instance_type,
+                instance_type,
+            )
         self.capabilities = Capabilities(
             resizable=True,
             choose_victims=False,

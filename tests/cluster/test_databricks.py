@@ -146,7 +146,9 @@ def test_an_unknown_cluster_is_named(fake: FakeDatabricks) -> None:
         )
 
 
-def test_the_token_is_required(fake: FakeDatabricks, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_token_is_required(
+    fake: FakeDatabricks, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     with pytest.raises(ConfigError, match=r"refused the credentials.*Invalid access token"):
         DatabricksCluster(
             NodeExecutors(fake), cluster_id=fake.cluster_id, host=fake.host, token="dapi-wrong"
@@ -159,8 +161,10 @@ def test_the_token_is_required(fake: FakeDatabricks, monkeypatch: pytest.MonkeyP
     unauthenticated = [c for c in fake.calls if c.status == 401]
     assert len(unauthenticated) == 1 and unauthenticated[0].path == "/api/2.1/clusters/get"
     monkeypatch.setenv("FAKE_DBX_TOKEN", fake.token)
-    cluster = DatabricksCluster.from_options(NodeExecutors(fake), options, instance_type="x1")
+    with caplog.at_level(logging.WARNING, logger="cerebro_spark.cluster._databricks"):
+        cluster = DatabricksCluster.from_options(NodeExecutors(fake), options, instance_type="x1")
     assert cluster.capabilities.instance_type == "x1"
+    assert "runs node type m5.xlarge, but its nodes are billed as x1" in caplog.text
     cluster.close()
 
 
