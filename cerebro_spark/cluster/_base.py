@@ -159,6 +159,13 @@ class ClusterManager(abc.ABC):
     def close(self) -> None:  # noqa: B027 (optional: a manager may have nothing to release)
         """Release what this manager started (idempotent)."""
 
+    def failed_tasks(self) -> int | None:
+        """Tasks the application's scheduler reports failed so far (``None``: not known).
+
+        A resize done right fails none: victims are drained before they are released.
+        """
+        return None
+
     def check_resize(self, target: int, victims: Sequence[str]) -> None:
         """Check a resize against :attr:`capabilities` (for implementations).
 

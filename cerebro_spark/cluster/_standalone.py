@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import shutil
 import tempfile
 import threading
 import time
@@ -211,6 +212,10 @@ class StandaloneCluster(ClusterManager):
             self.daemons.stop_all()
         logger.info("%s %s stopped", type(self).__name__, self.master_url)
 
+    def failed_tasks(self) -> int | None:
+        """Failed tasks of the attached application so far (``None`` before attach)."""
+        return None if self._spark is None else self._spark.failed_tasks()
+
     # -- instances (subclasses) ------------------------------------------------------------
 
     def _mark_started(self, instance: str, at: float | None = None) -> None:
@@ -278,6 +283,7 @@ class LocalStandaloneCluster(StandaloneCluster):
     ) -> None:
         check_positive_int(type(self).__name__, "workers", workers)
         check_positive_int(type(self).__name__, "cores", cores)
+        self._own_root = root is None
         super().__init__(
             SparkDaemons(root or tempfile.mkdtemp(prefix="cerebro-standalone-")),
             cores=cores,
@@ -287,6 +293,12 @@ class LocalStandaloneCluster(StandaloneCluster):
         )
         self._start(workers, register_timeout_s)
         logger.info("local standalone cluster %s with %d workers", self.master_url, workers)
+
+    def close(self) -> None:
+        """Stop the daemons; delete the root directory if the cluster made it (idempotent)."""
+        super().close()
+        if self._own_root:
+            shutil.rmtree(self.daemons.root, ignore_errors=True)
 
     def _start_workers(self, count: int) -> None:
         for _ in range(count):

@@ -328,6 +328,7 @@ class ElasticController:
             "replans": self._replans,
             "failed_resizes": self._failed_resizes,
             "stopped": self._stopped,
+            "failed_tasks": self.manager.failed_tasks(),
             "deadline": self.deadline,
             "budget": self.budget,
         }
