@@ -169,3 +169,8 @@ class SparkExecutors(ClusterManager):
             logger.warning(
                 "Spark refused requestTotalExecutors(%d) on master %s", target, self._sc.master
             )
+
+    def failed_tasks(self) -> int:
+        """Failed tasks of the application so far, on live and dead executors."""
+        summaries = self._sc._jsc.sc().statusStore().executorList(False)
+        return sum(int(summaries.apply(i).failedTasks()) for i in range(summaries.size()))
