@@ -78,7 +78,9 @@ def add_plan_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--budget", type=float, help="most dollars")
     parser.add_argument("--instance-type", help="plan on this type only (default: every one)")
     parser.add_argument("--samples", type=int, default=32, help="latency samples (default 32)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the samples")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="seed of the samples (default: the config's, else 0)"
+    )
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.set_defaults(handler=run_plan)
     return parser
@@ -146,8 +148,41 @@ def spec_from_args(args: argparse.Namespace) -> tuple[ExperimentSpec, int | None
     return procedure_spec(args.procedure, args.max_epochs, **options), None
 
 
+def _elastic_defaults(args: argparse.Namespace) -> Any:
+    """Fill unset flags from the config's ``elastic:`` section; return the config.
+
+    ``plan CONFIG`` then plans exactly what ``run CONFIG`` will follow: the same profile,
+    prices, deadline, budget and instance type, and the same cap on executors
+    (:func:`cerebro_spark.engine._elastic.planned_spec`). ``None`` without a config.
+    """
+    if args.config is None:
+        return None
+    from cerebro_spark.engine import load_config
+
+    config = load_config(args.config)
+    elastic = config.elastic
+    if elastic is None:
+        return config
+    if args.profile is None and elastic.profile != "auto":
+        args.profile = elastic.profile
+    if args.prices is None:
+        args.prices = elastic.prices
+    if args.deadline is None:
+        args.deadline = elastic.deadline
+    if args.budget is None:
+        args.budget = elastic.budget
+    if args.instance_type is None:
+        args.instance_type = elastic.instance_type
+    if args.seed is None:
+        args.seed = config.seed  # what run plans with
+    return config
+
+
 def run_plan(args: argparse.Namespace) -> int:
     """The ``plan`` command (see the module docstring)."""
+    config = _elastic_defaults(args)
+    if args.seed is None:
+        args.seed = 0
     spec, partitions = spec_from_args(args)
     deadline = plan_deadline(spec, args.deadline)
     if args.profile is None:
@@ -168,6 +203,10 @@ def run_plan(args: argparse.Namespace) -> int:
             f"the profile {args.profile} measured partitions={profile.partitions}, but the "
             f"config's data.partitions is {partitions}: profile this config again"
         )
+    if config is not None and config.elastic is not None:
+        from cerebro_spark.engine._elastic import planned_spec
+
+        spec = planned_spec(config.replace(workers=args.workers or config.workers), profile)
     try:
         result = plan(
             spec,

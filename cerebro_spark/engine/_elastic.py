@@ -80,6 +80,15 @@ class StagePlan:
     start: float
     end: float
     usd: float
+    begin: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        """Predicted seconds of its span, resizes included.
+
+        From the end of the stage before (or the moment the plan was made) to its end.
+        """
+        return self.end - self.begin
 
     def to_event(self, replan: int) -> dict[str, Any]:
         """The ``stage_plan`` event's fields."""
@@ -91,6 +100,7 @@ class StagePlan:
             "start": round(self.start, 3),
             "end": round(self.end, 3),
             "usd": round(self.usd, 6),
+            "begin": round(self.begin, 3),
             "replan": replan,
         }
 
@@ -98,12 +108,18 @@ class StagePlan:
 def stages_of(outcome: Outcome, first: int = 0, offset: float = 0.0) -> list[StagePlan]:
     """The stages of a simulated allocation, numbered from ``first``.
 
-    Times are shifted by ``offset`` (a re-plan's t = 0 is the moment it was made).
+    Times are shifted by ``offset`` (a re-plan's t = 0 is the moment it was made); the
+    first stage's span begins there.
     """
-    return [
-        StagePlan(first + i, s.trials, s.epochs, s.workers, offset + s.start, offset + s.end, s.usd)
-        for i, s in enumerate(outcome.stages)
-    ]
+    stages = []
+    begin = offset
+    for i, s in enumerate(outcome.stages):
+        end = offset + s.end
+        stages.append(
+            StagePlan(first + i, s.trials, s.epochs, s.workers, offset + s.start, end, s.usd, begin)
+        )
+        begin = end
+    return stages
 
 
 def stages_from_json(raw: Mapping[str, Any], spec: ExperimentSpec, where: str) -> list[StagePlan]:
@@ -120,7 +136,7 @@ def stages_from_json(raw: Mapping[str, Any], spec: ExperimentSpec, where: str) -
             f"plan {where} has {len(stages) if isinstance(stages, list) else 'no'} stages; "
             f"this config's {spec.procedure} search has {spec.num_stages()}"
         )
-    out = []
+    out: list[StagePlan] = []
     for i, (stage, expected) in enumerate(zip(stages, spec.stages, strict=True)):
         if (stage.get("trials"), stage.get("epochs")) != (expected.trials, expected.epochs):
             raise ConfigError(
@@ -140,6 +156,7 @@ def stages_from_json(raw: Mapping[str, Any], spec: ExperimentSpec, where: str) -
                 float(stage.get("start", 0.0)),
                 float(stage.get("end", 0.0)),
                 float(stage.get("usd", 0.0)),
+                out[-1].end if out else 0.0,
             )
         )
     return out
@@ -300,12 +317,11 @@ class ElasticController:
         self.meter.sample()
         index = self._current
         planned = self._planned(index)
-        previous_end = self.stages[index - 1].end if index > 0 else 0.0
         seconds = now - self._stage_began
         return {
             "stage": index,
             "seconds": round(seconds, 3),
-            "planned_seconds": round(planned.end - previous_end, 3),
+            "planned_seconds": round(planned.seconds, 3),
             "end": round(now - self.started_at, 3),
             "planned_end": round(planned.end, 3),
             "workers": self._stage_executors,
@@ -362,8 +378,7 @@ class ElasticController:
     def _round_usd(self, index: int) -> float:
         """Predicted dollars of one more round of stage ``index`` on today's executors."""
         planned = self._planned(index)
-        previous_end = self.stages[index - 1].end if index > 0 else 0.0
-        round_seconds = (planned.end - previous_end) / max(1, planned.epochs)
+        round_seconds = planned.seconds / max(1, planned.epochs)
         rate = self.meter.price.usd_per_hour / 3600.0
         return len(self.manager.executors()) * rate * round_seconds
 
@@ -378,8 +393,7 @@ class ElasticController:
         if target <= len(self.manager.executors()) or self._grow_requested == following:
             return
         planned = self._planned(index)
-        previous_end = self.stages[index - 1].end if index > 0 else 0.0
-        round_seconds = (planned.end - previous_end) / max(1, planned.epochs)
+        round_seconds = planned.seconds / max(1, planned.epochs)
         rounds_left = self._first_rounds[following] - round_number
         if rounds_left * round_seconds > self.lead_seconds:
             return
@@ -546,14 +560,17 @@ def planned_spec(config: ExperimentConfig, profile: Profile) -> ExperimentSpec:
 
 def plan_config(config: ExperimentConfig, profile: Profile, catalog: PriceCatalog) -> Plan:
     """Plan a config's search: the stages ``run`` follows, its deadline and budget."""
-    from cerebro_spark.elastic import plan
+    from cerebro_spark.elastic import plan, plan_deadline
 
     elastic = _elastic_of(config)
+    spec = planned_spec(config, profile)
+    deadline = plan_deadline(spec, elastic.deadline)
+    assert deadline is not None  # ok: elastic.deadline is required
     return plan(
-        planned_spec(config, profile),
+        spec,
         profile,
         catalog,
-        deadline=elastic.deadline,
+        deadline=deadline,
         budget=elastic.budget,
         instance_type=elastic.instance_type,
         seed=config.seed,
@@ -620,8 +637,14 @@ def elastic_run(
         """
         from cerebro_spark.elastic import PlanInfeasible, plan
 
-        rest = dataclasses.replace(spec, stages=spec.stages[index:])
         offset = time.time() - started_at
+        rest = dataclasses.replace(
+            spec,
+            stages=spec.stages[index:],
+            # a procedure's own deadline counts from the start, the re-plan from now
+            deadline=None if spec.deadline is None else max(1.0, spec.deadline - offset),
+            epoch_seconds=None,  # checked when the run was planned
+        )
         try:
             fresh = plan(
                 rest,

@@ -155,7 +155,9 @@ def test_the_cluster_follows_the_plan_and_every_stage_is_billed(tmp_path: Path) 
     hook = controller(cluster, cfg, [4, 2, 3])  # shrink, then grow
     events = run(tmp_path, cluster, hook, first=4)
     by_round = round_workers(events)
-    assert [len(by_round[r]) for r in sorted(by_round)] == [4, 2, 3, 3]
+    # 8 trials on 4 workers, 4 on 2; the last stage's 2 trials hop over its 3 workers.
+    assert [len(by_round[0]), len(by_round[1])] == [4, 2]
+    assert by_round[1] < by_round[0] and len(by_round[2] | by_round[3]) <= 3
     resized = [e for e in events if e["event"] == "resized"]
     assert [(e["stage"], e["from"], e["target"]) for e in resized] == [(1, 4, 2), (2, 2, 3)]
     # Shrinking retired the two workers holding the fewest sole copies: no unit failed.
