@@ -50,12 +50,17 @@ def alive(pid: int) -> bool:
 
 
 def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (from ``/proc``)."""
+    """Every live process below ``pid`` (from ``/proc``).
+
+    Zombies are left out: a worker daemon keeps an unreaped child from its start for its
+    whole life, and waiting for it to end would wait forever.
+    """
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, IndexError, ValueError):
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(stat.parent.name))
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if fields[0] not in ("Z", "X"):
+                children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
     found: list[int] = []
     frontier = [pid]
     while frontier:
