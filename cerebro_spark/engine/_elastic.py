@@ -425,20 +425,25 @@ class ElasticController:
         fields: dict[str, Any] = {"stage": index, "from": len(workers), "target": target}
         try:
             if target < len(workers):
+                # Drain first, so that nothing runs on an executor when it is released.
+                # Where the platform chooses what to release (Databricks), the retired
+                # workers' executors are the idle ones it should take; a node it takes
+                # instead loses its worker (re-homed) and a retired one's executor gets a
+                # new worker (_top_up).
                 victims = victims_to_retire(workers, len(workers) - target)
                 executors = [workers[w].executor_id for w in victims]
-                if caps.choose_victims:  # drain first: nothing runs when they are released
-                    retiring = [backend.retire(w) for w in victims]
-                    _, late = wait_futures(retiring, timeout=self.resize_timeout)
-                    if late:
-                        raise TimeoutError(f"workers {victims} did not retire in time")
-                    for future in retiring:
-                        future.result()
+                retiring = [backend.retire(w) for w in victims]
+                _, late = wait_futures(retiring, timeout=self.resize_timeout)
+                if late:
+                    raise TimeoutError(f"workers {victims} did not retire in time")
+                for future in retiring:
+                    future.result()
                 fields["victims"] = victims
-                self.manager.resize(
-                    target, [e for e in executors if e] if caps.choose_victims else ()
-                )
+                chosen = [e for e in executors if e] if caps.choose_victims else []
+                self.manager.resize(target, chosen)
                 self.manager.wait(target, self.resize_timeout)
+                if not caps.choose_victims:
+                    self._top_up(backend, target)
             else:
                 if self._grow_requested != index:
                     self.manager.resize(target)
@@ -454,6 +459,19 @@ class ElasticController:
             "stage %d: %d -> %d workers in %.1f s", index, fields["from"], target, fields["seconds"]
         )
         return [("resized", fields)]
+
+    def _top_up(self, backend: Backend, target: int) -> None:
+        """Start workers until ``target`` serve, after a shrink the platform chose.
+
+        If it released executors whose workers had not retired (they were lost and
+        re-homed), the retired workers' executors are idle: new workers start there.
+        """
+        add = getattr(backend, "add_worker", None)
+        deadline = time.monotonic() + self.resize_timeout
+        while add is not None and len(backend.workers()) < target:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not bring the workers back to {target}")
+            add()
 
     def _wait_for_workers(self, backend: Backend, target: int) -> None:
         deadline = time.monotonic() + self.resize_timeout
@@ -750,9 +768,21 @@ def build_cluster(
         finally:
             manager.close()
         return
+    if elastic.manager == "databricks":
+        from cerebro_spark.cluster import DatabricksCluster
+
+        session = spark_session(config.spark.master, name, config.spark.conf)
+        databricks = DatabricksCluster.from_options(session, options, instance_type=instance_type)
+        try:
+            databricks.resize(workers)
+            databricks.wait(workers, elastic.resize_timeout)
+            yield databricks, _factory(session, workers, SparkBackend)
+        finally:
+            databricks.close()  # back to the size it found; the notebook's session stays
+        return
     raise ConfigError(
-        f"elastic.manager {elastic.manager!r} is not available in this build; use standalone "
-        "or spark"
+        f"elastic.manager {elastic.manager!r} is not available in this build; use standalone, "
+        "spark or databricks"
     )
 
 
