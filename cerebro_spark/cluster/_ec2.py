@@ -37,6 +37,7 @@ import datetime
 import logging
 import re
 import shlex
+import shutil
 import tempfile
 import threading
 import uuid
@@ -361,7 +362,8 @@ class Ec2Cluster(StandaloneCluster):
         master_host: The address the master binds to and the workers reach (the driver
             machine's private IP address on EC2).
         master_port: The master's port (default: a free one).
-        root: Directory of the master's pid and log files (default: a new temporary one).
+        root: Directory of the master's pid and log files (default: a new temporary one,
+            deleted at :meth:`close`).
         user_data: The user data template (default :data:`USER_DATA_TEMPLATE`).
         user_data_values: Values for its placeholders, over :data:`USER_DATA_DEFAULTS`
             (``cluster``, ``experiment``, ``master_url``, ``cores`` and ``memory`` are set
@@ -459,6 +461,7 @@ class Ec2Cluster(StandaloneCluster):
         )
         #: The cluster's EC2 instances.
         self.fleet = fleet
+        self._own_root = root is None
         self._bootstrap = bootstrap
         self._boot_timeout_s = boot_timeout_s
         self._hosts: dict[str, str] = {}  # executor host -> instance id
@@ -599,6 +602,15 @@ class Ec2Cluster(StandaloneCluster):
         with self._lock:
             self._launched.difference_update(ids)
         self.fleet.terminate(ids)
+
+    def close(self) -> None:
+        """Terminate every instance with this cluster's tag and stop the master (idempotent).
+
+        The master's directory goes too if the cluster made it.
+        """
+        super().close()
+        if self._own_root:
+            shutil.rmtree(self.daemons.root, ignore_errors=True)
 
     def _stop_instances(self) -> None:
         with self._lock:

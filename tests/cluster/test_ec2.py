@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Iterator
@@ -303,16 +304,20 @@ def test_from_options_names_the_bad_key(tmp_path: Path) -> None:
 
 @pytest.mark.spark
 def test_a_failed_boot_terminates_every_instance_and_stops_the_master(
-    ec2: Any, network: Network, tmp_path: Path
+    ec2: Any, network: Network, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    booted: list[str] = []
+    booted: list[bool] = []
+    port = free_port()
 
     def bootstrap(instance: Any) -> str:
-        booted.append(instance["InstanceId"])
+        with socket.socket() as probe:  # the master runs while instances boot
+            booted.append(probe.connect_ex(("127.0.0.1", port)) == 0)
         raise RuntimeError("this image has no Spark")
 
+    temp = tmp_path / "temp"  # where the cluster makes the master's directory
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     name = f"cluster-fail-{time.time_ns()}"
-    port = free_port()
     with pytest.raises(RuntimeError, match=r"failed to boot: i-.*this image has no Spark"):
         Ec2Cluster(
             2,
@@ -321,20 +326,18 @@ def test_a_failed_boot_terminates_every_instance_and_stops_the_master(
             experiment="exp-fail",
             client=ec2,
             name=name,
-            root=tmp_path / "master",
             master_port=port,
             bootstrap=bootstrap,
             register_timeout_s=60,
         )
     fleet = _fleet(ec2, network, name)
     instances = fleet.describe()
-    assert len(instances) == 2 and booted
+    assert len(instances) == 2
+    assert booted and all(booted)
     assert {i["State"]["Name"] for i in instances} == {"terminated"}
-    assert "Starting Spark master at spark://127.0.0.1:" in "".join(
-        p.read_text() for p in (tmp_path / "master" / "logs").glob("*Master*.out")
-    )
     with socket.socket() as probe:  # the master it started is gone
         assert probe.connect_ex(("127.0.0.1", port)) != 0
+    assert list(temp.iterdir()) == []  # and so is its directory
 
 
 # -- resizing a real cluster (child driver) ------------------------------------------------
