@@ -1,0 +1,177 @@
+"""Predicted vs actual time and dollars of elastic runs on a real cluster, and what
+elastic execution saves against the best static plan, both run for real.
+
+For each search (successive halving as in ``conf/experiments/digits-elastic.yaml``, and
+SEER on the same workload) the benchmark runs, on the local standalone cluster that
+cerebro-spark starts on 127.0.0.1 (worker daemons billed as ``conf/prices/local.yaml``'s
+``local-core``):
+
+1. the elastic plan (``plan: auto``): per stage, the planned and measured executors,
+   seconds and dollars, and the error in percent (RubberBand §6 reports under 3 % between
+   its simulator and its cluster);
+2. the cheapest static plan the planner found (the same executors for every stage, given
+   as a plan file), run for real: its measured dollars against the elastic run's.
+
+Each run starts its own cluster and Spark application, so each pays the start-up the
+plan predicts. Re-planning is off (``replan_drift`` very large) so that every stage is
+compared with the plan made before the run.
+
+    python benchmarks/elastic_execution.py [--searches sha,seer] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import io
+import json
+import logging
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "conf/experiments/digits-elastic.yaml"
+
+
+def search_config(search: str, store: str) -> dict[str, Any]:
+    """The demo's workload, with successive halving or SEER, never re-planned."""
+    config: dict[str, Any] = yaml.safe_load(DEMO.read_text())
+    config["store"] = store
+    config["elastic"]["replan_drift"] = 1.0e9
+    config["elastic"]["prices"] = str(ROOT / config["elastic"]["prices"])
+    config["elastic"]["profile"] = str(ROOT / config["elastic"]["profile"])
+    if search == "seer":
+        config["name"] = "bench-seer"
+        config["epochs"] = 8
+        # SEER's deadline is the run's; its budget is in worker-seconds of training.
+        config["procedure"] = {"name": "seer", "deadline": 60, "budget": 100, "eta": 2,
+                               "v": 2, "epoch_seconds": 1.13}  # fmt: skip
+        config["elastic"]["deadline"] = 60
+    else:
+        config["name"] = "bench-sha"
+    return config
+
+
+def run(config: dict[str, Any], experiment_id: str) -> list[dict[str, Any]]:
+    """Run a config (dict) and return its events."""
+    from cerebro_spark.engine import parse_config, read_events, run_experiment
+    from cerebro_spark.store import open_store
+
+    run_experiment(parse_config(config), experiment_id=experiment_id)
+    return read_events(open_store(config["store"]).child(f"experiments/{experiment_id}"))
+
+
+def static_plan_file(events: list[dict[str, Any]], path: Path) -> tuple[int, Path]:
+    """A plan file giving every stage the static plan's executors (from the elastic run's
+    ``elastic_plan`` event)."""
+    plan = next(e for e in events if e["event"] == "elastic_plan")
+    stages = [e for e in events if e["event"] == "stage_plan" and e["replan"] == 0]
+    workers = int(plan["static"]["workers"])
+    path.write_text(
+        json.dumps(
+            {
+                "feasible": True,
+                "instance_type": plan["instance_type"],
+                "stages": [
+                    {"trials": s["trials"], "epochs": s["epochs"], "workers": workers}
+                    for s in stages
+                ],
+            }
+        )
+    )
+    return workers, path
+
+
+def table(search: str, mode: str, events: list[dict[str, Any]]) -> list[str]:
+    """Rows of predicted vs actual per stage and in total."""
+    rows = []
+    for a in (e for e in events if e["event"] == "stage_actual"):
+        rows.append(
+            f"{search:<5} {mode:<7} {a['stage']:>5} {a['planned_workers']:>4}/{a['workers']:<4} "
+            f"{a['planned_seconds']:>8.1f} {a['seconds']:>8.1f} "
+            f"{_err(a['seconds'], a['planned_seconds']):>8} "
+            f"{a['planned_usd']:>10.6f} {a['usd']:>10.6f} {_err(a['usd'], a['planned_usd']):>8}"
+        )
+    s = next(e for e in events if e["event"] == "elastic_summary")
+    rows.append(
+        f"{search:<5} {mode:<7} {'total':>5} {'':>9} "
+        f"{s['planned_seconds']:>8.1f} {s['seconds']:>8.1f} "
+        f"{_err(s['seconds'], s['planned_seconds']):>8} "
+        f"{s['planned_usd']:>10.6f} {s['usd']:>10.6f} {_err(s['usd'], s['planned_usd']):>8}"
+    )
+    return rows
+
+
+def _err(actual: float, planned: float) -> str:
+    return "-" if planned == 0 else f"{100 * (actual - planned) / planned:+.1f}%"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--searches", default="sha,seer")
+    parser.add_argument("--out", help="also write the output here")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    out = io.StringIO()
+
+    def say(line: str = "") -> None:
+        print(line, flush=True)
+        out.write(line + "\n")
+
+    say(f"# python benchmarks/elastic_execution.py --searches {args.searches}")
+    say(f"# {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}, "
+        f"{platform.node()}, {platform.processor() or platform.machine()}")  # fmt: skip
+    say()
+    head = (
+        f"{'search':<5} {'mode':<7} {'stage':>5} {'exec p/a':>9} {'plan s':>8} {'actual s':>8} "
+        f"{'err':>8} {'plan $':>10} {'actual $':>10} {'err':>8}"
+    )
+    totals: dict[str, dict[str, float]] = {}
+    lines = [head]
+    for search in args.searches.split(","):
+        with tempfile.TemporaryDirectory(prefix="cerebro-bench-elastic-") as tmp:
+            config = search_config(search, tmp)
+            elastic = run(config, "elastic")
+            lines += table(search, "elastic", elastic)
+            workers, plan = static_plan_file(elastic, Path(tmp) / "static.json")
+            config["elastic"]["plan"] = str(plan)
+            static = run(config, "static")
+            lines += table(search, f"static{workers}", static)
+            summary = {m: next(e for e in ev if e["event"] == "elastic_summary")
+                       for m, ev in (("elastic", elastic), ("static", static))}  # fmt: skip
+            plan_event = next(e for e in elastic if e["event"] == "elastic_plan")
+            totals[search] = {
+                "elastic_planned": plan_event["usd"],
+                "static_planned": plan_event["static"]["usd"],
+                "elastic_actual": summary["elastic"]["usd"],
+                "static_actual": summary["static"]["usd"],
+                "failed_tasks": float(
+                    (summary["elastic"]["failed_tasks"] or 0)
+                    + (summary["static"]["failed_tasks"] or 0)
+                ),
+            }
+    for line in lines:
+        say(line)
+    say()
+    say(f"{'search':<6} {'elastic $ plan/actual':>24} {'static $ plan/actual':>24} "
+        f"{'saving plan':>12} {'saving actual':>14} {'failed tasks':>13}")  # fmt: skip
+    for search, t in totals.items():
+        say(
+            f"{search:<6} {t['elastic_planned']:>11.6f}/{t['elastic_actual']:<12.6f} "
+            f"{t['static_planned']:>11.6f}/{t['static_actual']:<12.6f} "
+            f"{1 - t['elastic_planned'] / t['static_planned']:>11.1%} "
+            f"{1 - t['elastic_actual'] / t['static_actual']:>13.1%} {int(t['failed_tasks']):>13}"
+        )
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(out.getvalue())
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()
