@@ -554,21 +554,31 @@ def load_plan_inputs(config: ExperimentConfig) -> tuple[Profile, PriceCatalog]:
     return pilot_profile(pilot, instance_type=elastic.instance_type, scale_seconds=scale), catalog
 
 
+_MOST = {
+    "standalone": "max_executors",
+    "spark": "max_executors",
+    "databricks": "max_workers",
+    "ec2": "max_instances",
+}
+"""The option of each manager that caps its executors."""
+
+
 def planned_spec(config: ExperimentConfig, profile: Profile) -> ExperimentSpec:
     """The stages ``run`` follows, with the most executors the run may hold.
 
     At most the dataset's partitions (a worker beyond them would hold replicas only, and
-    the pool starts no more workers than partitions) and at most the manager's
-    ``max_executors``.
+    the pool starts no more workers than partitions) and at most the manager's cap
+    (``max_executors``, Databricks' ``max_workers``, EC2's ``max_instances``).
     """
     spec = experiment_spec(config)
     caps = [profile.partitions]
-    most = _elastic_of(config).options.get("max_executors")
+    elastic = _elastic_of(config)
+    key = _MOST[elastic.manager]
+    most = elastic.options.get(key)
     if most is not None:
         if isinstance(most, bool) or not isinstance(most, int) or most < 1:
             raise ConfigError(
-                f"elastic.{config.elastic.manager if config.elastic else ''}.max_executors "
-                f"must be an integer >= 1, got {most!r}"
+                f"elastic.{elastic.manager}.{key} must be an integer >= 1, got {most!r}"
             )
         caps.append(most)
     if spec.max_workers is not None:
@@ -722,23 +732,29 @@ def build_cluster(
 
     options = dict(elastic.options)
     name = f"cerebro-spark {config.name}"
-    if elastic.manager == "standalone":
-        from cerebro_spark.cluster import LocalStandaloneCluster
+    if elastic.manager in ("standalone", "ec2"):
+        from cerebro_spark.cluster import Ec2Cluster, LocalStandaloneCluster, StandaloneCluster
 
-        known = {"root", "cores", "memory", "max_executors"}
-        if set(options) - known:
-            raise ConfigError(
-                f"unknown field(s) {sorted(set(options) - known)} in elastic.standalone; "
-                f"known: {sorted(known)}"
+        cluster: StandaloneCluster
+        if elastic.manager == "ec2":
+            cluster = Ec2Cluster.from_options(
+                options, workers=workers, instance_type=instance_type, experiment=config.name
             )
-        cluster = LocalStandaloneCluster(
-            workers,
-            root=options.get("root"),
-            cores=int(options.get("cores", 1)),
-            memory=str(options.get("memory", "1g")),
-            max_executors=options.get("max_executors"),
-            instance_type=instance_type,
-        )
+        else:
+            known = {"root", "cores", "memory", "max_executors"}
+            if set(options) - known:
+                raise ConfigError(
+                    f"unknown field(s) {sorted(set(options) - known)} in elastic.standalone; "
+                    f"known: {sorted(known)}"
+                )
+            cluster = LocalStandaloneCluster(
+                workers,
+                root=options.get("root"),
+                cores=int(options.get("cores", 1)),
+                memory=str(options.get("memory", "1g")),
+                max_executors=options.get("max_executors"),
+                instance_type=instance_type,
+            )
         try:
             conf = {**config.spark.conf, **cluster.spark_conf()}
             session = spark_session(cluster.master_url, name, conf)
@@ -781,8 +797,8 @@ def build_cluster(
             databricks.close()  # back to the size it found; the notebook's session stays
         return
     raise ConfigError(
-        f"elastic.manager {elastic.manager!r} is not available in this build; use standalone, "
-        "spark or databricks"
+        f"elastic.manager must be one of standalone, spark, databricks, ec2; got "
+        f"{elastic.manager!r}"
     )
 
 
