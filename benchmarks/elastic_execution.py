@@ -49,9 +49,9 @@ def search_config(search: str, store: str) -> dict[str, Any]:
         config["name"] = "bench-seer"
         config["epochs"] = 8
         # SEER's deadline is the run's; its budget is in worker-seconds of training.
-        config["procedure"] = {"name": "seer", "deadline": 60, "budget": 100, "eta": 2,
-                               "v": 2, "epoch_seconds": 1.13}  # fmt: skip
-        config["elastic"]["deadline"] = 60
+        config["procedure"] = {"name": "seer", "deadline": 45, "budget": 80, "eta": 2,
+                               "v": 2, "epoch_seconds": 0.65}  # fmt: skip
+        config["elastic"]["deadline"] = 45
     else:
         config["name"] = "bench-sha"
     return config
@@ -66,25 +66,37 @@ def run(config: dict[str, Any], experiment_id: str) -> list[dict[str, Any]]:
     return read_events(open_store(config["store"]).child(f"experiments/{experiment_id}"))
 
 
-def static_plan_file(events: list[dict[str, Any]], path: Path) -> tuple[int, Path]:
-    """A plan file giving every stage the static plan's executors (from the elastic run's
-    ``elastic_plan`` event)."""
-    plan = next(e for e in events if e["event"] == "elastic_plan")
-    stages = [e for e in events if e["event"] == "stage_plan" and e["replan"] == 0]
-    workers = int(plan["static"]["workers"])
+def static_plan_file(config: dict[str, Any], path: Path) -> tuple[int, Path]:
+    """The cheapest static plan the planner found for ``config``, as a plan file (every
+    stage on the same executors, with its predicted times and dollars)."""
+    from cerebro_spark.engine import parse_config
+    from cerebro_spark.engine._elastic import load_plan_inputs, plan_config
+
+    parsed = parse_config(config)
+    profile, catalog = load_plan_inputs(parsed)
+    static = plan_config(parsed, profile, catalog).static
     path.write_text(
         json.dumps(
             {
                 "feasible": True,
-                "instance_type": plan["instance_type"],
-                "stages": [
-                    {"trials": s["trials"], "epochs": s["epochs"], "workers": workers}
-                    for s in stages
-                ],
+                "instance_type": parsed.elastic.instance_type if parsed.elastic else None,
+                "stages": [s.to_dict() for s in static.stages],
             }
         )
     )
-    return workers, path
+    return static.workers[0], path
+
+
+def prepare(config: dict[str, Any]) -> None:
+    """Write the dataset and start the driver's JVM before the runs, so that no run's first
+    stage pays for what the other's does not (the JVM outlives a stopped session)."""
+    from cerebro_spark.engine import parse_config
+    from cerebro_spark.engine._dataset import resolve_dataset
+    from cerebro_spark.spark_session import spark_session
+    from cerebro_spark.store import open_store
+
+    resolve_dataset(parse_config(config), open_store(config["store"]))
+    spark_session("local[1]", "warm-up", {"spark.ui.enabled": "false"}).stop()
 
 
 def table(search: str, mode: str, events: list[dict[str, Any]]) -> list[str]:
@@ -136,9 +148,10 @@ def main() -> None:
     for search in args.searches.split(","):
         with tempfile.TemporaryDirectory(prefix="cerebro-bench-elastic-") as tmp:
             config = search_config(search, tmp)
+            prepare(config)
+            workers, plan = static_plan_file(config, Path(tmp) / "static.json")
             elastic = run(config, "elastic")
             lines += table(search, "elastic", elastic)
-            workers, plan = static_plan_file(elastic, Path(tmp) / "static.json")
             config["elastic"]["plan"] = str(plan)
             static = run(config, "static")
             lines += table(search, f"static{workers}", static)
