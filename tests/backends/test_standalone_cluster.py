@@ -24,13 +24,11 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import traceback
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,6 +36,8 @@ from typing import Any
 
 import pytest
 
+from cerebro_spark.cluster import SparkDaemons
+from cerebro_spark.cluster._daemons import WORKER_CLASS, alive, descendants, wait_until
 from tests.backends.cluster_scenarios import (
     check_engine_group,
     check_group_across_executors,
@@ -46,222 +46,67 @@ from tests.backends.cluster_scenarios import (
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD_TIMEOUT_S = 900
-MASTER_CLASS = "org.apache.spark.deploy.master.Master"
-WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 
 pytestmark = [pytest.mark.spark, pytest.mark.torch, pytest.mark.slow]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every live process below ``pid``."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(stat.parent.name))
-    found, frontier = [], [pid]
-    while frontier:
-        below = children.get(frontier.pop(), [])
-        found += below
-        frontier += below
-    return found
-
-
 def _wait(condition: Callable[[], bool], what: str, timeout_s: float) -> float:
     """Wait for ``condition``; return the seconds it took."""
-    begun = time.monotonic()
-    while not condition():
-        if time.monotonic() - begun > timeout_s:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.2)
-    return time.monotonic() - begun
+    try:
+        return wait_until(condition, what, timeout_s)
+    except TimeoutError as error:
+        raise AssertionError(str(error)) from None
 
 
-@dataclasses.dataclass
-class Cluster:
-    """A standalone master and its worker daemons, driven through ``spark-daemon.sh``.
+class Cluster(SparkDaemons):
+    """The package's standalone daemons, and what the scenarios need besides."""
 
-    Picklable to JSON (:meth:`to_json`) so the child driver can kill and start daemons.
-    """
-
-    root: str
-    master_port: int
-    master_ui_port: int
-
-    @property
-    def url(self) -> str:
-        return f"spark://127.0.0.1:{self.master_port}"
-
-    @property
-    def env(self) -> dict[str, str]:
-        import pyspark
-
-        return {
-            **os.environ,
-            "SPARK_HOME": str(Path(pyspark.__file__).parent),
-            "SPARK_LOG_DIR": f"{self.root}/logs",
-            "SPARK_PID_DIR": f"{self.root}/pids",
-            "SPARK_LOCAL_IP": "127.0.0.1",
-            "SPARK_IDENT_STRING": "cerebro-test",
-            "PYSPARK_PYTHON": sys.executable,
-        }
-
-    def _daemon(self, action: str, klass: str, instance: int, *args: str) -> None:
-        script = Path(self.env["SPARK_HOME"]) / "sbin" / "spark-daemon.sh"
-        subprocess.run(
-            ["bash", str(script), action, klass, str(instance), *args],
-            env=self.env,
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-
-    def pid_of(self, klass: str, instance: int) -> int | None:
-        path = Path(self.root) / "pids" / f"spark-cerebro-test-{klass}-{instance}.pid"
-        return int(path.read_text()) if path.exists() else None
-
-    def work_dir(self, instance: int) -> Path:
-        return Path(self.root) / f"work-{instance}"
-
-    def start_master(self) -> None:
-        self._daemon(
-            "start",
-            MASTER_CLASS,
-            1,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.master_port),
-            "--webui-port",
-            str(self.master_ui_port),
-        )
-
-    def start_worker(self, instance: int) -> None:
-        self.work_dir(instance).mkdir(parents=True, exist_ok=True)
-        self._daemon(
-            "start",
-            WORKER_CLASS,
-            instance,
-            "--host",
-            "127.0.0.1",
-            "--cores",
-            "1",
-            "--memory",
-            "2g",
-            "--webui-port",
-            str(_free_port()),
-            "--work-dir",
-            str(self.work_dir(instance)),
-            self.url,
-        )
-
-    def stop(self, klass: str, instance: int, timeout_s: float = 30.0) -> None:
-        """Stop a daemon (SIGTERM, then SIGKILL) and wait until its process is gone."""
-        pid = self.pid_of(klass, instance)
-        if pid is None:
-            return
-        with contextlib.suppress(subprocess.CalledProcessError):
-            self._daemon("stop", klass, instance)
-        deadline = time.monotonic() + timeout_s
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    def start_worker(self, instance: int, cores: int = 1, memory: str = "2g") -> None:
+        """A worker daemon of one core (its executor gets 1g: spark.executor.memory)."""
+        super().start_worker(instance, cores=cores, memory=memory)
 
     def crash_worker(self, instance: int) -> None:
-        """Kill a worker daemon and everything it started at once, as a crashed machine
-        would, and wait until the master no longer counts it alive.
-
-        Not ``spark-daemon.sh stop``: a worker daemon that is shutting down still obeys
-        the master's order to replace the executor it just killed, and that new executor
-        outlives the daemon, an orphan that keeps serving the application (Spark 4.3's
-        ``Worker``: "Shutdown hooks cannot be modified during shutdown", then the launch
-        goes on). The daemon is frozen first so that it starts nothing while its process
-        tree is collected.
-        """
-        pid = self.pid_of(WORKER_CLASS, instance)
-        if pid is None or not _alive(pid):
-            return
-        alive = self.alive_workers()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGSTOP)
-        tree = [pid, *_descendants(pid)]
-        for member in tree:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(member, signal.SIGKILL)
-        _wait(lambda: not any(_alive(m) for m in tree), "the worker's processes to end", 30)
-        if alive > 0:
-            _wait(lambda: self.alive_workers() < alive, "the master to see the worker gone", 60)
-
-    def alive_workers(self) -> int:
-        try:
-            with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.master_ui_port}/json/", timeout=5
-            ) as response:
-                state = json.load(response)
-        except OSError:
-            return -1
-        return int(state.get("aliveworkers", 0))
+        """Crash a worker daemon's machine; wait until the master counts it gone."""
+        alive_before = self.alive_workers()
+        running = self.pid_of(WORKER_CLASS, instance)
+        super().crash_worker(instance)
+        if running is not None and alive_before > 0:
+            _wait(lambda: self.alive_workers() < alive_before, "the master to see it gone", 60)
 
     def instance_running(self, executor_id: str) -> int:
         """The worker daemon whose work directory holds executor ``executor_id``."""
-        for path in sorted(Path(self.root).glob(f"work-*/app-*/{executor_id}")):
-            instance = int(path.parent.parent.name.split("-")[1])
-            pid = self.pid_of(WORKER_CLASS, instance)
-            if pid is not None and _alive(pid):
-                return instance
-        raise AssertionError(f"no live worker daemon runs executor {executor_id}")
+        instance = self.instance_of(executor_id)
+        if instance is None:
+            raise AssertionError(f"no live worker daemon runs executor {executor_id}")
+        return instance
 
     def ensure_workers(self, count: int) -> None:
         """Start worker daemons (new instance numbers) until ``count`` are alive."""
         while self.alive_workers() < count:
-            used = [int(p.name.split("-")[1]) for p in Path(self.root).glob("work-*")]
             before = self.alive_workers()
-            self.start_worker(max(used, default=0) + 1)
+            self.start_worker(self.next_instance())
             _wait(
                 lambda before=before: self.alive_workers() > before,  # type: ignore[misc]
                 "a worker daemon to register",
                 120,
             )
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("standalone")
-    cluster = Cluster(str(root), _free_port(), _free_port())
-    started: list[tuple[str, int]] = []
+    cluster = Cluster(root)
     try:
         cluster.start_master()
-        started.append((MASTER_CLASS, 1))
         for instance in (1, 2):
             cluster.start_worker(instance)
-            started.append((WORKER_CLASS, instance))
         _wait(lambda: cluster.alive_workers() == 2, "two worker daemons to register", 120)
         yield cluster
     finally:
-        for pid_file in sorted((root / "pids").glob("*Worker*.pid")):
-            cluster.crash_worker(int(pid_file.stem.rsplit("-", 1)[1]))
-        cluster.stop(MASTER_CLASS, 1)
-        leftovers = [p for p in (root / "pids").glob("*.pid") if _alive(int(p.read_text()))]
+        for instance in cluster.worker_instances():
+            cluster.crash_worker(instance)
+        cluster.stop_all()
+        leftovers = [p for p in (root / "pids").glob("*.pid") if alive(int(p.read_text()))]
         assert not leftovers, f"daemons still running: {leftovers}"
 
 
@@ -283,7 +128,7 @@ def reports(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[
         try:
             child.wait(timeout=CHILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            for pid in [child.pid, *_descendants(child.pid)]:  # its JVM and Python workers
+            for pid in [child.pid, *descendants(child.pid)]:  # its JVM and Python workers
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             child.wait()
@@ -518,7 +363,7 @@ def _child_main(raw: str) -> None:
         level=logging.INFO, format="%(asctime)s %(threadName)s %(name)s: %(message)s"
     )
     args = json.loads(raw)
-    cluster = Cluster(**args["cluster"])
+    cluster = Cluster.from_json(args["cluster"])
     tmp = Path(args["tmp"])
     reports: dict[str, Any] = {}
     session = _child_session(cluster, "cerebro-standalone")
