@@ -664,6 +664,7 @@ def elastic_run(
         When none does (the run is late), the fastest one found.
         """
         from cerebro_spark.elastic import PlanInfeasible, plan
+        from cerebro_spark.elastic._planner import FASTEST_SLACK
 
         offset = time.time() - started_at
         rest = dataclasses.replace(
@@ -685,8 +686,21 @@ def elastic_run(
                 running=running,
             ).outcome
         except PlanInfeasible as late:
+            # Late (or short of money): the cheapest plan that is about as fast as the
+            # fastest found, so that no instance is kept idle to gain a re-homing's second.
             logger.warning("no plan of the stages left meets the time and money left: %s", late)
-            fresh = late.fastest[1]
+            try:
+                fresh = plan(
+                    rest,
+                    profile,
+                    catalog,
+                    deadline=late.fastest[1].seconds * (1 + FASTEST_SLACK),
+                    instance_type=instance_type,
+                    seed=config.seed,
+                    running=running,
+                ).outcome
+            except PlanInfeasible:
+                fresh = late.fastest[1]
         return stages_of(fresh, index, offset)
 
     with build_cluster(config, elastic, first, instance_type) as (manager, factory):
