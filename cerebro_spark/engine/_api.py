@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -116,30 +117,21 @@ def run_experiment(
         )
     # key order kept: it fixes the search space's grid order, hence which trial gets what
     store.put(config_key, json.dumps(config.to_dict(), indent=2).encode())
-    if config.elastic is not None and on_stage is None and backend_factory is default_backend:
-        from cerebro_spark.engine._elastic import elastic_run
+    with contextlib.ExitStack() as stack:
+        if config.elastic is not None and on_stage is None and backend_factory is default_backend:
+            from cerebro_spark.engine._elastic import elastic_run
 
-        with elastic_run(config) as (factory, controller):
-            experiment = Experiment(
-                config,
-                store,
-                experiment_id,
-                factory,
-                visit_orders=visit_orders,
-                group_plans=group_plans,
-                on_stage=controller,
-            )
-            return ExperimentResult(experiment_id, store, experiment.run())
-    experiment = Experiment(
-        config,
-        store,
-        experiment_id,
-        backend_factory,
-        visit_orders=visit_orders,
-        group_plans=group_plans,
-        on_stage=on_stage,
-    )
-    return ExperimentResult(experiment_id, store, experiment.run())
+            backend_factory, on_stage = stack.enter_context(elastic_run(config))
+        experiment = Experiment(
+            config,
+            store,
+            experiment_id,
+            backend_factory,
+            visit_orders=visit_orders,
+            group_plans=group_plans,
+            on_stage=on_stage,
+        )
+        return ExperimentResult(experiment_id, store, experiment.run())
 
 
 def load_experiment_config(store: Store, experiment_id: str) -> ExperimentConfig:

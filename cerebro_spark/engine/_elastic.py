@@ -36,7 +36,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import wait as wait_futures
@@ -44,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cerebro_spark.backends import Backend, WorkerInfo
-from cerebro_spark.engine._config import ElasticConfig, ExperimentConfig
+from cerebro_spark.engine._config import MANAGERS, ElasticConfig, ExperimentConfig
 from cerebro_spark.engine._experiment import Stage, StageDirective, experiment_spec
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.search import ExperimentSpec
@@ -57,6 +56,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.5
+PILOT_SCALE_SECONDS = 10.0
+"""Provider latency (request to executor) an automatic pilot assumes: a fixed cluster
+cannot measure it; write a profile by hand where your provider's differs."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,7 +193,6 @@ class ElasticController:
         manager: Resizes the cluster.
         meter: Bills it (started by the controller, stopped after the last stage).
         stages: The plan being followed.
-        spec: The search's stages, as planned.
         deadline: Seconds from ``run`` to the end.
         budget: Most dollars (``None``: no limit).
         started_at: Unix time of ``run`` (the plan's t = 0).
@@ -211,7 +212,6 @@ class ElasticController:
         manager: ClusterManager,
         meter: CostMeter,
         stages: list[StagePlan],
-        spec: ExperimentSpec,
         *,
         deadline: float,
         budget: float | None,
@@ -226,7 +226,6 @@ class ElasticController:
         self.manager = manager
         self.meter = meter
         self.stages = list(stages)
-        self.spec = spec
         self.deadline = deadline
         self.budget = budget
         self.started_at = started_at
@@ -549,9 +548,11 @@ def load_plan_inputs(config: ExperimentConfig) -> tuple[Profile, PriceCatalog]:
     from cerebro_spark.elastic._pilot import pilot_profile
 
     logger.info("running a pilot to profile %s (elastic.profile: auto)", config.name)
-    scale = float(elastic.options.get("scale_seconds", 10.0))
     pilot = config.replace(elastic=None)
-    return pilot_profile(pilot, instance_type=elastic.instance_type, scale_seconds=scale), catalog
+    profile = pilot_profile(
+        pilot, instance_type=elastic.instance_type, scale_seconds=PILOT_SCALE_SECONDS
+    )
+    return profile, catalog
 
 
 _MOST = {
@@ -674,31 +675,27 @@ def elastic_run(
             deadline=None if spec.deadline is None else max(1.0, spec.deadline - offset),
             epoch_seconds=None,  # checked when the run was planned
         )
-        try:
-            fresh = plan(
+
+        def cheapest(deadline: float, budget: float | None) -> Outcome:
+            return plan(
                 rest,
                 profile,
                 catalog,
-                deadline=max(seconds, 1.0),
-                budget=usd if usd is None or usd > 0 else 1e-9,
+                deadline=deadline,
+                budget=budget,
                 instance_type=instance_type,
                 seed=config.seed,
                 running=running,
             ).outcome
+
+        try:
+            fresh = cheapest(max(seconds, 1.0), usd if usd is None or usd > 0 else 1e-9)
         except PlanInfeasible as late:
             # Late (or short of money): the cheapest plan that is about as fast as the
             # fastest found, so that no instance is kept idle to gain a re-homing's second.
             logger.warning("no plan of the stages left meets the time and money left: %s", late)
             try:
-                fresh = plan(
-                    rest,
-                    profile,
-                    catalog,
-                    deadline=late.fastest[1].seconds * (1 + FASTEST_SLACK),
-                    instance_type=instance_type,
-                    seed=config.seed,
-                    running=running,
-                ).outcome
+                fresh = cheapest(late.fastest[1].seconds * (1 + FASTEST_SLACK), None)
             except PlanInfeasible:
                 fresh = late.fastest[1]
         return stages_of(fresh, index, offset)
@@ -709,7 +706,6 @@ def elastic_run(
             manager,
             meter,
             stages,
-            spec,
             deadline=elastic.deadline,
             budget=elastic.budget,
             started_at=started_at,
@@ -727,9 +723,10 @@ def elastic_run(
 
 def _lead_seconds(typed: TypeProfile, stages: list[StagePlan]) -> float:
     """Seconds from asking for executors to their workers ready with their partitions."""
-    most = max(s.workers for s in stages)
-    loads = math.ceil(typed.partitions / max(1, most)) * typed.load.mean
-    return typed.scale.mean + typed.worker_start.mean + loads
+    from cerebro_spark.elastic._simulator import partition_moves
+
+    loads, _ = partition_moves(typed.partitions, 0, max(s.workers for s in stages))
+    return typed.scale.mean + typed.worker_start.mean + loads * typed.load.mean
 
 
 @contextlib.contextmanager
@@ -741,9 +738,12 @@ def build_cluster(
     Yields its manager and a backend factory whose workers run on it; releases what was
     started at the end.
     """
-    from cerebro_spark.backends import SparkBackend
     from cerebro_spark.spark_session import spark_session
 
+    if elastic.manager not in MANAGERS:
+        raise ConfigError(
+            f"elastic.manager must be one of {list(MANAGERS)}, got {elastic.manager!r}"
+        )
     options = dict(elastic.options)
     name = f"cerebro-spark {config.name}"
     if elastic.manager in ("standalone", "ec2"):
@@ -755,12 +755,7 @@ def build_cluster(
                 options, workers=workers, instance_type=instance_type, experiment=config.name
             )
         else:
-            known = {"root", "cores", "memory", "max_executors"}
-            if set(options) - known:
-                raise ConfigError(
-                    f"unknown field(s) {sorted(set(options) - known)} in elastic.standalone; "
-                    f"known: {sorted(known)}"
-                )
+            _check_options(options, "standalone", {"root", "cores", "memory", "max_executors"})
             cluster = LocalStandaloneCluster(
                 workers,
                 root=options.get("root"),
@@ -775,54 +770,52 @@ def build_cluster(
             try:
                 cluster.attach(session)
                 cluster.wait(workers, elastic.resize_timeout)
-                yield cluster, _factory(session, workers, SparkBackend)
+                yield cluster, _factory(session, workers)
             finally:
                 session.stop()
         finally:
             cluster.close()
         return
+    session = spark_session(config.spark.master, name, config.spark.conf)
+    manager: ClusterManager
     if elastic.manager == "spark":
         from cerebro_spark.cluster import SparkExecutors
 
-        session = spark_session(config.spark.master, name, config.spark.conf)
+        _check_options(options, "spark", {"min_executors", "max_executors"})
         manager = SparkExecutors(
             session,
-            min_executors=int(options.pop("min_executors", 1)),
-            max_executors=options.pop("max_executors", None),
+            min_executors=int(options.get("min_executors", 1)),
+            max_executors=options.get("max_executors"),
             instance_type=instance_type,
         )
-        manager.resize(workers)
-        manager.wait(workers, elastic.resize_timeout)
-        try:
-            yield manager, _factory(session, workers, SparkBackend)
-        finally:
-            manager.close()
-        return
-    if elastic.manager == "databricks":
+    else:
         from cerebro_spark.cluster import DatabricksCluster
 
-        session = spark_session(config.spark.master, name, config.spark.conf)
-        databricks = DatabricksCluster.from_options(session, options, instance_type=instance_type)
-        try:
-            databricks.resize(workers)
-            databricks.wait(workers, elastic.resize_timeout)
-            yield databricks, _factory(session, workers, SparkBackend)
-        finally:
-            databricks.close()  # back to the size it found; the notebook's session stays
-        return
-    raise ConfigError(
-        f"elastic.manager must be one of standalone, spark, databricks, ec2; got "
-        f"{elastic.manager!r}"
-    )
+        manager = DatabricksCluster.from_options(session, options, instance_type=instance_type)
+    try:
+        manager.resize(workers)
+        manager.wait(workers, elastic.resize_timeout)
+        yield manager, _factory(session, workers)
+    finally:
+        manager.close()  # Databricks: back to the size it found; the session stays
 
 
-def _factory(
-    session: Any, workers: int, backend_class: Any
-) -> Callable[[ExperimentConfig], Backend]:
+def _check_options(options: Mapping[str, Any], manager: str, known: set[str]) -> None:
+    """Refuse keys of ``elastic.<manager>`` that the manager does not read."""
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown field(s) {unknown} in elastic.{manager}; known: {sorted(known)}"
+        )
+
+
+def _factory(session: Any, workers: int) -> Callable[[ExperimentConfig], Backend]:
+    """Builds the run's SparkBackend: ``workers`` workers on ``session``'s executors."""
+    from cerebro_spark.backends import SparkBackend
+
     def factory(config: ExperimentConfig) -> Backend:
         del config
-        backend: Backend = backend_class(workers, spark=session)
-        return backend
+        return SparkBackend(workers, spark=session)
 
     return factory
 

@@ -117,7 +117,6 @@ def controller(
         cluster,
         CostMeter(cluster, CATALOG, "box", interval_s=0.2),
         stages,
-        spec,
         deadline=600.0,
         budget=budget,
         started_at=time.time(),
