@@ -249,7 +249,7 @@ class Experiment:
         self._session_started = time.monotonic()
         self.space = SearchSpace.from_config(config.space)
         self.procedure = self._make_procedure()
-        self.progress = Progress()
+        self.progress = Progress(epochs=config.epochs)
         self.manifest: Manifest | None = None
         self._running: list[_Running] = []
         self._departing: set[str] = set()
@@ -539,7 +539,8 @@ class Experiment:
             group_plans=plans or None,
         )
         self._group_breaks = {}
-        self.progress.start_round(state.round, 2 * len(live) * len(partitions), len(done))
+        epoch = max((state.trials[t].epochs for t in live), default=0)
+        self.progress.start_round(state.round, 2 * len(live) * len(partitions), len(done), epoch)
         for trial_id in live:
             self._maybe_finish_epoch(trial_id)
         running = self._running = []

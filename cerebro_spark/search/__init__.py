@@ -16,7 +16,12 @@ from cerebro_spark.search._hyperband import Hyperband
 from cerebro_spark.search._hypersched import HyperSched
 from cerebro_spark.search._pbt import PBT
 from cerebro_spark.search._random import RandomSearch
-from cerebro_spark.search._registry import PROCEDURES, make_procedure, procedure_options
+from cerebro_spark.search._registry import (
+    PROCEDURES,
+    check_procedure_options,
+    make_procedure,
+    procedure_options,
+)
 from cerebro_spark.search._seer import SEER, SeerPlan, seer_plan
 from cerebro_spark.search._sha import SuccessiveHalving
 from cerebro_spark.search._stages import Cohort, ExperimentSpec, StageSpec
@@ -61,6 +66,7 @@ __all__ = [
     "TPESearch",
     "TrialSpec",
     "Uniform",
+    "check_procedure_options",
     "make_procedure",
     "procedure_options",
     "seer_plan",

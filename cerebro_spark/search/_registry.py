@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -53,6 +54,27 @@ def procedure_options(name: str) -> dict[str, bool]:
     }
 
 
+def check_procedure_options(name: str, options: Mapping[str, Any]) -> None:
+    """Check ``options`` against what procedure ``name`` accepts.
+
+    Raises:
+        ConfigError: Unknown name, or an unknown or missing option (the message lists the
+            accepted ones).
+    """
+    accepted = procedure_options(name)
+    listing = ", ".join(sorted(accepted)) or "none"
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ConfigError(
+            f"search procedure {name!r} has no option {unknown[0]!r}; accepted options: {listing}"
+        )
+    missing = sorted(o for o, required in accepted.items() if required and o not in options)
+    if missing:
+        raise ConfigError(
+            f"search procedure {name!r} needs option {missing[0]!r}; accepted options: {listing}"
+        )
+
+
 def make_procedure(
     name: str,
     *,
@@ -80,18 +102,7 @@ def make_procedure(
         ConfigError: Unknown name, unknown or missing option (the message lists the
             accepted ones), or an argument the procedure rejects.
     """
-    accepted = procedure_options(name)
-    listing = ", ".join(sorted(accepted)) or "none"
-    unknown = sorted(set(options) - set(accepted))
-    if unknown:
-        raise ConfigError(
-            f"search procedure {name!r} has no option {unknown[0]!r}; accepted options: {listing}"
-        )
-    missing = sorted(o for o, required in accepted.items() if required and o not in options)
-    if missing:
-        raise ConfigError(
-            f"search procedure {name!r} needs option {missing[0]!r}; accepted options: {listing}"
-        )
+    check_procedure_options(name, options)
     cls: Any = _lookup(name)
     procedure: SearchProcedure = cls(
         space, epochs=epochs, metric=metric, mode=mode, rng=rng, clock=clock, **options

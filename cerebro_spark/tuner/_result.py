@@ -1,0 +1,186 @@
+"""What :meth:`Tuner.fit` returns: the experiment's results as pandas and Spark tables."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from cerebro_spark.engine import (
+    ExperimentConfig,
+    ExperimentState,
+    TrialState,
+    experiment_prefix,
+    load_state,
+    rank,
+)
+from cerebro_spark.store import open_store
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+class TuningResult:
+    """A finished (or interrupted) experiment, read from its event log.
+
+    Everything here is rebuilt from ``events.jsonl``, so :meth:`load` gives the same object
+    for an experiment run yesterday, by a job, or by the CLI.
+
+    Args:
+        store: The store URI the experiment lives in.
+        experiment_id: Its id.
+        config: The config it was run with.
+        state: Its state, folded from its log.
+    """
+
+    def __init__(
+        self, store: str, experiment_id: str, config: ExperimentConfig, state: ExperimentState
+    ) -> None:
+        self.store = store
+        self.experiment_id = experiment_id
+        self.config = config
+        self.state = state
+
+    @classmethod
+    def load(cls, store: str, experiment_id: str) -> TuningResult:
+        """Read an experiment's results from its store.
+
+        Raises:
+            ConfigError: There is no such experiment.
+        """
+        config, state = load_state(store, experiment_id)
+        return cls(store, experiment_id, config, state)
+
+    @property
+    def metric(self) -> str:
+        """The metric the search optimised."""
+        return self.config.metric
+
+    @property
+    def trials(self) -> list[TrialState]:
+        """Every trial, best first."""
+        return rank(self.state.trials.values(), self.config.metric, self.config.mode)
+
+    @property
+    def best(self) -> TrialState | None:
+        """The best trial, or ``None`` when no trial reported the metric."""
+        top = next(iter(self.trials), None)
+        return top if top is not None and self.metric in top.metrics else None
+
+    @property
+    def url(self) -> str:
+        """URI of the experiment's directory (its log, leaderboard and ``best.pt``)."""
+        return open_store(self.store).url(experiment_prefix(self.experiment_id))
+
+    def leaderboard(self) -> pd.DataFrame:
+        """One row per trial, best first.
+
+        Columns: ``rank``, ``trial_id``, ``status``, ``epochs``, the optimised metric, the
+        other validation metrics of the trial's latest epoch, ``model`` (the spec's class),
+        ``error`` (failed trials) and one ``params.<name>`` column per hyperparameter
+        (lists and nested values as JSON text).
+        """
+        rows = [self._row(position, trial) for position, trial in enumerate(self.trials, 1)]
+        frame = pd.DataFrame(rows)
+        if frame.empty:
+            return pd.DataFrame(columns=["rank", "trial_id", "status", "epochs", self.metric])
+        first = ["rank", "trial_id", "status", "epochs", self.metric]
+        metrics = sorted({m for t in self.state.trials.values() for m in t.metrics} - {self.metric})
+        params = sorted(c for c in frame.columns if c.startswith("params."))
+        order = [*first, *metrics, "model", "error", *params]
+        return frame.reindex(columns=order)
+
+    def _row(self, position: int, trial: TrialState) -> dict[str, Any]:
+        row: dict[str, Any] = {
+            "rank": position,
+            "trial_id": trial.trial_id,
+            "status": trial.status,
+            "epochs": trial.epochs,
+            **{name: float(value) for name, value in trial.metrics.items()},
+            "model": trial.spec.rsplit(":", 1)[-1],
+            "error": trial.error,
+        }
+        row.setdefault(self.metric, math.nan)
+        for name, value in _flatten(trial.params).items():
+            row[f"params.{name}"] = value
+        return row
+
+    def history(self) -> pd.DataFrame:
+        """Validation metrics after every epoch of every trial, in trial and epoch order.
+
+        Columns: ``trial_id``, ``epoch`` (from 1), then one column per metric.
+        """
+        rows = [
+            {"trial_id": trial.trial_id, "epoch": epoch, **dict(metrics)}
+            for trial in self.state.trials.values()
+            for epoch, metrics in enumerate(trial.history, 1)
+        ]
+        if not rows:
+            return pd.DataFrame(columns=["trial_id", "epoch", self.metric])
+        return pd.DataFrame(rows)
+
+    def to_spark(self, spark: SparkSession | None = None) -> DataFrame:
+        """The leaderboard as a Spark DataFrame in ``spark`` (default: the active session).
+
+        Hyperparameters whose values are not all numbers become string columns, so the
+        schema holds for every trial (branches of a space have different params).
+
+        Raises:
+            RuntimeError: No session is given and none is active.
+        """
+        if spark is None:
+            from pyspark.sql import SparkSession
+
+            spark = SparkSession.getActiveSession()
+            if spark is None:
+                raise RuntimeError("to_spark needs a SparkSession: pass one or start one")
+        frame = self.leaderboard()
+        for column in frame.columns:
+            if frame[column].dtype == object:
+                frame[column] = [None if _missing(v) else str(v) for v in frame[column]]
+        return spark.createDataFrame(frame)
+
+    def best_model(self) -> Any:
+        """The best checkpoint (``best.pt``) as a Spark ML Transformer.
+
+        ``transform(df)`` adds predictions (see :mod:`cerebro_spark.scoring`).
+        """
+        from cerebro_spark.scoring import ModelTransformer, best_checkpoint_uri
+
+        return ModelTransformer.from_checkpoint(best_checkpoint_uri(self.store, self.experiment_id))
+
+    def load_model(self) -> Any:
+        """The best checkpoint as a torch module with ``predict`` (on this machine)."""
+        from cerebro_spark.scoring import load_model
+
+        return load_model(self.url)
+
+    def __repr__(self) -> str:
+        best = self.best
+        summary = (
+            "no trial reported"
+            if best is None
+            else (f"best {best.trial_id} {self.metric}={best.metrics[self.metric]:.4f}")
+        )
+        return f"TuningResult({self.experiment_id!r}, {len(self.state.trials)} trials, {summary})"
+
+
+def _flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists become JSON text."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, f"{name}."))
+        elif isinstance(value, (list, tuple)):
+            out[name] = json.dumps(value)
+        else:
+            out[name] = value
+    return out
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))

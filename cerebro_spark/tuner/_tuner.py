@@ -1,0 +1,374 @@
+"""The notebook API: ``Tuner(...).fit(data)``.
+
+A :class:`Tuner` is an experiment config without its data: every field of the YAML config
+(``cerebro-spark run``) is a keyword here, and :meth:`Tuner.to_config` gives that YAML's
+mapping back, so a search tried in a notebook can become a nightly job unchanged, and a
+job's config can be opened in a notebook with :meth:`Tuner.from_config`.
+
+:meth:`Tuner.fit` takes the data as a user has it: a Spark DataFrame (prepared by Spark in
+the DataFrame's own session, never a new one), a table name, a pandas DataFrame, a prepared
+dataset (its URI or name), or a Parquet/CSV/JSON path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from cerebro_spark.engine import parse_config, run_experiment
+from cerebro_spark.engine._config import load_yaml
+from cerebro_spark.errors import ConfigError, DataError
+from cerebro_spark.search import Distribution, SearchSpace
+from cerebro_spark.store import open_store
+from cerebro_spark.tuner._display import ProgressDisplay, showing_progress
+from cerebro_spark.tuner._procedure import Procedure
+from cerebro_spark.tuner._result import TuningResult
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+logger = logging.getLogger(__name__)
+
+_UNRESOLVED = {"dataset": "unresolved"}  # stands in for the data while checking the rest
+
+
+class Tuner:
+    """A model-selection search, ready to be fitted on data.
+
+    Args:
+        space: The search space: a mapping of params to constants, distributions
+            (:class:`~cerebro_spark.search.LogUniform`, ``Choice`` ...) or their config
+            form (``{"loguniform": [1e-4, 1e-1]}``), or a
+            :class:`~cerebro_spark.search.SearchSpace`. A ``model`` param (import path of a
+            ``ModelSpec``, e.g. ``"cerebro_spark.training:MLPSpec"``) picks the model family.
+        procedure: The search procedure: a name (``"grid"``), the config's mapping
+            (``{"name": "sha", "eta": 2}``) or a :class:`Procedure`.
+        epochs: Epochs each trial is trained for at most.
+        metric: Validation metric to optimise (default: the config's default).
+        mode: ``"max"`` or ``"min"`` (default: the config's default for the metric).
+        model: Default ``ModelSpec`` import path when the space has no ``model`` param.
+        workers: Workers training at once (default: the Spark session's default
+            parallelism on Spark, else 2).
+        store: Where datasets, checkpoints and logs go (a local path or an ``s3://`` URI;
+            on a cluster, one every executor can reach).
+        seed: Seed of everything random in the search.
+        name: Experiment name (ids are ``<name>-<UTC time>``).
+        backend: ``"spark"`` or ``"local"`` (default: ``"spark"`` when a Spark session is
+            active or the data is a Spark DataFrame or table, else ``"local"``).
+        partitions: Partitions per split when the data is prepared (default: ``workers``).
+        validation_fraction: Share of rows held out for validation when preparing.
+        progress: Show a progress bar (terminal and notebook; plain lines in logs).
+        spark_log_level: Spark's log level during ``fit`` (restored afterwards); ``None``
+            leaves it as it is.
+        **options: Any other top-level config field (``rule``, ``visit_order``,
+            ``torch_threads``, ``spark``, ``elastic`` ...), as in the YAML config.
+
+    Raises:
+        ConfigError: A field breaks a rule (checked here, before any data is touched).
+    """
+
+    def __init__(
+        self,
+        space: Mapping[str, Any] | SearchSpace | Distribution,
+        *,
+        procedure: str | Mapping[str, Any] | Procedure = "grid",
+        epochs: int = 10,
+        metric: str | None = None,
+        mode: str | None = None,
+        model: str | None = None,
+        workers: int | None = None,
+        store: str = "runs",
+        seed: int = 0,
+        name: str = "tuner",
+        backend: str | None = None,
+        partitions: int | None = None,
+        validation_fraction: float = 0.2,
+        progress: bool = True,
+        spark_log_level: str | None = "WARN",
+        **options: Any,
+    ) -> None:
+        space_config = (space if isinstance(space, SearchSpace) else SearchSpace(space)).to_config()
+        raw: dict[str, Any] = {
+            "name": name,
+            "seed": seed,
+            "store": str(store),
+            "procedure": Procedure.of(procedure).to_config(),
+            "epochs": epochs,
+            "metric": metric,
+            "mode": mode,
+            "model": model,
+            "workers": workers,
+            "backend": backend,
+            **options,
+            "space": space_config,
+        }
+        self._raw = {key: value for key, value in raw.items() if value is not None}
+        self._data: dict[str, Any] | None = None
+        self.partitions = partitions
+        self.validation_fraction = validation_fraction
+        self.progress = progress
+        self.spark_log_level = spark_log_level
+        parse_config({**self._raw, "data": _UNRESOLVED})
+
+    @classmethod
+    def from_config(cls, config: str | Path | Mapping[str, Any]) -> Tuner:
+        """A tuner from a YAML config file (or its mapping).
+
+        Its data section is kept and used by :meth:`fit` when called without data.
+
+        Raises:
+            ConfigError: The file is missing or a field breaks a rule.
+        """
+        if isinstance(config, Mapping):
+            raw = dict(config)
+        else:
+            try:
+                raw = load_yaml(Path(config).read_text())
+            except FileNotFoundError:
+                raise ConfigError(f"config file {config} does not exist") from None
+            if not isinstance(raw, dict):
+                raise ConfigError(f"config file {config} must hold a mapping")
+        parse_config(raw)
+        data = raw.pop("data")
+        space = raw.pop("space")
+        tuner = cls(space, **raw)
+        tuner._data = dict(data)
+        return tuner
+
+    def to_config(self, data: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The YAML config's mapping.
+
+        Its ``data`` is the given section, else the one this tuner was made with, else none.
+
+        Raises:
+            ConfigError: The result is not a valid config (with a data section).
+        """
+        out = dict(self._raw)
+        section = data if data is not None else self._data
+        if section is not None:
+            out["data"] = dict(section)
+            parse_config(out)
+        return out
+
+    def to_yaml(self, data: Mapping[str, Any] | None = None) -> str:
+        """:meth:`to_config` as YAML text (what ``cerebro-spark run`` reads)."""
+        return yaml.safe_dump(self.to_config(data), sort_keys=False)
+
+    def fit(
+        self,
+        data: Any = None,
+        *,
+        features: Sequence[str] | None = None,
+        label: str = "label",
+        validation_column: str | None = None,
+        feature_shapes: Mapping[str, Sequence[int]] | None = None,
+        experiment_id: str | None = None,
+    ) -> TuningResult:
+        """Prepare ``data`` (once; an identical dataset is reused) and run the search.
+
+        Args:
+            data: A Spark DataFrame, a table name, a pandas DataFrame, a prepared dataset
+                (URI or name), or a Parquet/CSV/JSON path; ``None``: the config's data.
+            features: Feature columns (default: every column but the label and the
+                validation column).
+            label: The label column.
+            validation_column: A boolean column marking validation rows (instead of a
+                random ``validation_fraction``).
+            feature_shapes: Per-row shapes of array features, e.g. ``{"image": [1, 8, 8]}``.
+            experiment_id: The experiment's id (default: ``<name>-<UTC time>``).
+
+        Returns:
+            The results, read back from the experiment's log.
+
+        Raises:
+            ConfigError: Bad settings or data arguments.
+            DataError: The data cannot be prepared (the message names the column).
+            SearchFailedError: Every trial failed (when that check is available).
+        """
+        spark = _spark_of(data)
+        backend = self._raw.get("backend") or ("spark" if spark is not None else "local")
+        workers = self._raw.get("workers") or _default_workers(backend, spark)
+        section = self._data_section(
+            data,
+            spark,
+            features=features,
+            label=label,
+            partitions=self.partitions or workers,
+            validation_column=validation_column,
+            feature_shapes=feature_shapes,
+        )
+        config = parse_config(
+            {**self._raw, "backend": backend, "workers": workers, "data": section}
+        )
+        display = ProgressDisplay() if self.progress else None
+        with _spark_log_level(spark, self.spark_log_level), showing_progress(display):
+            result = run_experiment(config, experiment_id=experiment_id)
+        return TuningResult.load(config.store, result.experiment_id)
+
+    def _data_section(
+        self,
+        data: Any,
+        spark: SparkSession | None,
+        *,
+        features: Sequence[str] | None,
+        label: str,
+        partitions: int,
+        validation_column: str | None,
+        feature_shapes: Mapping[str, Sequence[int]] | None,
+    ) -> dict[str, Any]:
+        """The config's data section for ``data``, preparing it first where it is a table."""
+        if data is None:
+            if self._data is None:
+                raise ConfigError("fit needs data: this tuner's config has no data section")
+            return self._data
+        seed = int(self._raw.get("seed", 0))
+        common: dict[str, Any] = {
+            "label": label,
+            "num_partitions": partitions,
+            "seed": seed,
+            "validation_fraction": self.validation_fraction,
+            "validation_column": validation_column,
+            "feature_shapes": feature_shapes,
+        }
+        store = open_store(str(self._raw.get("store", "runs")))
+        if _is_spark_frame(data) or (isinstance(data, str) and _is_table(spark, data)):
+            from cerebro_spark.data import prepare_with_spark
+
+            columns = data.columns if _is_spark_frame(data) else spark.table(data).columns  # type: ignore[union-attr]
+            manifest = prepare_with_spark(
+                data,
+                store,
+                features=_features(features, columns, label, validation_column),
+                spark=spark,
+                format=None if _is_spark_frame(data) else "table",
+                **common,
+            )
+            return {"dataset": store.url(f"datasets/{manifest.dataset_id}")}
+        if _is_pandas_frame(data):
+            from cerebro_spark.data import prepare_dataset
+
+            manifest = prepare_dataset(
+                data,
+                store,
+                features=_features(features, list(data.columns), label, validation_column),
+                source="pandas DataFrame",
+                **common,
+            )
+            return {"dataset": store.url(f"datasets/{manifest.dataset_id}")}
+        if isinstance(data, (str, Path)):
+            return self._named_data(
+                str(data), features, label, partitions, validation_column, feature_shapes
+            )
+        raise ConfigError(
+            "fit's data must be a Spark DataFrame, a table name, a pandas DataFrame, a "
+            f"prepared dataset or a path, got {type(data).__name__}"
+        )
+
+    def _named_data(
+        self,
+        data: str,
+        features: Sequence[str] | None,
+        label: str,
+        partitions: int,
+        validation_column: str | None,
+        feature_shapes: Mapping[str, Sequence[int]] | None,
+    ) -> dict[str, Any]:
+        """A prepared dataset (a URI holding a manifest, or a name), or a source path."""
+        from cerebro_spark.data import read_manifest
+
+        with contextlib.suppress(DataError, OSError, ValueError):
+            read_manifest(data)
+            return {"dataset": data}
+        if data.startswith("sklearn:") or "://" in data or Path(data).exists():
+            section: dict[str, Any] = {
+                "source": data,
+                "label": label,
+                "partitions": partitions,
+                "validation_fraction": self.validation_fraction,
+            }
+            if features is not None:
+                section["features"] = list(features)
+            if validation_column is not None:
+                section["validation_column"] = validation_column
+            if feature_shapes is not None:
+                section["feature_shapes"] = {k: list(v) for k, v in feature_shapes.items()}
+            return section
+        return {"dataset": data}  # a dataset's name: the engine resolves it or says why not
+
+    def __repr__(self) -> str:
+        return f"Tuner({self._raw!r})"
+
+
+def _features(
+    given: Sequence[str] | None, columns: Sequence[str], label: str, validation: str | None
+) -> list[str]:
+    if given is not None:
+        return list(given)
+    return [c for c in columns if c not in (label, validation)]
+
+
+def _is_spark_frame(data: Any) -> bool:
+    return type(data).__module__.startswith("pyspark.sql") and hasattr(data, "sparkSession")
+
+
+def _is_pandas_frame(data: Any) -> bool:
+    return type(data).__module__.startswith("pandas") and hasattr(data, "columns")
+
+
+def _active_spark() -> SparkSession | None:
+    if "pyspark" not in sys.modules:
+        return None  # nobody started Spark in this process
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession()
+
+
+def _spark_of(data: Any) -> SparkSession | None:
+    """The DataFrame's own session, else the active one."""
+    if _is_spark_frame(data):
+        session: SparkSession = data.sparkSession
+        return session
+    return _active_spark()
+
+
+def _is_table(spark: SparkSession | None, name: str) -> bool:
+    if spark is None or "/" in name or ":" in name:
+        return False
+    try:
+        return bool(spark.catalog.tableExists(name))
+    except Exception:  # ok: a name the catalog cannot parse is not a table
+        return False
+
+
+def _default_workers(backend: str, spark: SparkSession | None) -> int:
+    if backend == "spark" and spark is not None:
+        return max(int(spark.sparkContext.defaultParallelism), 1)
+    return 2
+
+
+@contextlib.contextmanager
+def _spark_log_level(spark: SparkSession | None, level: str | None) -> Iterator[None]:
+    """Spark's (log4j's root) level set to ``level`` for the block, then restored."""
+    if spark is None or level is None:
+        yield
+        return
+    context = spark.sparkContext
+    previous: str | None
+    try:
+        jvm = context._jvm
+        assert jvm is not None
+        previous = str(jvm.org.apache.logging.log4j.LogManager.getRootLogger().getLevel())
+    except Exception:  # ok: an unknown level is left as Spark's default afterwards
+        previous = None
+    context.setLogLevel(level)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            context.setLogLevel(previous)

@@ -1,0 +1,76 @@
+"""The Tuner's typed objects and its config round trip (no Spark, no training)."""
+
+import io
+
+import pytest
+
+from cerebro_spark.engine import load_config, parse_config
+from cerebro_spark.engine._config import load_yaml
+from cerebro_spark.errors import ConfigError
+from cerebro_spark.search import Choice, Grid, LogUniform
+from cerebro_spark.tuner import Procedure, Tuner
+
+SPACE = {
+    "model": "cerebro_spark.training:MLPSpec",
+    "hidden_units": Choice([[32], [64]]),
+    "lr": LogUniform(1e-3, 1e-1),
+    "batch_size": 32,
+}
+
+
+def test_procedure_checks_its_options_when_made():
+    assert Procedure("sha", num_trials=8, eta=3).to_config() == {
+        "name": "sha",
+        "num_trials": 8,
+        "eta": 3,
+    }
+    with pytest.raises(ConfigError, match=r"'random' has no option 'num_trails'.*num_trials"):
+        Procedure("random", num_trails=4)
+    with pytest.raises(ConfigError, match="unknown search procedure 'shaa'"):
+        Procedure("shaa")
+    assert Procedure.of({"name": "random", "num_trials": 3}) == Procedure("random", num_trials=3)
+    assert Procedure.of("grid") == Procedure("grid")
+    with pytest.raises(ConfigError, match="must have a 'name'"):
+        Procedure.of({"eta": 2})
+
+
+def test_typed_space_and_procedure_give_the_yaml_configs_mapping():
+    tuner = Tuner(
+        SPACE, procedure=Procedure("random", num_trials=3), epochs=2, store="s", seed=7, workers=2
+    )
+    config = tuner.to_config(data={"source": "sklearn:digits"})
+    assert config["space"]["lr"] == {"loguniform": [1e-3, 1e-1]}
+    assert config["space"]["hidden_units"] == {"choice": [[32], [64]]}
+    assert config["procedure"] == {"name": "random", "num_trials": 3}
+    parsed = parse_config(load_yaml(tuner.to_yaml(data={"source": "sklearn:digits"})))
+    assert parsed == parse_config(config)
+    assert parsed.seed == 7 and parsed.epochs == 2 and parsed.workers == 2
+
+
+def test_from_config_reads_a_jobs_yaml_and_writes_it_back(tmp_path):
+    path = "conf/experiments/digits.yaml"
+    tuner = Tuner.from_config(path)
+    assert parse_config(tuner.to_config()) == load_config(path)
+    copy = tmp_path / "copy.yaml"
+    copy.write_text(tuner.to_yaml())
+    assert load_config(copy) == load_config(path)
+
+
+def test_bad_settings_are_refused_before_any_data_is_touched():
+    with pytest.raises(ConfigError, match="epochs"):
+        Tuner(SPACE, epochs=0)
+    with pytest.raises(ConfigError, match=r"space\.lr"):
+        Tuner({**SPACE, "lr": {"loguniform": [0, 1]}})
+    with pytest.raises(ConfigError, match="rulez"):
+        Tuner(SPACE, rulez="x")
+    with pytest.raises(ConfigError, match="fit's data must be"):
+        Tuner(SPACE, backend="local", workers=1).fit(io.BytesIO(b""))
+    with pytest.raises(ConfigError, match="no data section"):
+        Tuner(SPACE, backend="local", workers=1).fit()
+    with pytest.raises(ConfigError, match="does not exist"):
+        Tuner.from_config("no/such/config.yaml")
+
+
+def test_grid_values_stay_literal():
+    tuner = Tuner({**SPACE, "lr": Grid([0.1, 0.01])}, workers=1)
+    assert tuner.to_config()["space"]["lr"] == {"grid": [0.1, 0.01]}
