@@ -13,6 +13,7 @@ dataset (its URI or name), or a Parquet/CSV/JSON path.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -25,7 +26,7 @@ from cerebro_spark.engine import parse_config, run_experiment
 from cerebro_spark.engine._config import load_yaml
 from cerebro_spark.errors import ConfigError, DataError
 from cerebro_spark.search import Distribution, SearchSpace
-from cerebro_spark.store import open_store
+from cerebro_spark.store import Store, open_store
 from cerebro_spark.tuner._display import ProgressDisplay, showing_progress
 from cerebro_spark.tuner._procedure import Procedure
 from cerebro_spark.tuner._result import TuningResult
@@ -194,15 +195,18 @@ class Tuner:
         spark = _spark_of(data)
         backend = self._raw.get("backend") or ("spark" if spark is not None else "local")
         workers = self._raw.get("workers") or _default_workers(backend, spark)
-        section = self._data_section(
-            data,
-            spark,
-            features=features,
+        request = _DataRequest(
+            features=None if features is None else tuple(features),
             label=label,
             partitions=self.partitions or workers,
+            seed=int(self._raw.get("seed", 0)),
+            validation_fraction=self.validation_fraction,
             validation_column=validation_column,
             feature_shapes=feature_shapes,
         )
+        section = self._data if data is None else request.section(data, spark, self._store())
+        if section is None:
+            raise ConfigError("fit needs data: this tuner's config has no data section")
         config = parse_config(
             {**self._raw, "backend": backend, "workers": workers, "data": section}
         )
@@ -211,106 +215,86 @@ class Tuner:
             result = run_experiment(config, experiment_id=experiment_id)
         return TuningResult.load(config.store, result.experiment_id)
 
-    def _data_section(
-        self,
-        data: Any,
-        spark: SparkSession | None,
-        *,
-        features: Sequence[str] | None,
-        label: str,
-        partitions: int,
-        validation_column: str | None,
-        feature_shapes: Mapping[str, Sequence[int]] | None,
-    ) -> dict[str, Any]:
+    def _store(self) -> Store:
+        return open_store(str(self._raw.get("store", "runs")))
+
+    def __repr__(self) -> str:
+        return f"Tuner({self._raw!r})"
+
+
+@dataclasses.dataclass(frozen=True)
+class _DataRequest:
+    """How :meth:`Tuner.fit` was asked to read its data."""
+
+    features: tuple[str, ...] | None
+    label: str
+    partitions: int
+    seed: int
+    validation_fraction: float
+    validation_column: str | None
+    feature_shapes: Mapping[str, Sequence[int]] | None
+
+    def section(self, data: Any, spark: SparkSession | None, store: Store) -> dict[str, Any]:
         """The config's data section for ``data``, preparing it first where it is a table."""
-        if data is None:
-            if self._data is None:
-                raise ConfigError("fit needs data: this tuner's config has no data section")
-            return self._data
-        seed = int(self._raw.get("seed", 0))
-        common: dict[str, Any] = {
-            "label": label,
-            "num_partitions": partitions,
-            "seed": seed,
-            "validation_fraction": self.validation_fraction,
-            "validation_column": validation_column,
-            "feature_shapes": feature_shapes,
-        }
-        store = open_store(str(self._raw.get("store", "runs")))
         if _is_spark_frame(data) or (isinstance(data, str) and _is_table(spark, data)):
             from cerebro_spark.data import prepare_with_spark
 
-            columns = data.columns if _is_spark_frame(data) else spark.table(data).columns  # type: ignore[union-attr]
+            frame = data if _is_spark_frame(data) else spark.table(data)  # type: ignore[union-attr]
             manifest = prepare_with_spark(
                 data,
                 store,
-                features=_features(features, columns, label, validation_column),
                 spark=spark,
                 format=None if _is_spark_frame(data) else "table",
-                **common,
+                **self._prepare_options(frame.columns),
             )
             return {"dataset": store.url(f"datasets/{manifest.dataset_id}")}
         if _is_pandas_frame(data):
             from cerebro_spark.data import prepare_dataset
 
-            manifest = prepare_dataset(
-                data,
-                store,
-                features=_features(features, list(data.columns), label, validation_column),
-                source="pandas DataFrame",
-                **common,
-            )
+            options = self._prepare_options(list(data.columns))
+            manifest = prepare_dataset(data, store, source="pandas DataFrame", **options)
             return {"dataset": store.url(f"datasets/{manifest.dataset_id}")}
         if isinstance(data, (str, Path)):
-            return self._named_data(
-                str(data), features, label, partitions, validation_column, feature_shapes
-            )
+            return self._named(str(data))
         raise ConfigError(
             "fit's data must be a Spark DataFrame, a table name, a pandas DataFrame, a "
             f"prepared dataset or a path, got {type(data).__name__}"
         )
 
-    def _named_data(
-        self,
-        data: str,
-        features: Sequence[str] | None,
-        label: str,
-        partitions: int,
-        validation_column: str | None,
-        feature_shapes: Mapping[str, Sequence[int]] | None,
-    ) -> dict[str, Any]:
+    def _prepare_options(self, columns: Sequence[str]) -> dict[str, Any]:
+        skip = (self.label, self.validation_column)
+        features = self.features or tuple(c for c in columns if c not in skip)
+        return {
+            "features": list(features),
+            "label": self.label,
+            "num_partitions": self.partitions,
+            "seed": self.seed,
+            "validation_fraction": self.validation_fraction,
+            "validation_column": self.validation_column,
+            "feature_shapes": self.feature_shapes,
+        }
+
+    def _named(self, data: str) -> dict[str, Any]:
         """A prepared dataset (a URI holding a manifest, or a name), or a source path."""
         from cerebro_spark.data import read_manifest
 
         with contextlib.suppress(DataError, OSError, ValueError):
             read_manifest(data)
             return {"dataset": data}
-        if data.startswith("sklearn:") or "://" in data or Path(data).exists():
-            section: dict[str, Any] = {
-                "source": data,
-                "label": label,
-                "partitions": partitions,
-                "validation_fraction": self.validation_fraction,
-            }
-            if features is not None:
-                section["features"] = list(features)
-            if validation_column is not None:
-                section["validation_column"] = validation_column
-            if feature_shapes is not None:
-                section["feature_shapes"] = {k: list(v) for k, v in feature_shapes.items()}
-            return section
-        return {"dataset": data}  # a dataset's name: the engine resolves it or says why not
-
-    def __repr__(self) -> str:
-        return f"Tuner({self._raw!r})"
-
-
-def _features(
-    given: Sequence[str] | None, columns: Sequence[str], label: str, validation: str | None
-) -> list[str]:
-    if given is not None:
-        return list(given)
-    return [c for c in columns if c not in (label, validation)]
+        if not (data.startswith("sklearn:") or "://" in data or Path(data).exists()):
+            return {"dataset": data}  # a dataset's name: the engine resolves it or says why not
+        section: dict[str, Any] = {
+            "source": data,
+            "label": self.label,
+            "partitions": self.partitions,
+            "validation_fraction": self.validation_fraction,
+            "features": None if self.features is None else list(self.features),
+            "validation_column": self.validation_column,
+            "feature_shapes": None
+            if self.feature_shapes is None
+            else {k: list(v) for k, v in self.feature_shapes.items()},
+        }
+        return {k: v for k, v in section.items() if v is not None}
 
 
 def _is_spark_frame(data: Any) -> bool:
