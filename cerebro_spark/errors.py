@@ -29,3 +29,7 @@ class WorkerLostError(CerebroError, RuntimeError):
 
 class TrialError(CerebroError, RuntimeError):
     """User code raised while training or evaluating a trial; the trial is marked failed."""
+
+
+class EventLogError(CerebroError, ValueError):
+    """An event log holds what no crash can leave (the message names the line)."""

@@ -53,6 +53,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from cerebro_spark.errors import EventLogError
 from cerebro_spark.store import Store
 
 logger = logging.getLogger(__name__)
@@ -61,14 +62,22 @@ EVENTS_NAME = "events.jsonl"
 
 
 class EventLog:
-    """Appends events to ``events.jsonl`` in an experiment's store."""
+    """Appends events to ``events.jsonl`` in an experiment's store.
+
+    A driver killed in the middle of an append can leave a torn last line (no newline at
+    its end). The first append of a session repairs that tail (:meth:`repair`) before it
+    writes, so an event never lands behind half a line.
+    """
 
     def __init__(self, store: Store, key: str = EVENTS_NAME) -> None:
         self.store = store
         self.key = key
+        self._repaired = False
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one event and return it."""
+        if not self._repaired:
+            self.repair()
         record = {"event": event, "time": round(time.time(), 6), **fields}
         line = json.dumps(record, separators=(",", ":")) + "\n"
         self.store.append(self.key, line.encode())
@@ -78,23 +87,88 @@ class EventLog:
         """Return every event in order (see :func:`read_events`)."""
         return read_events(self.store, self.key)
 
+    def repair(self) -> int:
+        """Make the log end at a line boundary; return the number of bytes dropped.
+
+        A torn last line that is a whole event short of its newline gets the newline; any
+        other torn tail is cut off (it was never acknowledged: the append did not return).
+        """
+        self._repaired = True
+        if not self.store.exists(self.key):
+            return 0
+        data = self.store.get(self.key)
+        body, tail = _split_tail(data)
+        if not tail:
+            return 0
+        if _event_or_none(tail) is not None:
+            self.store.put(self.key, data + b"\n")
+            logger.warning("%s: ended without a newline; added it", self.store.url(self.key))
+            return 0
+        self.store.put(self.key, body)
+        logger.warning(
+            "%s: dropped a torn last line of %d bytes (a driver stopped mid-append)",
+            self.store.url(self.key),
+            len(tail),
+        )
+        return len(tail)
+
 
 def read_events(store: Store, key: str = EVENTS_NAME) -> list[dict[str, Any]]:
-    """Read an event log, tolerating a torn last line (a driver killed mid-write)."""
+    """Read an event log, tolerating exactly what a crash can leave.
+
+    A crash can leave one torn last line (no newline after it): it is ignored, with a
+    warning, unless it is a whole event. Anything else that is not an event (an invalid
+    line that a newline ends, a JSON value that is not an event) was not written by a
+    crash, and is refused.
+
+    Raises:
+        EventLogError: A line other than the torn tail is not an event (the message names
+            the log and the line).
+    """
     if not store.exists(key):
         return []
-    return list(_parse(store.get(key).decode(), store.url(key)))
+    return list(_parse(store.get(key), store.url(key)))
 
 
-def _parse(text: str, where: str) -> Iterator[dict[str, Any]]:
-    lines = text.split("\n")
+def _split_tail(data: bytes) -> tuple[bytes, bytes]:
+    """``(lines ended by a newline, the unterminated rest)``."""
+    cut = data.rfind(b"\n") + 1
+    return data[:cut], data[cut:]
+
+
+def _event_or_none(line: bytes) -> dict[str, Any] | None:
+    """The event on ``line``, or ``None`` if it is not one."""
+    try:
+        record = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if isinstance(record, dict) and isinstance(record.get("event"), str):
+        return record
+    return None
+
+
+def _parse(data: bytes, where: str) -> Iterator[dict[str, Any]]:
+    body, tail = _split_tail(data)
+    lines = body.split(b"\n")[:-1]
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        try:
-            yield json.loads(line)
-        except json.JSONDecodeError:
-            if number >= len(lines) - 1:
-                logger.warning("ignoring a torn last line %d of %s", number, where)
-                return
-            raise ValueError(f"{where}: line {number} is not valid JSON") from None
+        record = _event_or_none(line)
+        if record is None:
+            shown = line[:80].decode(errors="replace")
+            raise EventLogError(
+                f"{where}: line {number} of {len(lines)} is not an event ({shown!r}); a crash "
+                "can only tear the last line, so the log was changed by something else: "
+                "restore it from a copy or remove that line by hand"
+            )
+        yield record
+    if tail.strip():
+        record = _event_or_none(tail)
+        if record is None:
+            logger.warning(
+                "%s: ignoring a torn last line %d (a driver stopped mid-append)",
+                where,
+                len(lines) + 1,
+            )
+        else:
+            yield record

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -211,3 +212,19 @@ def test_cli_sigkill_then_resume_matches_uninterrupted_run(reference, store, tmp
     assert {t: s.checkpoint_sha256 for t, s in state.trials.items()} == final_digests(reference)
     result = resume_experiment(str(store), "crashed")  # a finished experiment stays finished
     assert leaderboard(result) == leaderboard(reference)
+
+
+def test_a_torn_log_resumes_twice(reference, store):
+    """A driver killed mid-append tears the log's last line; before the log repaired its
+    tail, the next append landed behind the torn half and every later read failed."""
+    shutil.copytree(Path(store) / "experiments/reference", Path(store) / "experiments/torn")
+    events_file = Path(store) / "experiments/torn/events.jsonl"
+    data = events_file.read_bytes()
+    last = data.rstrip(b"\n").rfind(b"\n") + 1
+    events_file.write_bytes(data[: last + (len(data) - last) // 2])  # experiment_end, torn
+    for _ in range(2):
+        result = resume_experiment(str(store), "torn")
+        assert leaderboard(result) == leaderboard(reference)
+    events = read_events(open_store(str(store)).child("experiments/torn"))
+    assert [e["event"] for e in events].count("experiment_end") == 1
+    assert all(line.endswith(b"}") for line in events_file.read_bytes().splitlines())
