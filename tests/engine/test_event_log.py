@@ -29,7 +29,7 @@ def store(request, tmp_path):
 
 @pytest.mark.parametrize(
     "torn",
-    [b'{"event":"unit_end","tri', b'{"event":"x"', "{\"event\":\"é".encode()[:-1], b"  "],
+    [b'{"event":"unit_end","tri', b'{"event":"x"', '{"event":"é'.encode()[:-1], b"  "],
     ids=["mid-field", "unclosed", "mid-utf8", "blanks"],
 )
 def test_a_torn_tail_is_ignored_then_cut_before_the_next_append(store, torn, caplog):
