@@ -176,7 +176,30 @@ class ExperimentConfig:
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML 1.2 floats: ``1e-4`` is a number, not the string YAML 1.1 makes of it."""
+    """A YAML loader with two fixes to PyYAML's safe loader.
+
+    YAML 1.2 floats: ``1e-4`` is a number, not the string YAML 1.1 makes of it. A key
+    given twice in one mapping is an error (YAML forbids it; PyYAML keeps the last).
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        # Only keys written in this mapping must be unique: a key may override one that
+        # a merge key (<<) brings in, and flattening the merges comes after this check.
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"found duplicate key {key!r} "
+                    f"(first given on line {seen[key].start_mark.line + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(

@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from cerebro_spark.engine import load_config, parse_config
+from cerebro_spark.engine._config import load_yaml
 from cerebro_spark.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,3 +125,11 @@ def test_yaml_exponent_floats_are_numbers(tmp_path):
     config = load_config(path)
     assert config.space["lr"] == 1e-4
     assert config.space["wd"] == {"grid": [0, 1e-5]}
+
+
+def test_a_key_given_twice_is_refused_but_merge_keys_may_be_overridden(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("name: a\nepochs: 2\nspace: {lr: 1}\nepochs: 3\n")
+    with pytest.raises(ConfigError, match=r"duplicate key 'epochs' \(first given on line 2\)"):
+        load_config(path)
+    assert load_yaml("c: &c {lr: 1, x: 2}\nd: {<<: *c, lr: 3}\n")["d"] == {"lr": 3, "x": 2}
