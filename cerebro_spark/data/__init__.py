@@ -20,6 +20,7 @@ from cerebro_spark.data._format import (
 from cerebro_spark.data._reader import read_manifest, read_partition
 from cerebro_spark.data._sources import SOURCES, load_source, read_table
 from cerebro_spark.data._spark_prepare import prepare_with_spark
+from cerebro_spark.data._vectors import decode_vectors
 from cerebro_spark.data._writer import (
     PARQUET_OPTIONS,
     content_hash,
@@ -42,6 +43,7 @@ __all__ = [
     "PartitionInfo",
     "content_hash",
     "dataset_id_for",
+    "decode_vectors",
     "encode_partition",
     "load_source",
     "partition_path",
