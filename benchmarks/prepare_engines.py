@@ -13,6 +13,7 @@ threshold behind ``prepare``'s "--engine python is faster" hint
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -32,13 +33,18 @@ def _write_input(path: Path, rows: int) -> None:
     pq.write_table(pa.table(columns), path)
 
 
-def _time(argv: list[str]) -> float:
+def _time(argv: list[str]) -> tuple[float, float]:
+    """Run ``argv``; return its wall seconds and its peak resident memory in MB."""
     started = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed:\n{done.stderr[-2000:]}")
-    return seconds
+    with tempfile.TemporaryFile() as err:
+        process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(process.pid, 0)
+        seconds = time.perf_counter() - started
+        process.returncode = os.waitstatus_to_exitcode(status)
+        if process.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"{' '.join(argv)} failed:\n{err.read().decode()[-2000:]}")
+    return seconds, usage.ru_maxrss / 1024
 
 
 def _bytes(store: Path) -> int:
@@ -50,25 +56,30 @@ def main() -> None:
     parser.add_argument("--rows", default="600,200000", help="row counts (default 600,200000)")
     parser.add_argument("--repeat", type=int, default=1, help="runs per cell (best is kept)")
     parser.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    parser.add_argument("--engines", default="python,spark", help="(default python,spark)")
     args = parser.parse_args()
-    print(f"{'rows':>10} {'MB':>8} {'python s':>9} {'spark s':>8}")
+    engines = args.engines.split(",")
+    print(
+        f"{'rows':>10} {'MB':>8}" + "".join(f" {e + ' s':>9} {e + ' RSS MB':>14}" for e in engines)
+    )
     for rows in (int(n) for n in args.rows.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             source = Path(tmp) / "input.parquet"
             _write_input(source, rows)
-            best: dict[str, float] = {}
+            best: dict[str, tuple[float, float]] = {}
             size = 0
-            for engine in ("python", "spark"):
+            for engine in engines:
                 for run in range(args.repeat):
                     store = Path(tmp) / f"store-{engine}-{run}"
                     argv = [sys.executable, "-m", "cerebro_spark.cli", "-q", "prepare"]
                     argv += ["--input", str(source), "--store", str(store), "--engine", engine]
                     if engine == "spark":
                         argv += ["--master", args.master]
-                    seconds = _time(argv)
-                    best[engine] = min(best.get(engine, seconds), seconds)
+                    measured = _time(argv)
+                    best[engine] = min(best.get(engine, measured), measured)
                     size = _bytes(store)
-            print(f"{rows:>10} {size / 1e6:>8.1f} {best['python']:>9.1f} {best['spark']:>8.1f}")
+            cells = "".join(f" {best[e][0]:>9.1f} {best[e][1]:>14.0f}" for e in engines)
+            print(f"{rows:>10} {size / 1e6:>8.1f}{cells}", flush=True)
 
 
 if __name__ == "__main__":

@@ -32,9 +32,16 @@ logger = logging.getLogger(__name__)
 
 ENGINES: tuple[str, str] = ("spark", "python")
 
-#: Prepared size (bytes of the partition files) below which the plain-Python engine is
-#: faster than Spark; measured in the README's "Preparing data" section.
-SMALL_DATA_BYTES = 100 * 10**6
+#: Prepared size (bytes of the partition files) up to which ``prepare`` with Spark logs
+#: that ``--engine python`` is faster. Measured (``benchmarks/prepare_engines.py``, README
+#: "Preparing data"): Python was faster at every size tried, 20x at 163 MB, because Spark
+#: pays for its start-up and jobs; what limits Python is memory (it peaks at about
+#: :data:`PYTHON_MEMORY_FACTOR` times the prepared size), so the hint stops at 1 GB.
+SMALL_DATA_BYTES = 10**9
+
+#: Peak memory of the plain-Python engine over the prepared size (measured: 4.3 at 163 MB,
+#: 3.7 at 816 MB).
+PYTHON_MEMORY_FACTOR = 4.5
 
 
 def _shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -193,12 +200,13 @@ def _hint_small(args: argparse.Namespace, manifest: Manifest, seconds: float) ->
         return
     rows = manifest.rows("train") + manifest.rows("validation")
     logger.info(
-        "Spark prepared %d rows (%.1f MB) in %.1f s; for data below %d MB --engine python "
-        "is faster (no Spark jobs; it writes the same dataset, same id)",
+        "Spark prepared %d rows (%.1f MB) in %.1f s; data this small prepares faster with "
+        "--engine python (no Spark start-up or jobs; the same dataset, same id; it needs "
+        "about %.0f MB of memory)",
         rows,
         size / 1e6,
         seconds,
-        SMALL_DATA_BYTES // 10**6,
+        size * PYTHON_MEMORY_FACTOR / 1e6,
     )
 
 
