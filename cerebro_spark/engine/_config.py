@@ -326,13 +326,7 @@ PREPARATION_FIELDS: Mapping[str, str] = {
 }
 
 
-def _refuse_preparation_fields(section: _Section, dataset: str, *, stored: bool) -> None:
-    """Refuse preparation fields beside ``dataset`` (drop them from a ``stored`` config)."""
-    given = [key for key in PREPARATION_FIELDS if section.raw.get(key) is not None]
-    if stored:  # earlier versions wrote label, partitions and validation_fraction here
-        for key in given:
-            section.raw.pop(key)
-        return
+def _refuse(given: list[str], dataset: str) -> None:
     if given:
         key = given[0]
         others = f" (also set: {', '.join(given[1:])})" if len(given) > 1 else ""
@@ -342,6 +336,32 @@ def _refuse_preparation_fields(section: _Section, dataset: str, *, stored: bool)
             f"remove data.{key}{others}, or prepare the data again with the value you want "
             "(cerebro-spark prepare ... --name NAME) and use that dataset"
         )
+
+
+def _refuse_preparation_fields(section: _Section, dataset: str, *, stored: bool) -> None:
+    """Refuse preparation fields beside ``dataset`` (drop them from a ``stored`` config)."""
+    given = [key for key in PREPARATION_FIELDS if section.raw.get(key) is not None]
+    if stored:  # earlier versions wrote label, partitions and validation_fraction here
+        for key in given:
+            section.raw.pop(key)
+        return
+    _refuse(given, dataset)
+
+
+def check_data_section(data: DataConfig) -> None:
+    """Refuse a :class:`DataConfig` built in code with preparation fields beside ``dataset``.
+
+    :func:`parse_config` refuses any such field that is set; here (a config built without
+    it) a field counts as set when it differs from its default.
+
+    Raises:
+        ConfigError: Naming the field and why it cannot apply.
+    """
+    if data.dataset is None:
+        return
+    defaults = DataConfig()
+    given = [key for key in PREPARATION_FIELDS if getattr(data, key) != getattr(defaults, key)]
+    _refuse(given, data.dataset)
 
 
 def _parse_spark(raw: Mapping[str, Any]) -> SparkConfig:

@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from cerebro_spark.data import Manifest, load_source, prepare_dataset, read_manifest, read_table
 from cerebro_spark.data._names import find_dataset
-from cerebro_spark.engine._config import ExperimentConfig
+from cerebro_spark.engine._config import ExperimentConfig, check_data_section
 from cerebro_spark.errors import DataError
 from cerebro_spark.store import Store
 
@@ -28,11 +28,13 @@ def resolve_dataset(config: ExperimentConfig, store: Store) -> tuple[str, Manife
     decoded (dense and sparse).
 
     Raises:
+        ConfigError: Preparation fields beside ``dataset`` (a config built in code).
         DataError: No such dataset, or a source this (plain-Python) path cannot read,
             with the ``prepare`` command that can.
     """
     data = config.data
     if data.dataset is not None:
+        check_data_section(data)
         uri = find_dataset(store, data.dataset)
         manifest = read_manifest(uri)
         logger.info("dataset %s resolves to %s at %s", data.dataset, manifest.dataset_id, uri)

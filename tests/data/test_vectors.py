@@ -189,3 +189,12 @@ def test_pandas_frames_of_spark_vector_objects(tmp_path: Path) -> None:
     part = read_partition(str(tmp_path / "datasets" / manifest.dataset_id), "train", 0)
     assert part.features.shape[1:] == (5,)
     assert isinstance(frame["features"][0], linalg.DenseVector)  # the input is not modified
+
+
+def test_a_struct_that_is_not_a_vector_is_refused_with_advice(tmp_path: Path) -> None:
+    table = pa.table({"point": [{"x": 1.0, "y": 2.0}] * 4, "label": [0, 1, 0, 1]})
+    with pytest.raises(DataError, match="feature column 'point' has type struct") as error:
+        prepare_dataset(
+            table, str(tmp_path), features=["point"], label="label", num_partitions=1, seed=0
+        )
+    assert "read only as a Spark ML vector" in str(error.value)

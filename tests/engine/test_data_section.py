@@ -18,7 +18,7 @@ from cerebro_spark.data import load_source, prepare_dataset, read_partition
 from cerebro_spark.data._names import name_dataset
 from cerebro_spark.engine import parse_config, read_events, run_experiment
 from cerebro_spark.engine._api import load_experiment_config
-from cerebro_spark.engine._config import PREPARATION_FIELDS
+from cerebro_spark.engine._config import PREPARATION_FIELDS, DataConfig, check_data_section
 from cerebro_spark.engine._dataset import resolve_dataset
 from cerebro_spark.errors import ConfigError, DataError
 from cerebro_spark.store import open_store
@@ -165,3 +165,13 @@ def test_a_table_name_as_source_says_to_prepare_it(tmp_path: Path) -> None:
     config = parse_config(raw(str(tmp_path), {"source": "sales.churn_2026"}))
     with pytest.raises(DataError, match=r"prepare --table sales\.churn_2026 --name NAME"):
         resolve_dataset(config, open_store(config.store))
+
+
+def test_a_data_section_built_in_code_is_checked_too(tmp_path: Path) -> None:
+    """A config built without the parser (an API) gets the same refusal at run time."""
+    config = parse_config(raw(str(tmp_path), {"dataset": "anything"}))
+    built = config.replace(data=DataConfig(dataset="anything", label="churned"))
+    with pytest.raises(ConfigError, match=r"data\.label applies only when preparing"):
+        resolve_dataset(built, open_store(str(tmp_path)))
+    check_data_section(DataConfig(dataset="anything"))  # defaults: nothing was set
+    check_data_section(DataConfig(source="x.csv", label="y", partitions=2))
