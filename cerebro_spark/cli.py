@@ -167,6 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_prepare_arguments(prepare)
     prepare.set_defaults(handler=run_prepare)
 
+    from cerebro_spark.data._datasets_cli import add_datasets_command
+
+    add_datasets_command(commands)
+
     from cerebro_spark.elastic._cli import add_plan_command, add_profile_command
     from cerebro_spark.simulate import add_simulate_command
 

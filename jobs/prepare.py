@@ -2,11 +2,13 @@
 
     spark-submit --master local[2] jobs/prepare.py --input data.parquet \\
         --features image --label label --feature-shape image=1,8,8 \\
-        --partitions 4 --seed 0 --store s3://bucket/runs?endpoint_override=...
+        --partitions 4 --seed 0 --store s3://bucket/runs?endpoint_override=... \\
+        --name digits-2026-11
 
 The arguments are those of ``cerebro-spark prepare`` (``--help`` lists them); the engine is
 Spark unless ``--engine python`` is given. Prints one line: the dataset id, rows per split,
-P and the dataset's URI. Exit status: 0 done, 2 bad arguments or data (the error is on
+P and the dataset's URI; ``--name`` names the dataset in the store (a config's
+``data: {dataset: NAME}``). Exit status: 0 done, 2 bad arguments or data (the error is on
 stderr).
 """
 

@@ -17,9 +17,21 @@ from cerebro_spark.data._format import (
     PartitionInfo,
     partition_path,
 )
+from cerebro_spark.data._names import (
+    DatasetEntry,
+    DatasetName,
+    check_dataset_name,
+    dataset_names,
+    find_dataset,
+    list_datasets,
+    name_dataset,
+    read_dataset_name,
+    remove_dataset_name,
+)
 from cerebro_spark.data._reader import read_manifest, read_partition
 from cerebro_spark.data._sources import SOURCES, load_source, read_table
 from cerebro_spark.data._spark_prepare import prepare_with_spark
+from cerebro_spark.data._vectors import decode_vectors
 from cerebro_spark.data._writer import (
     PARQUET_OPTIONS,
     content_hash,
@@ -36,19 +48,29 @@ __all__ = [
     "SOURCES",
     "SPLITS",
     "ColumnInfo",
+    "DatasetEntry",
     "DatasetInfo",
+    "DatasetName",
     "Manifest",
     "PartitionData",
     "PartitionInfo",
+    "check_dataset_name",
     "content_hash",
     "dataset_id_for",
+    "dataset_names",
+    "decode_vectors",
     "encode_partition",
+    "find_dataset",
+    "list_datasets",
     "load_source",
+    "name_dataset",
     "partition_path",
     "prepare_dataset",
     "prepare_with_spark",
+    "read_dataset_name",
     "read_manifest",
     "read_partition",
     "read_table",
+    "remove_dataset_name",
     "write_dataset",
 ]

@@ -16,10 +16,11 @@ import argparse
 import importlib.util
 import logging
 import sys
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from cerebro_spark.errors import ConfigError
+from cerebro_spark.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -30,6 +31,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ENGINES: tuple[str, str] = ("spark", "python")
+
+#: Prepared size (bytes of the partition files) up to which ``prepare`` with Spark logs
+#: that ``--engine python`` is faster. Measured (``benchmarks/prepare_engines.py``, README
+#: "Preparing data"): Python was faster at every size tried, 20x at 163 MB, because Spark
+#: pays for its start-up and jobs; what limits Python is memory (it peaks at about
+#: :data:`PYTHON_MEMORY_FACTOR` times the prepared size), so the hint stops at 1 GB.
+SMALL_DATA_BYTES = 10**9
+
+#: Peak memory of the plain-Python engine over the prepared size (measured: 4.3 at 163 MB,
+#: 3.7 at 816 MB).
+PYTHON_MEMORY_FACTOR = 4.5
 
 
 def _shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -134,6 +146,16 @@ def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
         help="spark (default when pyspark is installed) or python (plain, in memory)",
     )
     parser.add_argument(
+        "--name",
+        help="name the dataset in the store (e.g. churn-2026-11) so that a config can say "
+        "data: {dataset: NAME}; letters, digits, '.', '_', '-'",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="with --name: point the name at this dataset even if it names another one",
+    )
+    parser.add_argument(
         "--master",
         help="Spark master for a new session, e.g. local[2] (default: spark-submit's)",
     )
@@ -159,13 +181,33 @@ def _default_features(
     return [name for name in columns if name not in {label, validation_column}]
 
 
-def _print_result(manifest: Manifest, uri: str) -> None:
+def _print_result(manifest: Manifest, uri: str, name: str | None) -> None:
+    named = f" (named {name})" if name else ""
     sys.stdout.write(
-        f"dataset {manifest.dataset_id}: {manifest.rows('train')} train rows, "
+        f"dataset {manifest.dataset_id}{named}: {manifest.rows('train')} train rows, "
         f"{manifest.rows('validation')} validation rows, {manifest.num_partitions} "
         f"partitions at {uri}\n"
     )
     sys.stdout.flush()
+
+
+def _hint_small(args: argparse.Namespace, manifest: Manifest, seconds: float) -> None:
+    """Log that ``--engine python`` is faster when Spark prepared small data from a file."""
+    if args.engine == "python" or args.table is not None or args.format == "delta":
+        return
+    size = sum(part.bytes for part in manifest.partitions)
+    if size > SMALL_DATA_BYTES:
+        return
+    rows = manifest.rows("train") + manifest.rows("validation")
+    logger.info(
+        "Spark prepared %d rows (%.1f MB) in %.1f s; data this small prepares faster with "
+        "--engine python (no Spark start-up or jobs; the same dataset, same id; it needs "
+        "about %.0f MB of memory)",
+        rows,
+        size / 1e6,
+        seconds,
+        size * PYTHON_MEMORY_FACTOR / 1e6,
+    )
 
 
 def _builtin(args: argparse.Namespace) -> tuple[pa.Table | None, dict[str, Any]]:
@@ -249,7 +291,10 @@ def _run_spark(args: argparse.Namespace, common: dict[str, Any], table: pa.Table
 def run_prepare(args: argparse.Namespace) -> int:
     """Prepare the dataset ``args`` describes (from :func:`add_prepare_arguments`).
 
-    Writes one line to stdout: the dataset id, rows per split, P and where it is.
+    Writes one line to stdout: the dataset id, rows per split, P and where it is. With
+    ``--name`` the dataset gets that name in the store (``--force``: even if the name
+    points at another dataset). When Spark prepared small data, logs that
+    ``--engine python`` is faster.
 
     Returns:
         0 on success.
@@ -258,8 +303,13 @@ def run_prepare(args: argparse.Namespace) -> int:
         CerebroError: Bad arguments or data (:class:`~cerebro_spark.errors.DataError`,
             :class:`~cerebro_spark.errors.ConfigError`) or a failed write.
     """
+    from cerebro_spark.data._names import check_dataset_name, name_dataset
     from cerebro_spark.store import open_store
 
+    if args.name is not None:
+        check_dataset_name(args.name)  # before any work
+    elif args.force:
+        raise ConfigError("--force only applies with --name NAME")
     engine = args.engine or ("spark" if importlib.util.find_spec("pyspark") else "python")
     if engine not in ENGINES:
         raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
@@ -282,6 +332,17 @@ def run_prepare(args: argparse.Namespace) -> int:
     }
     logger.info("preparing %s with the %s engine", args.input or args.table, engine)
     runner = _run_spark if engine == "spark" else _run_python
+    started = time.perf_counter()
     manifest = runner(args, common, table)
-    _print_result(manifest, open_store(args.store).child(f"datasets/{manifest.dataset_id}").uri)
+    if engine == "spark":
+        _hint_small(args, manifest, time.perf_counter() - started)
+    uri = open_store(args.store).child(f"datasets/{manifest.dataset_id}").uri
+    if args.name is not None:
+        try:
+            name_dataset(args.store, args.name, manifest, overwrite=args.force)
+        except DataError as error:
+            raise DataError(
+                f"{error} (dataset {manifest.dataset_id} is prepared at {uri})"
+            ) from None
+    _print_result(manifest, uri, args.name)
     return 0

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from cerebro_spark.data._vectors import decode_vectors
 from cerebro_spark.errors import DataError
 from cerebro_spark.store import resolve_filesystem
 
@@ -127,31 +128,54 @@ def _format_of(path: str, given: str | None) -> str:
     )
 
 
+def _hidden(path: str, root: str) -> bool:
+    """Whether a file below ``root`` is Spark's or Hadoop's bookkeeping (a ``_`` or ``.`` part)."""
+    relative = path[len(root.rstrip("/")) + 1 :]
+    return any(part.startswith(("_", ".")) for part in relative.split("/"))
+
+
 def read_table(path_or_uri: str, format: str | None = None) -> pa.Table:
     """Read a Parquet, CSV or JSON-lines file, or a directory of them, into one table.
+
+    Spark ML vector columns (``VectorAssembler`` output, dense or sparse) come back as
+    fixed-size lists of ``float64`` (:func:`~cerebro_spark.data.decode_vectors`).
 
     Args:
         path_or_uri: A local path or any URI :func:`~cerebro_spark.store.resolve_filesystem`
             accepts (``s3://bucket/data.parquet?endpoint_override=...``). Directories are
-            read with ``pyarrow.dataset`` (hive partitioning; files starting with ``_`` or
-            ``.`` such as Spark's ``_SUCCESS`` are skipped).
+            read with ``pyarrow.dataset`` (hive partitioning; files and directories whose
+            names start with ``_`` or ``.``, such as Spark's ``_SUCCESS``, are skipped).
         format: ``"parquet"``, ``"csv"`` or ``"json"``; inferred from the file name (for a
             directory: from the first data file's name) when ``None``.
 
     Raises:
         FileNotFoundError: Nothing at ``path_or_uri``.
-        DataError: Unknown format, or an empty directory.
+        DataError: Unknown format, an empty directory, a Delta table (its directory holds
+            files of old versions too: Spark reads it), or a vector column that cannot be
+            decoded.
     """
     filesystem, path = resolve_filesystem(path_or_uri)
     info = filesystem.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
         raise FileNotFoundError(f"no file or directory at {path_or_uri}")
+    delta = format == "delta" or (
+        info.type == pafs.FileType.Directory
+        and filesystem.get_file_info(f"{path.rstrip('/')}/_delta_log").type
+        == pafs.FileType.Directory
+    )
+    if delta:
+        raise DataError(
+            f"{path_or_uri} is a Delta table; its files hold old versions too, so only "
+            f"Spark reads it right: prepare it with 'cerebro-spark prepare --input "
+            f"{path_or_uri} --format delta --name NAME' (needs delta-spark) and use "
+            "data: {dataset: NAME} in the config"
+        )
     if info.type == pafs.FileType.Directory and format is None:
         selector = pafs.FileSelector(path, recursive=True)
         files = sorted(
             item.path
             for item in filesystem.get_file_info(selector)
-            if item.type == pafs.FileType.File and not item.base_name.startswith(("_", "."))
+            if item.type == pafs.FileType.File and not _hidden(item.path, path)
         )
         if not files:
             raise DataError(f"directory {path_or_uri} holds no data files")
@@ -162,6 +186,6 @@ def read_table(path_or_uri: str, format: str | None = None) -> pa.Table:
 
     partitioning = "hive" if info.type == pafs.FileType.Directory else None
     dataset = pads.dataset(path, filesystem=filesystem, format=fmt, partitioning=partitioning)
-    table = dataset.to_table()
+    table = decode_vectors(dataset.to_table())
     logger.info("read %d rows (%s) from %s", table.num_rows, fmt, path_or_uri)
     return table

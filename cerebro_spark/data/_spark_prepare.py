@@ -109,6 +109,7 @@ from cerebro_spark.data._format import (
     Task,
     partition_path,
 )
+from cerebro_spark.data._vectors import spark_vector_array
 from cerebro_spark.errors import CerebroError, ConfigError, DataError, StoreError
 from cerebro_spark.store import FileSystemStore, Store, open_store
 
@@ -473,10 +474,6 @@ def _arrow_type(name: str, data_type: DataType, role: str) -> pa.DataType:
             "equivalent; features must be numbers, arrays of numbers or ML vectors, a label "
             "integer, boolean, string or floating point"
         ) from exc
-
-
-def _is_vector(data_type: DataType) -> bool:
-    return type(data_type).__name__ == "VectorUDT"
 
 
 # -- checks (Spark aggregations) --------------------------------------------------------------
@@ -953,16 +950,14 @@ def _select(
     file_keys: bool,
 ) -> DataFrame:
     """Select the columns in their roles; ML vectors become arrays of doubles."""
-    from pyspark.ml.functions import vector_to_array
     from pyspark.sql import functions as F
 
     types = {field.name: field.dataType for field in frame.schema.fields}
     columns: list[Column] = []
     for name in features:
         column = _col(name)
-        if _is_vector(types[name]):
-            column = vector_to_array(column, "float64")
-        columns.append(column.alias(name))
+        vector = spark_vector_array(column, types[name])
+        columns.append((column if vector is None else vector).alias(name))
     columns.append(_col(label).alias(label))
     if validation_column is not None:
         columns.append(_col(validation_column).alias(validation_column))

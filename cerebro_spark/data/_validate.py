@@ -119,9 +119,16 @@ def check_feature_type(name: str, arrow_type: pa.DataType) -> None:
     while _is_list(element):
         element = element.value_type
     if not _is_number(element):
+        structs = (
+            "; a struct is read only as a Spark ML vector ({type, size, indices, values}): "
+            "select its fields as columns"
+            if pa.types.is_struct(element)
+            else ""
+        )
         raise DataError(
             f"feature column {name!r} has type {arrow_type}; features must be numbers "
-            "(integer, floating point, boolean, decimal) or fixed-length arrays of numbers"
+            "(integer, floating point, boolean, decimal), fixed-length arrays of numbers "
+            f"or Spark ML vectors{structs}"
         )
 
 

@@ -50,6 +50,7 @@ from cerebro_spark.data._format import (
     Task,
     partition_path,
 )
+from cerebro_spark.data._vectors import decode_pandas_vectors, decode_vectors
 from cerebro_spark.errors import DataError
 from cerebro_spark.store import Store, open_store
 
@@ -100,13 +101,14 @@ def _to_arrow(
         data = pa.Table.from_batches([data])
     if isinstance(data, pa.Table):
         v.check_columns(data.column_names, columns)
-        return data.select(list(columns)), {}
+        return decode_vectors(data.select(list(columns))), {}
     pandas = sys.modules.get("pandas")  # not imported: data cannot be a DataFrame
     if pandas is None or not isinstance(data, pandas.DataFrame):
         raise TypeError(
             f"data must be a pyarrow.Table or a pandas.DataFrame, got {type(data).__name__}"
         )
     v.check_columns([str(name) for name in data.columns], columns)
+    data = decode_pandas_vectors(data, columns)
     arrays: dict[str, pa.Array] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     for name in columns:

@@ -139,7 +139,7 @@ def load_experiment_config(store: Store, experiment_id: str) -> ExperimentConfig
     key = f"{experiment_prefix(experiment_id)}/{CONFIG_NAME}"
     if not store.exists(key):
         raise ConfigError(f"no experiment {experiment_id!r} in {store.uri} (missing {key})")
-    return parse_config(json.loads(store.get(key)))
+    return parse_config(json.loads(store.get(key)), stored=True)
 
 
 def resume_experiment(

@@ -27,9 +27,12 @@ class DataConfig:
     """Where the training data comes from and how it is partitioned.
 
     Attributes:
-        source: A built-in source (``sklearn:digits``) or a Parquet/CSV/JSON path or URI;
-            it is prepared (shuffled once, split, partitioned) into the store.
-        dataset: URI of an already prepared dataset (instead of ``source``).
+        source: A built-in source (``sklearn:digits``) or a Parquet/CSV/JSON path or URI
+            (Spark ML vector columns included); it is prepared (shuffled once, split,
+            partitioned) into the store.
+        dataset: An already prepared dataset (instead of ``source``): its name in the
+            store (``prepare --name``), its id, or its URI. The fields below, which say
+            how a source is prepared, are refused beside it.
         features: Feature columns (default: every column but the label).
         label: The label column.
         partitions: Number of partitions P per split.
@@ -157,7 +160,11 @@ class ExperimentConfig:
         out: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(self)))
         procedure = {"name": out.pop("procedure"), **out.pop("procedure_options")}
         out["procedure"] = procedure
-        out["data"] = {k: v for k, v in out["data"].items() if v is not None}
+        out["data"] = {
+            k: v
+            for k, v in out["data"].items()
+            if v is not None and not (self.data.dataset is not None and k in PREPARATION_FIELDS)
+        }
         out["spark"] = {k: v for k, v in out["spark"].items() if v is not None}
         if out["elastic"] is None:
             del out["elastic"]
@@ -240,8 +247,15 @@ def load_config(path: str | Path) -> ExperimentConfig:
         raise ConfigError(f"{path}: {error}") from None
 
 
-def parse_config(raw: Any) -> ExperimentConfig:
-    """Validate a config given as plain data (as parsed from YAML)."""
+def parse_config(raw: Any, *, stored: bool = False) -> ExperimentConfig:
+    """Validate a config given as plain data (as parsed from YAML).
+
+    Args:
+        raw: The config.
+        stored: ``raw`` is an experiment's ``config.json`` (:meth:`ExperimentConfig.to_dict`),
+            perhaps of an earlier version: fields of ``data`` that only apply to a
+            ``source`` are dropped beside a ``dataset`` instead of refused.
+    """
     top = _Section(raw, "")
     data_raw = top.take("data", dict)
     space = top.take("space", dict)
@@ -254,7 +268,7 @@ def parse_config(raw: Any) -> ExperimentConfig:
         raise ConfigError("procedure.name must be a procedure name such as 'grid' or 'random'")
     config = ExperimentConfig(
         name=top.take_name(),
-        data=_parse_data(data_raw),
+        data=_parse_data(data_raw, stored=stored),
         space=space,
         model=top.take("model", str, None),
         procedure=procedure_name,
@@ -276,15 +290,18 @@ def parse_config(raw: Any) -> ExperimentConfig:
     return config
 
 
-def _parse_data(raw: Mapping[str, Any]) -> DataConfig:
+def _parse_data(raw: Mapping[str, Any], *, stored: bool = False) -> DataConfig:
     section = _Section(raw, "data.")
     source = section.take("source", str, None)
     dataset = section.take("dataset", str, None)
     if (source is None) == (dataset is None):
         raise ConfigError(
             "data must have exactly one of 'source' (data to prepare) or 'dataset' "
-            f"(a prepared dataset URI), got source={source!r}, dataset={dataset!r}"
+            f"(a prepared dataset's name, id or URI), got source={source!r}, "
+            f"dataset={dataset!r}"
         )
+    if dataset is not None:
+        _refuse_preparation_fields(section, dataset, stored=stored)
     features = section.take("features", list, None)
     if features is not None and not all(isinstance(f, str) and f for f in features):
         raise ConfigError(f"data.features must be a list of column names, got {features!r}")
@@ -317,6 +334,57 @@ def _parse_data(raw: Mapping[str, Any]) -> DataConfig:
     )
     section.finish()
     return config
+
+
+#: Fields of ``data`` that say how a ``source`` is prepared, and why each cannot apply to
+#: a dataset that is already prepared (what its manifest fixed).
+PREPARATION_FIELDS: Mapping[str, str] = {
+    "features": "its feature columns (and their order)",
+    "label": "its label column",
+    "partitions": "its number of partitions P",
+    "validation_fraction": "its train/validation split",
+    "validation_column": "its train/validation split",
+    "feature_shapes": "its feature shapes",
+    "seed": "the seed of its shuffle and split",
+}
+
+
+def _refuse(given: list[str], dataset: str) -> None:
+    if given:
+        key = given[0]
+        others = f" (also set: {', '.join(given[1:])})" if len(given) > 1 else ""
+        raise ConfigError(
+            f"data.{key} applies only when preparing data.source, but data.dataset "
+            f"({dataset!r}) is already prepared: its manifest fixed {PREPARATION_FIELDS[key]}; "
+            f"remove data.{key}{others}, or prepare the data again with the value you want "
+            "(cerebro-spark prepare ... --name NAME) and use that dataset"
+        )
+
+
+def _refuse_preparation_fields(section: _Section, dataset: str, *, stored: bool) -> None:
+    """Refuse preparation fields beside ``dataset`` (drop them from a ``stored`` config)."""
+    given = [key for key in PREPARATION_FIELDS if section.raw.get(key) is not None]
+    if stored:  # earlier versions wrote label, partitions and validation_fraction here
+        for key in given:
+            section.raw.pop(key)
+        return
+    _refuse(given, dataset)
+
+
+def check_data_section(data: DataConfig) -> None:
+    """Refuse a :class:`DataConfig` built in code with preparation fields beside ``dataset``.
+
+    :func:`parse_config` refuses any such field that is set; here (a config built without
+    it) a field counts as set when it differs from its default.
+
+    Raises:
+        ConfigError: Naming the field and why it cannot apply.
+    """
+    if data.dataset is None:
+        return
+    defaults = DataConfig()
+    given = [key for key in PREPARATION_FIELDS if getattr(data, key) != getattr(defaults, key)]
+    _refuse(given, data.dataset)
 
 
 def _parse_spark(raw: Mapping[str, Any]) -> SparkConfig:
