@@ -166,7 +166,7 @@ class Tuner:
         data: Any = None,
         *,
         features: Sequence[str] | None = None,
-        label: str = "label",
+        label: str | None = None,
         validation_column: str | None = None,
         feature_shapes: Mapping[str, Sequence[int]] | None = None,
         experiment_id: str | None = None,
@@ -178,7 +178,7 @@ class Tuner:
                 (URI or name), or a Parquet/CSV/JSON path; ``None``: the config's data.
             features: Feature columns (default: every column but the label and the
                 validation column).
-            label: The label column.
+            label: The label column (default: ``"label"``).
             validation_column: A boolean column marking validation rows (instead of a
                 random ``validation_fraction``).
             feature_shapes: Per-row shapes of array features, e.g. ``{"image": [1, 8, 8]}``.
@@ -227,7 +227,7 @@ class _DataRequest:
     """How :meth:`Tuner.fit` was asked to read its data."""
 
     features: tuple[str, ...] | None
-    label: str
+    label: str | None
     partitions: int
     seed: int
     validation_fraction: float
@@ -262,11 +262,12 @@ class _DataRequest:
         )
 
     def _prepare_options(self, columns: Sequence[str]) -> dict[str, Any]:
-        skip = (self.label, self.validation_column)
+        label = self.label or "label"
+        skip = (label, self.validation_column)
         features = self.features or tuple(c for c in columns if c not in skip)
         return {
             "features": list(features),
-            "label": self.label,
+            "label": label,
             "num_partitions": self.partitions,
             "seed": self.seed,
             "validation_fraction": self.validation_fraction,
@@ -278,14 +279,28 @@ class _DataRequest:
         """A prepared dataset (a URI holding a manifest, or a name), or a source path."""
         from cerebro_spark.data import read_manifest
 
+        prepared = False
         with contextlib.suppress(DataError, OSError, ValueError):
             read_manifest(data)
+            prepared = True
+        if prepared or not (data.startswith("sklearn:") or "://" in data or Path(data).exists()):
+            # a prepared dataset (a name is resolved by the engine, or it says why not)
+            fixed = {
+                "features": self.features,
+                "label": self.label,
+                "validation_column": self.validation_column,
+                "feature_shapes": self.feature_shapes,
+            }
+            given = sorted(name for name, value in fixed.items() if value is not None)
+            if given:
+                raise ConfigError(
+                    f"fit({data!r}, {given[0]}=...): {data!r} is a prepared dataset, whose "
+                    f"manifest fixed {', '.join(fixed)}; leave {', '.join(given)} out"
+                )
             return {"dataset": data}
-        if not (data.startswith("sklearn:") or "://" in data or Path(data).exists()):
-            return {"dataset": data}  # a dataset's name: the engine resolves it or says why not
         section: dict[str, Any] = {
             "source": data,
-            "label": self.label,
+            "label": self.label or "label",
             "partitions": self.partitions,
             "validation_fraction": self.validation_fraction,
             "features": None if self.features is None else list(self.features),

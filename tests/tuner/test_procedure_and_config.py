@@ -74,3 +74,16 @@ def test_bad_settings_are_refused_before_any_data_is_touched():
 def test_grid_values_stay_literal():
     tuner = Tuner({**SPACE, "lr": Grid([0.1, 0.01])}, workers=1)
     assert tuner.to_config()["space"]["lr"] == {"grid": [0.1, 0.01]}
+
+
+def test_a_prepared_dataset_refuses_what_its_manifest_fixed(tmp_path):
+    from cerebro_spark.data import load_source, prepare_dataset
+
+    table, _ = load_source("sklearn:iris")
+    features = [c for c in table.column_names if c != "label"]
+    manifest = prepare_dataset(
+        table, str(tmp_path), features=features, label="label", num_partitions=2, seed=0
+    )
+    uri = str(tmp_path / "datasets" / manifest.dataset_id)
+    with pytest.raises(ConfigError, match=r"is a prepared dataset.*leave label out"):
+        Tuner(SPACE, backend="local", workers=1, store=str(tmp_path)).fit(uri, label="y")
