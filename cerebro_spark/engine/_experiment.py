@@ -488,15 +488,22 @@ class Experiment:
                 self.root.delete(key)
         kept = []
         for trial in sorted(self.state.trials.values(), key=lambda t: t.trial_id):
-            latest = _short(trial.checkpoint, folder)
-            best = _short(trial.best_checkpoint, folder)
-            if latest == best:
-                kept.append(f"{trial.trial_id}: {latest} (latest, best epoch {trial.best_epoch})")
+            latest, best = trial.checkpoint, trial.best_checkpoint
+            if latest is not None and latest == best:
+                what = f"{_short(latest, folder)} (latest and best, epoch {trial.best_epoch})"
             else:
-                kept.append(
-                    f"{trial.trial_id}: {latest} (latest, epoch {trial.epochs}), "
-                    f"{best} (best, epoch {trial.best_epoch})"
+                what = ", ".join(
+                    [
+                        *([f"{_short(latest, folder)} (latest)"] if latest else []),
+                        *(
+                            [f"{_short(best, folder)} (best, epoch {trial.best_epoch})"]
+                            if best
+                            else []
+                        ),
+                    ]
                 )
+            if what:
+                kept.append(f"{trial.trial_id}: {what}")
         where = self.root.url(folder.rstrip("/"))
         logger.info("checkpoints kept in %s: %s", where, "; ".join(kept) or "none")
 
@@ -1110,10 +1117,8 @@ class _Running:
         return all(future.done() for future in self.futures.values())
 
 
-def _short(key: str | None, folder: str) -> str:
+def _short(key: str, folder: str) -> str:
     """A checkpoint key relative to the experiment's checkpoint folder, for logs."""
-    if key is None:
-        return "-"
     return key[len(folder) :] if key.startswith(folder) else key
 
 
