@@ -283,6 +283,10 @@ class Experiment:
         procedure = build_procedure(self.config, self.clock)
         if self.state.procedure_state is not None:
             procedure.load_state_dict(self.state.procedure_state)
+            if self.state.round_open:  # its failures came after the state was saved
+                for trial_id in self.state.round_trials:
+                    if self.state.trials[trial_id].status == FAILED:
+                        procedure.on_trial_failed(trial_id)
         return procedure
 
     def _rule(self) -> SchedulingRule:
@@ -534,6 +538,11 @@ class Experiment:
         for spec in self.procedure.suggest():
             self._add_trial(spec.trial_id, spec.params, spec.clone_from)
         for trial_id in self.procedure.resumed():
+            if self.state.trials[trial_id].status == FAILED:
+                logger.warning(
+                    "%s resumed trial %s, which failed: ignored", self.config.procedure, trial_id
+                )
+                continue
             self._emit("trial_resumed", trial=trial_id)
         live = self.state.live_trials()
         if not live:
@@ -665,13 +674,16 @@ class Experiment:
             plans = {t: p for t, p in state.round_group_plans.items() if t in live}
         else:
             sizes = {t: k for t, k in state.round_resources.items() if t in live and k > 1}
+        orders = state.visit_orders
+        if orders is not None:  # a resumed round: trials that failed in it are out
+            orders = {t: order for t, order in orders.items() if t in live}
         scheduler = MopScheduler(
             trials=live,
             partitions=partitions,
             workers=state.ready_workers(),
             rng=self._round_rng(state.round),
             rule=self._rule(),
-            visit_orders=state.visit_orders,
+            visit_orders=orders,
             validate=True,
             completed=done,
             group_sizes=sizes,

@@ -290,3 +290,30 @@ def test_a_search_in_which_no_trial_reported_a_finite_metric_fails(tmp_path: Pat
     with pytest.raises(SearchFailedError, match="no trial of experiment nan reported a finite acc"):
         run(tmp_path, "nan", space=space)
     check_checkpoints(tmp_path, "nan")
+
+
+def test_a_failure_in_a_round_the_driver_died_in_is_told_again_on_resume(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    procedure = {"name": "sha", "num_trials": 4, "eta": 2}
+    space = {"curve": {"choice": [[0.3, 0.6, 0.5], [0.7, 0.2, 0.1], [0.4, 0.5, 0.9]]}}
+    failed: list[str] = []
+
+    def fail_then_die(worker: str, task: UnitTask) -> Outcome:
+        if task.trial_id == "t0001" and task.kind is UnitKind.TRAIN:
+            failed.append(task.trial_id)
+            return Outcome(TrialError("boom"))
+        if failed and task.kind is UnitKind.VALIDATE:
+            raise _DriverKilled  # after the failure, before the round's end
+        return Outcome()
+
+    with pytest.raises(_DriverKilled):
+        run(tmp_path, "sha", CurveBackend(2, fail_then_die), procedure=procedure, space=space)
+    _, state = load_state(str(tmp_path), "sha")
+    assert state.round_open and state.trials["t0001"].status == "failed"
+    caplog.set_level(logging.WARNING, "cerebro_spark")
+    result = resume_experiment(str(tmp_path), "sha", backend_factory=lambda c: CurveBackend(2))
+    assert "suggested no trial" not in caplog.text  # the rung was decided without t0001
+    assert any(t.status == "completed" and t.epochs == 3 for t in result.trials)
+    assert "1 of 4 trials failed (the first: trial t0001: boom)" in caplog.text
+    check_checkpoints(tmp_path, "sha")
