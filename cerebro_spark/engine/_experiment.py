@@ -373,8 +373,8 @@ class Experiment:
         self._sweep_checkpoints()
         ranked = rank(self.state.trials.values(), self.config.metric, self.config.mode)
         best = best_trial(ranked)
-        best_key, best_sha256 = self._write_best_checkpoint(best)
         self._write_leaderboard()
+        best_key, best_sha256 = self._write_best_checkpoint(best)
         self._emit(
             "experiment_end",
             best_trial=best.trial_id if best else None,

@@ -26,7 +26,7 @@ from cerebro_spark.engine import (
     resume_experiment,
     run_experiment,
 )
-from cerebro_spark.errors import SearchFailedError, TrialError
+from cerebro_spark.errors import SearchFailedError, StoreError, TrialError
 from cerebro_spark.search import GridSearch
 from cerebro_spark.search._registry import PROCEDURES
 from cerebro_spark.store import open_store
@@ -317,3 +317,20 @@ def test_a_failure_in_a_round_the_driver_died_in_is_told_again_on_resume(
     assert any(t.status == "completed" and t.epochs == 3 for t in result.trials)
     assert "1 of 4 trials failed (the first: trial t0001: boom)" in caplog.text
     check_checkpoints(tmp_path, "sha")
+
+
+def test_a_best_checkpoint_changed_after_it_was_written_is_refused(tmp_path: Path) -> None:
+    backend = CurveBackend(2)
+    best_key = "experiments/tampered/checkpoints/t0000/e0001-s0003.pt"
+
+    def tamper(worker: str, task: UnitTask) -> Outcome:
+        if task.epoch == 2 and task.kind is UnitKind.VALIDATE and backend.store is not None:
+            backend.store.put(best_key, b"not the bytes the log recorded")
+        return Outcome()
+
+    backend.script = tamper
+    with pytest.raises(StoreError, match=r"but the event log recorded [0-9a-f]{64} for it"):
+        run(tmp_path, "tampered", backend)
+    root = open_store(str(tmp_path))
+    assert root.exists("experiments/tampered/leaderboard.csv")  # written before the check
+    assert not root.exists("experiments/tampered/best.pt")
