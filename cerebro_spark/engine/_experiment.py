@@ -492,22 +492,14 @@ class Experiment:
                 self.root.delete(key)
         kept = []
         for trial in sorted(self.state.trials.values(), key=lambda t: t.trial_id):
-            latest, best = trial.checkpoint, trial.best_checkpoint
-            if latest is not None and latest == best:
-                what = f"{_short(latest, folder)} (latest and best, epoch {trial.best_epoch})"
-            else:
-                what = ", ".join(
-                    [
-                        *([f"{_short(latest, folder)} (latest)"] if latest else []),
-                        *(
-                            [f"{_short(best, folder)} (best, epoch {trial.best_epoch})"]
-                            if best
-                            else []
-                        ),
-                    ]
-                )
-            if what:
-                kept.append(f"{trial.trial_id}: {what}")
+            roles: dict[str, list[str]] = {}
+            best = f"best, epoch {trial.best_epoch}"
+            for checkpoint, role in ((trial.checkpoint, "latest"), (trial.best_checkpoint, best)):
+                if checkpoint is not None:
+                    roles.setdefault(checkpoint, []).append(role)
+            if roles:
+                files = (f"{_short(k, folder)} ({' and '.join(r)})" for k, r in roles.items())
+                kept.append(f"{trial.trial_id}: {', '.join(files)}")
         where = self.root.url(folder.rstrip("/"))
         logger.info("checkpoints kept in %s: %s", where, "; ".join(kept) or "none")
 
