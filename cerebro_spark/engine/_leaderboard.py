@@ -133,8 +133,8 @@ def _clip(text: str) -> str:
 def format_table(trials: Iterable[TrialState], metric: str, mode: str, limit: int = 20) -> str:
     """Render the leaderboard as an aligned text table for terminals.
 
-    Columns: rank, trial, status, epochs, the best epoch, the metric at it (``best``) and
-    after the latest epoch (``last``), the loss and up to two other metrics at the best
+    Columns: rank, trial, status, epochs, the best epoch, the metric at it and after the
+    latest epoch (``last <metric>``), the loss and up to two other metrics at the best
     epoch, the model family, and the params -- or, for a failed trial, its error.
     """
     ranked = rank(trials, metric, mode)
@@ -142,7 +142,8 @@ def format_table(trials: Iterable[TrialState], metric: str, mode: str, limit: in
     if any(LOSS in t.best_metrics for t in ranked) and metric != LOSS:
         names.insert(0, LOSS)
     names = names[:_TABLE_METRICS]
-    rows = [["#", "trial", "status", "epochs", "best@", f"{metric} best", "last", *names, "model"]]
+    head = ["#", "trial", "status", "epochs", "best epoch", metric, f"last {metric}"]
+    rows = [[*head, *names, "model"]]
     texts = ["params / error"]
     for position, trial in enumerate(ranked[:limit], start=1):
         rows.append(

@@ -293,12 +293,12 @@ class ExperimentState:
         self.done_units.append(DoneUnit(trial, event["partition"], kind, event["step"]))
         self.unit_seconds[trial] += event.get("seconds", 0.0)
         if kind is UnitKind.TRAIN:
-            state = self.trials[trial]
-            if trial in self._derived_best and state.best_checkpoint == state.checkpoint:
+            record = self.trials[trial]
+            if trial in self._derived_best and record.best_checkpoint == record.checkpoint:
                 # The engine that wrote this log deleted the checkpoint it moved past.
-                state.best_checkpoint = state.best_checkpoint_sha256 = None
-            state.checkpoint = event["checkpoint"]
-            state.checkpoint_sha256 = event["checkpoint_sha256"]
+                record.best_checkpoint = record.best_checkpoint_sha256 = None
+            record.checkpoint = event["checkpoint"]
+            record.checkpoint_sha256 = event["checkpoint_sha256"]
         else:
             sums = self.validation_sums[trial]
             for name, value in event["metric_sums"].items():

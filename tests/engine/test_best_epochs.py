@@ -290,8 +290,8 @@ def test_a_metric_named_like_a_column_gets_its_own_column() -> None:
 def test_the_terminal_table_shows_best_last_best_epoch_and_errors() -> None:
     table = format_table(board_state().trials.values(), "accuracy", "max").splitlines()
     header = table[0].split()
-    assert header[:8] == ["#", "trial", "status", "epochs", "best@", "accuracy", "best", "last"]
-    assert header[8:11] == ["loss", "f1", "model"]
+    assert header[:8] == ["#", "trial", "status", "epochs", "best", "epoch", "accuracy", "last"]
+    assert header[8:12] == ["accuracy", "loss", "f1", "model"]
     t1 = table[3].split()
     assert t1[:9] == ["3", "t1", "running", "2", "1", "0.9000", "0.6000", "0.3000", "0.8000"]
     assert t1[9] == "MLPSpec" and t1[10] == '{"lr":'
