@@ -144,8 +144,16 @@ def test_equal_runs_give_byte_identical_leaderboards(tmp_path: Path) -> None:
                 "curve": {"choice": [[0.3, 0.6, 0.5, 0.2], [0.7, 0.2, 0.1, 0.8], [0.4, None, 0.9]]},
             },
         ),
+        (
+            {"name": "asha", "num_trials": 6, "eta": 2},
+            {"curve": {"choice": [[0.3, 0.6, 0.5], [0.7, 0.2, 0.1], [0.4, 0.5, 0.9]]}},
+        ),
+        (
+            {"name": "hyperband", "eta": 2},
+            {"curve": {"choice": [[0.3, 0.6, 0.5], [0.7, 0.2, 0.1], [0.4, 0.5, 0.9]]}},
+        ),
     ],
-    ids=["groups", "sha-pauses", "pbt-clones"],
+    ids=["groups", "sha-pauses", "pbt-clones", "asha-pauses", "hyperband"],
 )
 def test_checkpoints_stay_consistent(tmp_path: Path, procedure: Any, space: Any) -> None:
     epochs = 4 if isinstance(procedure, dict) and procedure["name"] == "pbt" else 3
@@ -157,8 +165,11 @@ def test_checkpoints_stay_consistent(tmp_path: Path, procedure: Any, space: Any)
     if isinstance(procedure, dict) and procedure["name"] == "pbt":
         clones = [e for e in events if e["event"] == "trial_added" and e["clone_from"]]
         assert clones, "PBT cloned no trial"
-    if isinstance(procedure, dict) and procedure["name"] == "sha":
+    if isinstance(procedure, dict) and procedure["name"] in ("sha", "asha", "hyperband"):
         assert any(t.status == "stopped" for t in state.trials.values())
+        paused = {e["trial"] for e in events if e.get("decision") == "pause"}
+        resumed = {e["trial"] for e in events if e["event"] == "trial_resumed"}
+        assert paused & resumed, "no trial continued after a pause"
 
 
 def test_a_killed_driver_resumes_with_its_best_checkpoints(tmp_path: Path) -> None:
