@@ -50,13 +50,14 @@ def evaluate(store: Path, name: str, key: str, params: dict[str, Any]) -> float:
     root, events = experiment(store, name)
     (dataset,) = [e for e in events if e["event"] == "dataset"]
     manifest = read_manifest(dataset["uri"])
-    model = DivergingSpec().build_model(params, manifest.info)
+    spec = DivergingSpec()
+    model = spec.build_model(params, manifest.info)
     model.load_state_dict(decode_checkpoint(root.get(key))["model"])
     model.eval()
     correct = rows = 0
     for index in range(manifest.num_partitions):
         data = read_partition(dataset["uri"], "validation", index, manifest=manifest)
-        features, labels = data.tensors()
+        features, labels = spec.transform(*data.tensors())  # as the units do
         with torch.no_grad():
             predicted = model(features).argmax(dim=1)
         correct += int((predicted == labels).sum())
