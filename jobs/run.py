@@ -2,9 +2,10 @@
 
 Equivalent to ``cerebro-spark run``; the arguments are the same. Exit status: 0 the search
 produced a result (some trials may have failed: their errors are in the leaderboard), 3
-every trial failed (the first failure is on stderr; the event log and leaderboard are
-written), 2 bad arguments, config or data, 130 interrupted. spark-submit exits with the
-same status, so a scheduler sees a search that produced nothing as a failed job.
+every trial failed (the error naming the first failure is logged; the event log and
+leaderboard are written), 2 bad arguments, config or data, 130 interrupted. spark-submit
+exits with the same status, so a scheduler sees a search that produced nothing as a failed
+job.
 """
 
 import sys
