@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from cerebro_spark.engine import (
+    Experiment,
     load_state,
     parse_config,
     replay_experiment,
@@ -207,7 +208,7 @@ def strip_best_fields(store: Path, name: str) -> None:
 
 
 def test_a_log_written_before_best_checkpoints_folds_resumes_and_replays(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run(tmp_path, "new")
     strip_best_fields(tmp_path, "new")
@@ -221,13 +222,20 @@ def test_a_log_written_before_best_checkpoints_folds_resumes_and_replays(
     assert old.trials["t0000"].best_checkpoint is None
     assert old.trials["t0001"].best_checkpoint == old.trials["t0001"].checkpoint
 
-    def kill(worker: str, task: UnitTask) -> Outcome:
-        if task.epoch == 2 and task.kind is UnitKind.VALIDATE:
-            raise _DriverKilled  # every trial trained its 3rd epoch; none validated it
-        return Outcome()
+    emit = Experiment._emit
+    third_epoch: set[str] = set()
 
-    with pytest.raises(_DriverKilled):
-        run(tmp_path, "old", CurveBackend(2, kill))
+    def emit_then_die(self: Experiment, event: str, **fields: Any) -> None:
+        emit(self, event, **fields)
+        if event == "unit_end" and fields["kind"] == "train" and fields["epoch"] == 2:
+            third_epoch.add(fields["trial"])
+            if len(third_epoch) == 2:
+                raise _DriverKilled  # both trials have trained past their 2nd epoch
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Experiment, "_emit", emit_then_die)
+        with pytest.raises(_DriverKilled):
+            run(tmp_path, "old")
     strip_best_fields(tmp_path, "old")
     # The old engine deleted t0000's best (epoch 2) checkpoint when it trained past it.
     _, killed = load_state(str(tmp_path), "old")
@@ -304,22 +312,26 @@ def test_a_search_in_which_no_trial_reported_a_finite_metric_fails(tmp_path: Pat
 
 
 def test_a_failure_in_a_round_the_driver_died_in_is_told_again_on_resume(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     procedure = {"name": "sha", "num_trials": 4, "eta": 2}
     space = {"curve": {"choice": [[0.3, 0.6, 0.5], [0.7, 0.2, 0.1], [0.4, 0.5, 0.9]]}}
-    failed: list[str] = []
 
-    def fail_then_die(worker: str, task: UnitTask) -> Outcome:
+    def fail(worker: str, task: UnitTask) -> Outcome:
         if task.trial_id == "t0001" and task.kind is UnitKind.TRAIN:
-            failed.append(task.trial_id)
             return Outcome(TrialError("boom"))
-        if failed and task.kind is UnitKind.VALIDATE:
-            raise _DriverKilled  # after the failure, before the round's end
         return Outcome()
 
-    with pytest.raises(_DriverKilled):
-        run(tmp_path, "sha", CurveBackend(2, fail_then_die), procedure=procedure, space=space)
+    fail_trial = Experiment._fail_trial
+
+    def fail_then_die(self: Experiment, *args: Any) -> None:
+        fail_trial(self, *args)
+        raise _DriverKilled  # the failure is logged; the round is not over
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Experiment, "_fail_trial", fail_then_die)
+        with pytest.raises(_DriverKilled):
+            run(tmp_path, "sha", CurveBackend(2, fail), procedure=procedure, space=space)
     _, state = load_state(str(tmp_path), "sha")
     assert state.round_open and state.trials["t0001"].status == "failed"
     caplog.set_level(logging.WARNING, "cerebro_spark")
