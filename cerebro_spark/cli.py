@@ -7,11 +7,19 @@ import dataclasses
 import logging
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from cerebro_spark import __version__
-from cerebro_spark.errors import CerebroError
+from cerebro_spark.errors import CerebroError, SearchFailedError
+
+if TYPE_CHECKING:
+    from cerebro_spark.engine import ExperimentResult
 
 logger = logging.getLogger("cerebro_spark.cli")
+
+EXIT_SEARCH_FAILED = 3
+"""Exit status of ``run`` and ``resume`` when the search produced nothing (every trial
+failed); 2 is any other error of the input, 1 a replay that differs, 130 an interrupt."""
 
 
 def _out(text: str) -> None:
@@ -46,11 +54,33 @@ def _cmd_run(args: argparse.Namespace) -> int:
         config = config.replace(backend="spark", spark=spark)
     elif args.backend is not None:
         config = config.replace(backend=args.backend)
-    result = run_experiment(config, experiment_id=args.experiment_id)
-    _out(format_table(result.trials, config.metric, config.mode))
+    try:
+        result = run_experiment(config, experiment_id=args.experiment_id)
+    except SearchFailedError as error:
+        _out(format_table(error.trials, config.metric, config.mode))
+        raise
+    _print_result(result, config.metric, config.mode)
     _print_cost(config.store, result.experiment_id)
     _out(f"experiment {result.experiment_id}: {result.url}")
     return 0
+
+
+def _print_result(result: ExperimentResult, metric: str, mode: str) -> None:
+    """The leaderboard, how many trials failed, and where the best checkpoint is."""
+    from cerebro_spark.engine import format_table
+
+    _out(format_table(result.trials, metric, mode))
+    if result.failed:
+        _out(
+            f"{len(result.failed)} of {len(result.trials)} trials failed (their errors are in "
+            "the leaderboard); the others' results stand"
+        )
+    best = result.best
+    if best is not None:
+        _out(
+            f"best: trial {best.trial_id}, epoch {best.best_epoch}, {metric} "
+            f"{best.best_metrics[metric]:.4f}: {result.best_checkpoint_url}"
+        )
 
 
 def _print_cost(store: str, experiment_id: str) -> None:
@@ -78,8 +108,12 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
     store, experiment_id = _split_experiment(args.experiment, args.store)
     config, _ = load_state(store, experiment_id)
-    result = resume_experiment(store, experiment_id)
-    _out(format_table(result.trials, config.metric, config.mode))
+    try:
+        result = resume_experiment(store, experiment_id)
+    except SearchFailedError as error:
+        _out(format_table(error.trials, config.metric, config.mode))
+        raise
+    _print_result(result, config.metric, config.mode)
     _print_cost(store, experiment_id)
     _out(f"experiment {result.experiment_id}: {result.url}")
     return 0
@@ -189,6 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.handler(args))
+    except SearchFailedError as error:
+        logger.error("%s", error)
+        return EXIT_SEARCH_FAILED
     except CerebroError as error:
         logger.error("%s", error)
         return 2

@@ -6,6 +6,9 @@ the input without reading the source.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 
 class CerebroError(Exception):
     """Base class of every error this package raises on purpose."""
@@ -33,3 +36,45 @@ class TrialError(CerebroError, RuntimeError):
 
 class EventLogError(CerebroError, ValueError):
     """An event log holds what no crash can leave (the message names the line)."""
+
+
+class SearchFailedError(CerebroError, RuntimeError):
+    """A search produced nothing: every trial failed, or none reported a finite metric.
+
+    It is raised after the event log, the leaderboard and the checkpoints are written, so
+    nothing is lost; the message names the first failure (trial id and error).
+
+    Attributes:
+        experiment_id: The experiment.
+        url: URI of its directory (``events.jsonl``, ``leaderboard.csv``).
+        failures: ``(trial id, error)`` of each failed trial, in the order they failed.
+        trials: Every trial, ranked as the leaderboard ranks them (engine ``TrialState``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        experiment_id: str,
+        url: str,
+        failures: Sequence[tuple[str, str]] = (),
+        trials: Sequence[Any] = (),
+    ) -> None:
+        super().__init__(message)
+        self.experiment_id = experiment_id
+        self.url = url
+        self.failures = list(failures)
+        self.trials = list(trials)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        fields = {
+            "experiment_id": self.experiment_id,
+            "url": self.url,
+            "failures": self.failures,
+            "trials": self.trials,
+        }
+        return (_rebuild_search_failed, (str(self), fields))
+
+
+def _rebuild_search_failed(message: str, fields: dict[str, Any]) -> SearchFailedError:
+    return SearchFailedError(message, **fields)

@@ -1,6 +1,11 @@
 """spark-submit entry point: ``spark-submit jobs/run.py CONFIG.yaml [--workers N ...]``.
 
-Equivalent to ``cerebro-spark run``; the arguments are the same.
+Equivalent to ``cerebro-spark run``; the arguments are the same. Exit status: 0 the search
+produced a result (some trials may have failed: their errors are in the leaderboard), 3
+every trial failed (the error naming the first failure is logged; the event log and
+leaderboard are written), 2 bad arguments, config or data, 130 interrupted. spark-submit
+exits with the same status, so a scheduler sees a search that produced nothing as a failed
+job.
 """
 
 import sys

@@ -24,7 +24,13 @@ from cerebro_spark.engine._experiment import (
     logged_group_plans,
     trial_seed,
 )
-from cerebro_spark.engine._leaderboard import format_table, leaderboard_csv, rank
+from cerebro_spark.engine._leaderboard import (
+    best_trial,
+    format_table,
+    leaderboard_csv,
+    leaderboard_rows,
+    rank,
+)
 from cerebro_spark.engine._state import ExperimentState, TrialState, WorkerState
 
 __all__ = [
@@ -41,12 +47,14 @@ __all__ = [
     "StageHook",
     "TrialState",
     "WorkerState",
+    "best_trial",
     "build_procedure",
     "default_backend",
     "experiment_prefix",
     "experiment_spec",
     "format_table",
     "leaderboard_csv",
+    "leaderboard_rows",
     "load_config",
     "load_state",
     "logged_group_plans",

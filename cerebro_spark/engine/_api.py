@@ -14,6 +14,7 @@ from cerebro_spark.backends import Backend
 from cerebro_spark.engine._config import ExperimentConfig, parse_config
 from cerebro_spark.engine._events import read_events
 from cerebro_spark.engine._experiment import (
+    BEST_CHECKPOINT_NAME,
     CONFIG_NAME,
     Experiment,
     GroupPlans,
@@ -22,7 +23,8 @@ from cerebro_spark.engine._experiment import (
     experiment_prefix,
     logged_group_plans,
 )
-from cerebro_spark.engine._state import ExperimentState, TrialState
+from cerebro_spark.engine._leaderboard import best_trial
+from cerebro_spark.engine._state import FAILED, ExperimentState, TrialState
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.store import Store, open_store
 
@@ -35,10 +37,14 @@ BackendFactory = Callable[[ExperimentConfig], Backend]
 class ExperimentResult:
     """What a finished run returns.
 
+    A run in which some trials failed still returns one (its leaderboard shows their
+    errors and a warning is logged); a run that produced nothing raises
+    :class:`~cerebro_spark.errors.SearchFailedError` instead.
+
     Attributes:
         experiment_id: Its id.
         store: The root store it lives in.
-        trials: Every trial, best first.
+        trials: Every trial, best first (by its best epoch; failed trials last).
     """
 
     experiment_id: str
@@ -47,8 +53,24 @@ class ExperimentResult:
 
     @property
     def best(self) -> TrialState | None:
-        """The best trial, or ``None`` when no trial reported the metric."""
-        return next((t for t in self.trials if t.metrics), None)
+        """The best trial, or ``None`` when no trial reported a finite metric.
+
+        Its ``best_epoch``, ``best_metrics`` and ``best_checkpoint`` are what ``best.pt``
+        holds.
+        """
+        return best_trial(self.trials)
+
+    @property
+    def failed(self) -> list[TrialState]:
+        """The trials that failed (their ``error`` says why), in id order."""
+        return sorted((t for t in self.trials if t.status == FAILED), key=lambda t: t.trial_id)
+
+    @property
+    def best_checkpoint_url(self) -> str | None:
+        """URI of ``best.pt`` (the best epoch of the best trial), or ``None`` without one."""
+        if self.best is None:
+            return None
+        return self.store.url(f"{experiment_prefix(self.experiment_id)}/{BEST_CHECKPOINT_NAME}")
 
     @property
     def url(self) -> str:
@@ -106,6 +128,12 @@ def run_experiment(
     With ``config.elastic`` (and the default backend factory and no ``on_stage``), the
     search is planned first and the cluster follows the plan between its stages
     (:mod:`cerebro_spark.engine._elastic`).
+
+    Raises:
+        SearchFailedError: The search produced nothing: every trial failed (the message
+            names the first failure), or none reported a finite value of the metric. The
+            event log, leaderboard and checkpoints are written first.
+        ConfigError: The experiment already exists, or the config is bad.
     """
     store = open_store(config.store)
     experiment_id = experiment_id or new_experiment_id(config, store)
@@ -152,6 +180,10 @@ def resume_experiment(
     """Continue an experiment whose driver died, from its event log and checkpoints.
 
     Its workers start with the placement logged last (who held which partitions).
+
+    Raises:
+        SearchFailedError: The search produced nothing (as :func:`run_experiment`); also
+            when the experiment had already finished that way.
     """
     store = open_store(store_uri)
     config = load_experiment_config(store, experiment_id)

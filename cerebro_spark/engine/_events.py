@@ -38,11 +38,16 @@ Event kinds and their fields:
   are in and count only together (see :mod:`cerebro_spark.engine._state`).
 * ``trial_failed``: ``trial``, ``error``
 * ``trial_epoch``: ``round``, ``trial``, ``epoch``, ``metrics``, ``checkpoint``,
-  ``checkpoint_sha256``
+  ``checkpoint_sha256`` (the checkpoint trained through this epoch, which the metrics
+  validated), ``best_epoch``, ``best_checkpoint``, ``best_checkpoint_sha256`` (the trial's
+  best epoch so far, this one included, and its checkpoint, kept beside the latest; null
+  while no epoch reported a finite metric; absent in logs written before they existed)
 * ``decision``: ``round``, ``trial``, ``epoch``, ``decision``
 * ``round_end``: ``round``, ``procedure_state``
 * ``worker_bytes``: ``worker``, ``bytes_read`` (at the end of a run)
-* ``experiment_end``: ``best_trial``, ``seconds``
+* ``experiment_end``: ``best_trial``, ``best_epoch``, ``best_checkpoint``,
+  ``best_checkpoint_sha256`` (what ``best.pt`` was copied from), ``failed`` (trials that
+  failed), ``seconds``
 """
 
 from __future__ import annotations

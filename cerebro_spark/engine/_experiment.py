@@ -35,6 +35,7 @@ membership the round then uses.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import time
 import zlib
@@ -49,7 +50,12 @@ from cerebro_spark.data import Manifest
 from cerebro_spark.engine._config import ExperimentConfig
 from cerebro_spark.engine._dataset import resolve_dataset
 from cerebro_spark.engine._events import EventLog, read_events
-from cerebro_spark.engine._leaderboard import LEADERBOARD_NAME, leaderboard_csv, rank
+from cerebro_spark.engine._leaderboard import (
+    LEADERBOARD_NAME,
+    best_trial,
+    leaderboard_csv,
+    rank,
+)
 from cerebro_spark.engine._progress import Progress
 from cerebro_spark.engine._state import (
     COMPLETED,
@@ -60,10 +66,12 @@ from cerebro_spark.engine._state import (
     STOPPED,
     ExperimentState,
     TrialState,
+    improves,
 )
 from cerebro_spark.errors import (
     CerebroError,
     ConfigError,
+    SearchFailedError,
     StoreError,
     TrialError,
     WorkerLostError,
@@ -275,6 +283,10 @@ class Experiment:
         procedure = build_procedure(self.config, self.clock)
         if self.state.procedure_state is not None:
             procedure.load_state_dict(self.state.procedure_state)
+            if self.state.round_open:  # its failures came after the state was saved
+                for trial_id in self.state.round_trials:
+                    if self.state.trials[trial_id].status == FAILED:
+                        procedure.on_trial_failed(trial_id)
         return procedure
 
     def _rule(self) -> SchedulingRule:
@@ -302,7 +314,9 @@ class Experiment:
         resumed = bool(self.state.trials) or self.state.round >= 0
         if self.state.finished:
             logger.info("experiment %s already finished", self.experiment_id)
-            return rank(self.state.trials.values(), self.config.metric, self.config.mode)
+            ranked = rank(self.state.trials.values(), self.config.metric, self.config.mode)
+            self._check_outcome(ranked)
+            return ranked
         self._emit(
             "experiment_start",
             experiment_id=self.experiment_id,
@@ -356,17 +370,138 @@ class Experiment:
         finally:
             backend.close()
         self._sync_membership(backend, None)  # the workers the close stopped
+        self._sweep_checkpoints()
         ranked = rank(self.state.trials.values(), self.config.metric, self.config.mode)
-        best = next((t for t in ranked if t.metrics and t.status != FAILED), None)
-        if best is not None and best.checkpoint is not None:
-            self.store.put(BEST_CHECKPOINT_NAME, self.root.get(best.checkpoint))
+        best = best_trial(ranked)
         self._write_leaderboard()
+        best_key, best_sha256 = self._write_best_checkpoint(best)
         self._emit(
             "experiment_end",
             best_trial=best.trial_id if best else None,
+            best_epoch=best.best_epoch if best else None,
+            best_checkpoint=best_key,
+            best_checkpoint_sha256=best_sha256,
+            failed=len(self.state.failures),
             seconds=round(time.monotonic() - started, 3),
         )
+        self._check_outcome(ranked)
         return ranked
+
+    def _check_outcome(self, ranked: Sequence[TrialState]) -> None:
+        """Fail a search that produced nothing; warn when only some of its trials failed.
+
+        Raises:
+            SearchFailedError: Trials ran but none that did not fail reported a finite
+                value of the metric (every trial failed, or none got that far). The
+                message names the first failure; the log, leaderboard and checkpoints
+                are written by then.
+        """
+        state, experiment_id, metric = self.state, self.experiment_id, self.config.metric
+        url = self.root.url(self.prefix)
+        failed = [state.trials[t] for t in state.failures if state.trials[t].status == FAILED]
+        if ranked and best_trial(ranked) is None:
+            if failed and len(failed) == len(ranked):
+                what = f"every trial of experiment {experiment_id} failed ({len(failed)} trials)"
+            elif failed:
+                what = (
+                    f"no trial of experiment {experiment_id} reported a finite {metric}; "
+                    f"{len(failed)} of {len(ranked)} trials failed"
+                )
+            else:
+                what = f"no trial of experiment {experiment_id} reported a finite {metric}"
+            if failed:
+                what += f"; the first failure: trial {failed[0].trial_id}: {failed[0].error}"
+            if state.stopped is not None:
+                what += f"; the search was stopped: {state.stopped}"
+            raise SearchFailedError(
+                f"{what} (event log and leaderboard in {url})",
+                experiment_id=experiment_id,
+                url=url,
+                failures=[(t.trial_id, t.error or "") for t in failed],
+                trials=ranked,
+            )
+        if failed:
+            first = failed[0]
+            logger.warning(
+                "%d of %d trials failed (the first: trial %s: %s); the others' results "
+                "stand, see leaderboard.csv in %s",
+                len(failed),
+                len(ranked),
+                first.trial_id,
+                first.error,
+                url,
+            )
+
+    def _write_best_checkpoint(self, best: TrialState | None) -> tuple[str | None, str | None]:
+        """Copy the best epoch of the best trial to ``best.pt``; return its key and SHA-256.
+
+        The bytes are checked against the SHA-256 the log recorded for them. A trial
+        folded from a log written before best checkpoints were kept may have lost its
+        best epoch's checkpoint: its latest is copied then, with a warning.
+        """
+        if best is None:
+            logger.warning(
+                "no trial reported a finite %s: %s not written",
+                self.config.metric,
+                BEST_CHECKPOINT_NAME,
+            )
+            return None, None
+        key, sha256 = best.best_checkpoint, best.best_checkpoint_sha256
+        if key is None:
+            key, sha256 = best.checkpoint, best.checkpoint_sha256
+            logger.warning(
+                "the checkpoint of trial %s's best epoch %s was not kept (its log predates "
+                "best checkpoints); %s is its latest, epoch %d",
+                best.trial_id,
+                best.best_epoch,
+                BEST_CHECKPOINT_NAME,
+                best.epochs,
+            )
+        if key is None:
+            return None, None
+        data = self.root.get(key)
+        actual = hashlib.sha256(data).hexdigest()
+        if sha256 is not None and actual != sha256:
+            raise StoreError(
+                f"checkpoint {self.root.url(key)} has SHA-256 {actual}, but the event log "
+                f"recorded {sha256} for it: it was changed after it was written"
+            )
+        self.store.put(BEST_CHECKPOINT_NAME, data)
+        logger.info(
+            "%s: trial %s, epoch %s (%s %s), from %s",
+            BEST_CHECKPOINT_NAME,
+            best.trial_id,
+            best.best_epoch,
+            self.config.metric,
+            best.best_metrics.get(self.config.metric),
+            key,
+        )
+        return key, actual
+
+    def _sweep_checkpoints(self) -> None:
+        """Delete every checkpoint no trial needs and log the ones kept.
+
+        Checkpoints are deleted as they are superseded (:meth:`_drop_checkpoint`); this
+        sweep also removes those a killed driver left behind (a unit written but never
+        logged, a superseded one not yet deleted).
+        """
+        folder = f"{self.prefix}/checkpoints/"
+        for key in self.root.list(folder):
+            if not self.state.needs_checkpoint(key):
+                logger.debug("deleting checkpoint %s: no trial needs it", key)
+                self.root.delete(key)
+        kept = []
+        for trial in sorted(self.state.trials.values(), key=lambda t: t.trial_id):
+            roles: dict[str, list[str]] = {}
+            best = f"best, epoch {trial.best_epoch}"
+            for checkpoint, role in ((trial.checkpoint, "latest"), (trial.best_checkpoint, best)):
+                if checkpoint is not None:
+                    roles.setdefault(checkpoint, []).append(role)
+            if roles:
+                files = (f"{_short(k, folder)} ({' and '.join(r)})" for k, r in roles.items())
+                kept.append(f"{trial.trial_id}: {', '.join(files)}")
+        where = self.root.url(folder.rstrip("/"))
+        logger.info("checkpoints kept in %s: %s", where, "; ".join(kept) or "none")
 
     def _logged_placement(self) -> list[list[int]] | None:
         """The partitions of each worker taking units at the end of the log, if any."""
@@ -395,6 +530,11 @@ class Experiment:
         for spec in self.procedure.suggest():
             self._add_trial(spec.trial_id, spec.params, spec.clone_from)
         for trial_id in self.procedure.resumed():
+            if self.state.trials[trial_id].status == FAILED:
+                logger.warning(
+                    "%s resumed trial %s, which failed: ignored", self.config.procedure, trial_id
+                )
+                continue
             self._emit("trial_resumed", trial=trial_id)
         live = self.state.live_trials()
         if not live:
@@ -526,13 +666,16 @@ class Experiment:
             plans = {t: p for t, p in state.round_group_plans.items() if t in live}
         else:
             sizes = {t: k for t, k in state.round_resources.items() if t in live and k > 1}
+        orders = state.visit_orders
+        if orders is not None:  # a resumed round: trials that failed in it are out
+            orders = {t: order for t, order in orders.items() if t in live}
         scheduler = MopScheduler(
             trials=live,
             partitions=partitions,
             workers=state.ready_workers(),
             rng=self._round_rng(state.round),
             rule=self._rule(),
-            visit_orders=state.visit_orders,
+            visit_orders=orders,
             validate=True,
             completed=done,
             group_sizes=sizes,
@@ -800,12 +943,18 @@ class Experiment:
         logger.error("trial %s failed: %s", trial_id, error)
 
     def _drop_checkpoint(self, key: str | None, trial_id: str) -> None:
-        """Delete a trial's superseded checkpoint (Cerebro §5.6: only the last is needed)."""
-        own = f"{self.prefix}/checkpoints/{trial_id}/"
-        if key is None or not key.startswith(own):
-            return  # a checkpoint cloned from another trial stays with its owner
-        if any(t.checkpoint == key for t in self.state.trials.values()):
+        """Delete a checkpoint trial ``trial_id`` no longer needs, unless another trial does.
+
+        Each trial keeps its latest checkpoint (Cerebro §5.6: training continues from it)
+        and the one trained through its best epoch. A checkpoint is shared when a trial was
+        cloned from another (PBT's ``clone_from``): it is deleted only once no trial's
+        latest or best is it.
+        """
+        if key is None or not key.startswith(f"{self.prefix}/checkpoints/"):
             return
+        if self.state.needs_checkpoint(key):
+            return
+        logger.debug("deleting checkpoint %s (trial %s moved past it)", key, trial_id)
         self.root.delete(key)
 
     def _maybe_finish_epoch(self, trial_id: str) -> None:
@@ -822,6 +971,7 @@ class Experiment:
         metrics = {
             name: total / rows for name, total in sorted(state.validation_sums[trial_id].items())
         }
+        previous_best = trial.best_checkpoint
         self._emit(
             "trial_epoch",
             round=state.round,
@@ -830,15 +980,37 @@ class Experiment:
             metrics=metrics,
             checkpoint=trial.checkpoint,
             checkpoint_sha256=trial.checkpoint_sha256,
+            **self._best_fields(trial, metrics),
         )
+        self._drop_checkpoint(previous_best, trial_id)  # once logged: no longer the best
         self._update_best()
 
+    def _best_fields(self, trial: TrialState, metrics: Mapping[str, float]) -> dict[str, Any]:
+        """The ``best_*`` fields of the ``trial_epoch`` that reports ``metrics``.
+
+        The checkpoint a trial has when its epoch's validation is in is the one trained
+        through that epoch: it becomes the best if the epoch improves on the best so far
+        (:func:`~cerebro_spark.engine._state.improves`); the best before it is then
+        deleted once the event is logged, unless a trial still needs it.
+        """
+        if improves(metrics, trial.best_metrics or None, self.config.metric, self.config.mode):
+            return {
+                "best_epoch": trial.epochs + 1,
+                "best_checkpoint": trial.checkpoint,
+                "best_checkpoint_sha256": trial.checkpoint_sha256,
+            }
+        return {
+            "best_epoch": trial.best_epoch,
+            "best_checkpoint": trial.best_checkpoint,
+            "best_checkpoint_sha256": trial.best_checkpoint_sha256,
+        }
+
     def _update_best(self) -> None:
-        ranked = rank(self.state.trials.values(), self.config.metric, self.config.mode)
-        if ranked and self.config.metric in ranked[0].metrics:
-            top = ranked[0]
+        top = best_trial(rank(self.state.trials.values(), self.config.metric, self.config.mode))
+        if top is not None:
+            value = top.best_metrics[self.config.metric]
             self.progress.best = (
-                f"{self.config.metric} {top.metrics[self.config.metric]:.4f} ({top.trial_id})"
+                f"{self.config.metric} {value:.4f} ({top.trial_id}, epoch {top.best_epoch})"
             )
 
     # -- workers --------------------------------------------------------------------------
@@ -948,6 +1120,11 @@ class _Running:
     def done(self) -> bool:
         """Whether every rank has reported."""
         return all(future.done() for future in self.futures.values())
+
+
+def _short(key: str, folder: str) -> str:
+    """A checkpoint key relative to the experiment's checkpoint folder, for logs."""
+    return key[len(folder) :] if key.startswith(folder) else key
 
 
 def _group_failure(errors: Iterable[BaseException]) -> str:

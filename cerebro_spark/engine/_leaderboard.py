@@ -1,4 +1,11 @@
-"""The leaderboard: one row per trial, best first."""
+"""The leaderboard: one row per trial, best first.
+
+Trials are ranked by their **best** epoch (:func:`~cerebro_spark.engine._state.epoch_key`:
+the metric, then the lower loss), then by trial id. Trials that did not fail and reported
+a finite value of the metric come first; then those that did not (yet); failed trials come
+last, with their error. A row shows the best and the last value of the metric, the epoch
+of the best, the other metrics of that epoch and the checkpoint trained through it.
+"""
 
 from __future__ import annotations
 
@@ -6,70 +13,161 @@ import csv
 import io
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
-from cerebro_spark.engine._state import TrialState
+from cerebro_spark.engine._state import FAILED, LOSS, TrialState, epoch_key
 
 LEADERBOARD_NAME = "leaderboard.csv"
+_TABLE_METRICS = 3
+"""Other metrics the terminal table shows beside the experiment's (the loss first)."""
+_TABLE_TEXT = 80
+"""Characters of params or error the terminal table shows."""
 
 
 def rank(trials: Iterable[TrialState], metric: str, mode: str) -> list[TrialState]:
-    """Return trials best first by their latest ``metric``; trials without it come last."""
+    """Return trials best first by their best epoch's ``metric`` (see the module docstring)."""
 
-    def key(trial: TrialState) -> tuple[int, float, str]:
-        value = trial.metrics.get(metric)
-        if value is None or math.isnan(value):
-            return (1, 0.0, trial.trial_id)
-        return (0, -value if mode == "max" else value, trial.trial_id)
+    def key(trial: TrialState) -> tuple[int, float, float, str]:
+        best = epoch_key(trial.best_metrics, metric, mode)
+        group = 2 if trial.status == FAILED else 0 if best is not None else 1
+        value, loss = best if best is not None else (math.inf, math.inf)
+        return (group, value, loss, trial.trial_id)
 
     return sorted(trials, key=key)
 
 
+def best_trial(ranked: Sequence[TrialState]) -> TrialState | None:
+    """The first of ``ranked`` (see :func:`rank`) that did not fail and has a best epoch."""
+    return next((t for t in ranked if t.status != FAILED and t.best_epoch is not None), None)
+
+
+def _head(metric: str) -> list[str]:
+    return ["trial_id", "status", "epochs", "best_epoch", metric, f"last_{metric}"]
+
+
+_TAIL = ["best_checkpoint", "params", "error"]
+
+
+def _metric_columns(trials: Iterable[TrialState], metric: str) -> dict[str, str]:
+    """The other metrics at the best epoch, sorted by name, to their column names."""
+    fixed = {*_head(metric), *_TAIL}
+    names = sorted({name for t in trials for name in t.best_metrics if name != metric})
+    return {name: f"metric_{name}" if name in fixed else name for name in names}
+
+
+def _checkpoint_path(key: str | None) -> str | None:
+    """A checkpoint's path inside the experiment directory (``checkpoints/<trial>/...``)."""
+    if key is None:
+        return None
+    marker = "/checkpoints/"
+    return "checkpoints/" + key.rsplit(marker, 1)[1] if marker in key else key
+
+
+def leaderboard_rows(trials: Iterable[TrialState], metric: str, mode: str) -> list[dict[str, Any]]:
+    """Return the leaderboard as one dict per trial, best first.
+
+    Keys, in column order: ``trial_id``, ``status``, ``epochs``, ``best_epoch``,
+    ``<metric>`` (its value at the best epoch), ``last_<metric>`` (after the latest
+    epoch), every other metric at the best epoch (sorted by name; one named like a fixed
+    column is ``metric_<name>``), ``best_checkpoint`` (its path in the experiment
+    directory), ``params`` (a dict) and ``error`` (why the trial failed). Missing values
+    are ``None``.
+    """
+    ranked = rank(trials, metric, mode)
+    others = _metric_columns(ranked, metric)
+    rows = []
+    for trial in ranked:
+        row: dict[str, Any] = {
+            "trial_id": trial.trial_id,
+            "status": trial.status,
+            "epochs": trial.epochs,
+            "best_epoch": trial.best_epoch,
+            metric: trial.best_metrics.get(metric),
+            f"last_{metric}": trial.metrics.get(metric),
+        }
+        for name, column in others.items():
+            row[column] = trial.best_metrics.get(name)
+        row["best_checkpoint"] = _checkpoint_path(trial.best_checkpoint)
+        row["params"] = dict(trial.params)
+        row["error"] = trial.error
+        rows.append(row)
+    return rows
+
+
+def _csv_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
 def leaderboard_csv(trials: Iterable[TrialState], metric: str, mode: str) -> str:
-    """Render ``leaderboard.csv``: ``trial_id,status,epochs,<metric>,params``.
+    """Render ``leaderboard.csv``: the columns of :func:`leaderboard_rows`.
 
     Metric values are written with ``repr`` (shortest exact round trip), params as JSON
-    with sorted keys, so equal runs give byte-identical files.
+    with sorted keys, missing values as empty cells, so equal runs give byte-identical
+    files.
     """
+    trials = list(trials)
+    header = [*_head(metric), *_metric_columns(trials, metric).values(), *_TAIL]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["trial_id", "status", "epochs", metric, "params"])
-    for trial in rank(trials, metric, mode):
-        value = trial.metrics.get(metric)
-        writer.writerow(
-            [
-                trial.trial_id,
-                trial.status,
-                trial.epochs,
-                "" if value is None else repr(float(value)),
-                json.dumps(trial.params, sort_keys=True),
-            ]
-        )
+    writer.writerow(header)
+    for row in leaderboard_rows(trials, metric, mode):
+        writer.writerow([_csv_cell(row[column]) for column in header])
     return out.getvalue()
 
 
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _TABLE_TEXT else text[: _TABLE_TEXT - 3] + "..."
+
+
 def format_table(trials: Iterable[TrialState], metric: str, mode: str, limit: int = 20) -> str:
-    """Render the leaderboard as an aligned text table for terminals."""
+    """Render the leaderboard as an aligned text table for terminals.
+
+    Columns: rank, trial, status, epochs, the best epoch, the metric at it and after the
+    latest epoch (``last <metric>``), the loss and up to two other metrics at the best
+    epoch, the model family, and the params -- or, for a failed trial, its error.
+    """
     ranked = rank(trials, metric, mode)
-    rows = [["#", "trial", "status", "epochs", metric, "model", "params"]]
+    names = sorted({n for t in ranked for n in t.best_metrics if n not in (metric, LOSS)})
+    if any(LOSS in t.best_metrics for t in ranked) and metric != LOSS:
+        names.insert(0, LOSS)
+    names = names[:_TABLE_METRICS]
+    head = ["#", "trial", "status", "epochs", "best epoch", metric, f"last {metric}"]
+    rows = [[*head, *names, "model"]]
+    texts = ["params / error"]
     for position, trial in enumerate(ranked[:limit], start=1):
-        value = trial.metrics.get(metric)
-        params = json.dumps({k: v for k, v in trial.params.items() if k != "model"}, sort_keys=True)
         rows.append(
             [
                 str(position),
                 trial.trial_id,
                 trial.status,
                 str(trial.epochs),
-                "-" if value is None else f"{value:.4f}",
+                "-" if trial.best_epoch is None else str(trial.best_epoch),
+                _number(trial.best_metrics.get(metric)),
+                _number(trial.metrics.get(metric)),
+                *(_number(trial.best_metrics.get(name)) for name in names),
                 trial.spec.rsplit(":", 1)[-1].rsplit(".", 1)[-1],
-                params if len(params) <= 80 else params[:77] + "...",
             ]
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+        if trial.error is not None:
+            texts.append(_clip(f"error: {' '.join(trial.error.split())}"))
+        else:
+            params = {k: v for k, v in trial.params.items() if k != "model"}
+            texts.append(_clip(json.dumps(params, sort_keys=True)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [
-        "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]])
-        for row in rows
+        "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=True)), text]).rstrip()
+        for row, text in zip(rows, texts, strict=True)
     ]
     if len(ranked) > limit:
         lines.append(f"... {len(ranked) - limit} more in leaderboard.csv")

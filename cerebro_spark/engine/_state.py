@@ -14,11 +14,20 @@ A group unit (Cerebro §5.7) is logged as one ``unit_end`` per partition, all ca
 same ``group`` id and ``group_partitions``. They count only together: the state applies
 them once the last one is in, so a driver killed while logging them leaves a group that
 resume treats as not done (it re-runs the whole group from the checkpoint before it).
+
+Each trial's **best epoch** (by the experiment's metric and mode, ties broken by the lower
+loss, then the earlier epoch; see :func:`epoch_key`) is recorded on its ``trial_epoch``
+events (``best_epoch``, ``best_checkpoint``, ``best_checkpoint_sha256``) and folded into
+:class:`TrialState`. Logs written before those fields existed are folded with the metric
+and mode of their ``experiment_start`` config: the best epoch and its metrics come from
+the history, and its checkpoint is known only while it is the trial's latest (the engine
+that wrote such logs deleted a checkpoint as soon as the trial trained past it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -29,6 +38,40 @@ RUNNING, PAUSED, COMPLETED, STOPPED, FAILED = "running", "paused", "completed", 
 
 JOINED, READY, RETIRING, RETIRED, LOST = "joined", "ready", "retiring", "retired", "lost"
 """A worker's status: registered; taking units; leaving; left normally; died."""
+
+LOSS = "loss"
+"""The metric every unit reports; it breaks ties between equal values of the metric."""
+
+
+def epoch_key(metrics: Mapping[str, float], metric: str, mode: str) -> tuple[float, float] | None:
+    """How good one epoch's metrics are: smaller is better; ``None`` if it has no value.
+
+    The key is the metric (negated for ``mode="max"``), then the loss (lower is better;
+    a missing or non-finite loss ranks after every finite one). An epoch whose ``metric``
+    is missing or not finite has no key: it is never a trial's best.
+
+    Args:
+        metrics: Validation metrics of one epoch (``{name: value}``).
+        metric: The experiment's metric.
+        mode: ``"max"`` or ``"min"``.
+    """
+    value = metrics.get(metric)
+    if value is None or not math.isfinite(value):
+        return None
+    loss = metrics.get(LOSS)
+    tie = loss if loss is not None and math.isfinite(loss) else math.inf
+    return (-value if mode == "max" else value, tie)
+
+
+def improves(
+    metrics: Mapping[str, float], best: Mapping[str, float] | None, metric: str, mode: str
+) -> bool:
+    """Whether an epoch's ``metrics`` beat the ``best`` so far (strictly; see :func:`epoch_key`)."""
+    key = epoch_key(metrics, metric, mode)
+    if key is None:
+        return False
+    incumbent = None if best is None else epoch_key(best, metric, mode)
+    return incumbent is None or key < incumbent
 
 
 @dataclasses.dataclass
@@ -78,6 +121,13 @@ class TrialState:
         metrics: Validation metrics after its latest epoch.
         history: Validation metrics after each epoch.
         error: Why it failed.
+        best_epoch: Its best epoch so far (1-based, :func:`epoch_key`), or ``None`` while
+            no epoch reported a finite value of the metric.
+        best_metrics: Validation metrics after its best epoch.
+        best_checkpoint: Store key of the checkpoint trained through its best epoch (kept
+            beside the latest); ``None`` if unknown (a log written before best
+            checkpoints were kept, whose best epoch was not its latest).
+        best_checkpoint_sha256: SHA-256 of that checkpoint.
     """
 
     trial_id: str
@@ -91,6 +141,14 @@ class TrialState:
     metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
     history: list[Mapping[str, float]] = dataclasses.field(default_factory=list)
     error: str | None = None
+    best_epoch: int | None = None
+    best_metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    best_checkpoint: str | None = None
+    best_checkpoint_sha256: str | None = None
+
+    def needs(self, key: str) -> bool:
+        """Whether ``key`` is this trial's latest or best checkpoint (it must be kept)."""
+        return key in (self.checkpoint, self.best_checkpoint)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +192,11 @@ class ExperimentState:
     stage_plans: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     stage_actuals: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     elastic_summary: dict[str, Any] | None = None
+    metric: str | None = None
+    mode: str | None = None
+    failures: list[str] = dataclasses.field(default_factory=list)
     _open_groups: dict[str, dict[int, Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
+    _derived_best: set[str] = dataclasses.field(default_factory=set)
 
     @classmethod
     def from_events(cls, events: Iterable[Mapping[str, Any]]) -> ExperimentState:
@@ -175,8 +237,15 @@ class ExperimentState:
         """The availability map: every worker taking units to the partitions it holds."""
         return {w: s.partitions for w, s in sorted(self.workers.items()) if s.status == READY}
 
+    def needs_checkpoint(self, key: str) -> bool:
+        """Whether any trial's latest or best checkpoint is ``key``."""
+        return any(trial.needs(key) for trial in self.trials.values())
+
     def _on_experiment_start(self, event: Mapping[str, Any]) -> None:
         self.sessions += 1
+        config = event.get("config") or {}
+        self.metric = config.get("metric", self.metric)
+        self.mode = config.get("mode", self.mode)
 
     def _on_dataset(self, event: Mapping[str, Any]) -> None:
         self.dataset_id = event["dataset_id"]
@@ -224,8 +293,12 @@ class ExperimentState:
         self.done_units.append(DoneUnit(trial, event["partition"], kind, event["step"]))
         self.unit_seconds[trial] += event.get("seconds", 0.0)
         if kind is UnitKind.TRAIN:
-            self.trials[trial].checkpoint = event["checkpoint"]
-            self.trials[trial].checkpoint_sha256 = event["checkpoint_sha256"]
+            record = self.trials[trial]
+            if trial in self._derived_best and record.best_checkpoint == record.checkpoint:
+                # The engine that wrote this log deleted the checkpoint it moved past.
+                record.best_checkpoint = record.best_checkpoint_sha256 = None
+            record.checkpoint = event["checkpoint"]
+            record.checkpoint_sha256 = event["checkpoint_sha256"]
         else:
             sums = self.validation_sums[trial]
             for name, value in event["metric_sums"].items():
@@ -236,6 +309,8 @@ class ExperimentState:
         trial = self.trials[event["trial"]]
         trial.status = FAILED
         trial.error = event["error"]
+        if trial.trial_id not in self.failures:
+            self.failures.append(trial.trial_id)
 
     def _on_trial_epoch(self, event: Mapping[str, Any]) -> None:
         trial = self.trials[event["trial"]]
@@ -243,6 +318,33 @@ class ExperimentState:
         trial.metrics = event["metrics"]
         trial.history.append(event["metrics"])
         self.reported.add(trial.trial_id)
+        if "best_epoch" in event:
+            self._derived_best.discard(trial.trial_id)
+            self._record_best(trial, event)
+        else:
+            self._derived_best.add(trial.trial_id)
+            self._derive_best(trial, event)
+
+    @staticmethod
+    def _record_best(trial: TrialState, event: Mapping[str, Any]) -> None:
+        """Fold the best epoch a ``trial_epoch`` event records."""
+        best = event["best_epoch"]
+        trial.best_epoch = None if best is None else int(best)
+        trial.best_metrics = (
+            trial.history[best - 1] if best is not None and 0 < best <= len(trial.history) else {}
+        )
+        trial.best_checkpoint = event.get("best_checkpoint")
+        trial.best_checkpoint_sha256 = event.get("best_checkpoint_sha256")
+
+    def _derive_best(self, trial: TrialState, event: Mapping[str, Any]) -> None:
+        """The best epoch of a log written before ``trial_epoch`` recorded it."""
+        if self.metric is None or self.mode is None:
+            return
+        if improves(event["metrics"], trial.best_metrics or None, self.metric, self.mode):
+            trial.best_epoch = int(event["epoch"])
+            trial.best_metrics = event["metrics"]
+            trial.best_checkpoint = event.get("checkpoint")
+            trial.best_checkpoint_sha256 = event.get("checkpoint_sha256")
 
     def _on_decision(self, event: Mapping[str, Any]) -> None:
         trial = self.trials[event["trial"]]

@@ -212,6 +212,10 @@ class ASHA(SearchProcedure):
         self._paused[trial_id] = k
         return Decision.PAUSE
 
+    def on_trial_failed(self, trial_id: str) -> None:
+        """The failed trial frees its worker slot (a new or promoted trial takes it)."""
+        self._live.pop(trial_id, None)
+
     def stage_spec(self) -> ExperimentSpec:
         """ASHA's expected work as one asynchronous stage.
 

@@ -130,8 +130,13 @@ class _OneShotSearch(SearchProcedure):
         self._stopped.add(report.trial_id)
         return Decision.STOP
 
+    def on_trial_failed(self, trial_id: str) -> None:
+        """A failed trial is over: it no longer counts as live (nor against ``max_concurrent``)."""
+        if self._live.pop(trial_id, None) is not None:
+            self._stopped.add(trial_id)
+
     def is_finished(self) -> bool:
-        """Whether every trial was suggested and has stopped."""
+        """Whether every trial was suggested and has stopped (or failed)."""
         return self._suggested == self._total and not self._live
 
     def state_dict(self) -> dict[str, Any]:

@@ -140,6 +140,12 @@ class Hyperband(SearchProcedure):
             raise ValueError(f"report for trial {report.trial_id!r}, which is unknown")
         return self._brackets[index].on_epoch_end(report.trial_id, report.epoch, score)
 
+    def on_trial_failed(self, trial_id: str) -> None:
+        """The failed trial leaves its bracket; its rung is decided without it."""
+        index = self._bracket_of.get(trial_id)
+        if index is not None:
+            self._brackets[index].drop(trial_id)
+
     def resumed(self) -> list[str]:
         """Return the paused survivors of rungs decided since the last call, in id order."""
         return sorted(t for b in self._brackets for t in b.take_resumed())

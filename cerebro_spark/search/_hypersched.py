@@ -374,6 +374,12 @@ class HyperSched(SearchProcedure):
             return self._leave(trial, STOPPED)
         return Decision.CONTINUE
 
+    def on_trial_failed(self, trial_id: str) -> None:
+        """The failed trial stops: its workers go back to the others and new trials."""
+        trial = self._trials.get(trial_id)
+        if trial is not None and trial.status == LIVE:
+            self._leave(trial, STOPPED)
+
     def _leave(self, trial: _Trial, status: str) -> Decision:
         trial.status, trial.atoms = status, 1
         return Decision.STOP if status == STOPPED else Decision.PAUSE

@@ -191,7 +191,19 @@ class PBT(SearchProcedure):
             return Decision.PAUSE
         return self._select(trial_id)
 
-    def _select(self, last: str) -> Decision:
+    def on_trial_failed(self, trial_id: str) -> None:
+        """The failed member leaves the population, which shrinks by one.
+
+        A perturbation point it alone held open selects among the members waiting there.
+        """
+        if trial_id not in self._training:
+            return
+        self._training.discard(trial_id)
+        del self._members[trial_id]
+        if not self._training and self._waiting:
+            self._select(None)
+
+    def _select(self, last: str | None) -> Decision:
         ranked = rank(self._waiting)
         self._waiting = {}
         n = len(ranked)

@@ -106,6 +106,8 @@ class Bracket:
       handed out by :meth:`take_resumed`; paused losers stay paused for good (they are in
       :attr:`eliminated`). So no trial ever trains past a rung before the rung is decided,
       and every survivor starts the next rung in the same round.
+    * A trial that fails leaves the bracket (:meth:`drop`); the rung is decided among the
+      others, by the last of them to report or, if they were all waiting, at once.
     """
 
     def __init__(self, rungs: Sequence[int], eta: int) -> None:
@@ -146,7 +148,18 @@ class Bracket:
             return Decision.PAUSE
         return self._decide_rung(trial_id)
 
-    def _decide_rung(self, last: str) -> Decision:
+    def drop(self, trial_id: str) -> None:
+        """Take a failed trial out of the bracket.
+
+        A rung it alone held open is decided at once among the trials waiting there (the
+        survivors are resumed, the others eliminated).
+        """
+        if self.training.pop(trial_id, None) is None:
+            return
+        if not self.training and self.waiting:
+            self._decide_rung(None)
+
+    def _decide_rung(self, last: str | None) -> Decision:
         ranked = rank(self.waiting)
         keep = max(1, len(ranked) // self.eta)
         survivors, losers = ranked[:keep], ranked[keep:]

@@ -435,6 +435,7 @@ class SEER(SearchProcedure):
         self._paused: list[str] = []
         self._waiting: list[str] = []  # paused members with work left in this stage
         self._done: list[str] = []  # members done with this stage
+        self._failed: set[str] = set()  # trials whose user code failed: out of the search
 
     @property
     def deadline(self) -> float:
@@ -564,6 +565,21 @@ class SEER(SearchProcedure):
         self._paused.append(trial_id)
         return Decision.PAUSE
 
+    def on_trial_failed(self, trial_id: str) -> None:
+        """The failed trial is out of the search: it ranks last and enters no later stage.
+
+        A stage that it alone held open closes now (the next stage's members are then
+        resumed by :meth:`resumed`).
+        """
+        if trial_id not in self._live:
+            return
+        self._live.remove(trial_id)
+        self._failed.add(trial_id)
+        self._scores.pop(trial_id, None)  # no score ranks last
+        self._done.append(trial_id)
+        if not self._live and not self._waiting and self._stage <= self.plan.K:
+            self._close_stages()
+
     def _wait(self, trial_id: str) -> Decision:
         self._waiting.append(trial_id)
         self._paused.append(trial_id)
@@ -607,7 +623,7 @@ class SEER(SearchProcedure):
     def _close_stages(self) -> None:
         """Close the current stage (and any next one in which no member can train)."""
         while True:
-            survivors = self._eliminate()
+            survivors = [t for t in self._eliminate() if t not in self._failed]
             if self._stage == self.plan.K:
                 self._stage = self.plan.K + 1
                 self._members, self._waiting = {}, []
@@ -653,6 +669,7 @@ class SEER(SearchProcedure):
             paused=list(self._paused),
             waiting=list(self._waiting),
             done=list(self._done),
+            failed=sorted(self._failed),
         )
         return state
 
@@ -684,3 +701,4 @@ class SEER(SearchProcedure):
         self._paused = [str(t) for t in state["paused"]]
         self._waiting = [str(t) for t in state["waiting"]]
         self._done = [str(t) for t in state["done"]]
+        self._failed = {str(t) for t in state.get("failed", [])}  # absent before failures

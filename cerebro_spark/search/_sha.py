@@ -104,6 +104,10 @@ class SuccessiveHalving(SearchProcedure):
         score = to_score(self.metric_value(report), self.mode)
         return self._bracket.on_epoch_end(report.trial_id, report.epoch, score)
 
+    def on_trial_failed(self, trial_id: str) -> None:
+        """The failed trial leaves the bracket; its rung is decided without it."""
+        self._bracket.drop(trial_id)
+
     def resumed(self) -> list[str]:
         """Return the paused survivors of a rung decided since the last call."""
         return self._bracket.take_resumed()

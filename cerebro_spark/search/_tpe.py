@@ -164,6 +164,11 @@ class TPESearch(SearchProcedure):
         self._tell(report.trial_id, value)
         return Decision.STOP
 
+    def on_trial_failed(self, trial_id: str) -> None:
+        """The failed trial frees its place and is told to the study as failed."""
+        if self._live.pop(trial_id, None) is not None:
+            self._tell(trial_id, math.nan)
+
     def _tell(self, trial_id: str, value: float) -> None:
         from optuna.trial import TrialState
 

@@ -24,6 +24,7 @@ from cerebro_spark.engine import (
     run_experiment,
 )
 from cerebro_spark.store import open_store
+from tests.engine.checkpoint_checks import check_checkpoints
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -83,7 +84,9 @@ def test_run_produces_leaderboard_events_and_best_checkpoint(reference, store):
     assert all(t.status == "completed" and t.epochs == 2 for t in reference.trials)
     assert reference.best.metrics["accuracy"] > 0.8
     board = leaderboard(reference).decode().splitlines()
-    assert board[0] == "trial_id,status,epochs,accuracy,params"
+    assert board[0] == (
+        "trial_id,status,epochs,best_epoch,accuracy,last_accuracy,loss,best_checkpoint,params,error"
+    )
     assert len(board) == 4
     events = read_events(open_store(str(store)).child("experiments/reference"))
     kinds = [e["event"] for e in events]
@@ -96,9 +99,10 @@ def test_run_produces_leaderboard_events_and_best_checkpoint(reference, store):
     assert all(e["seconds"] > 0 and e["rows"] > 0 for e in ends)
     assert all(e["checkpoint_bytes"] > 0 for e in ends if e["kind"] == "train")
     assert open_store(str(store)).exists("experiments/reference/best.pt")
-    # only each trial's latest checkpoint is kept
+    # only each trial's latest and best checkpoints are kept; best.pt is the best epoch
+    state = check_checkpoints(store, "reference")
     kept = open_store(str(store)).list("experiments/reference/checkpoints")
-    assert len(kept) == 3
+    assert 3 <= len(kept) <= 6 and all(t.best_epoch for t in state.trials.values())
 
 
 def test_second_run_is_identical(reference, store):

@@ -111,3 +111,52 @@ def test_spark_submit_with_dataset_and_checkpoints_on_s3(tmp_path, s3_server):
         k.startswith("lake/experiments/submitted/checkpoints/") and k.endswith(".pt") for k in keys
     )
     assert sum(k.startswith("lake/datasets/") and k.endswith(".parquet") for k in keys) == 8
+
+
+def test_spark_submit_exits_non_zero_when_every_trial_failed(tmp_path):
+    """A job whose every trial fails inside the Spark workers fails as a job (status 3)."""
+    config = {
+        "name": "doomed",
+        "seed": 2,
+        "store": str(tmp_path / "store"),
+        "data": {"source": "sklearn:digits", "partitions": 2},
+        "epochs": 1,
+        "workers": 2,
+        "backend": "spark",
+        "spark": {"conf": {"spark.ui.enabled": False}},
+        "model": "tests.engine.outcome_specs:FailsInTrainingSpec",
+        "space": {"hidden_units": {"grid": [[8], [16]]}},
+    }
+    path = tmp_path / "doomed.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {
+        **os.environ,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    completed = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("spark-submit")),
+            "--master",
+            "local[2]",
+            str(ROOT / "jobs/run.py"),
+            str(path),
+            "--experiment-id",
+            "doomed",
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    output = completed.stdout + completed.stderr  # spark-submit merges Python's stderr
+    assert completed.returncode == 3, output[-4000:]
+    assert "every trial of experiment doomed failed (2 trials); the first failure: trial t000" in (
+        output
+    )
+    assert "FailsInTrainingSpec refuses to take an optimizer step" in output
+    _, state = load_state(str(tmp_path / "store"), "doomed")
+    assert state.finished and all(t.status == "failed" for t in state.trials.values())

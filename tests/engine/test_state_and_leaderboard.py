@@ -120,15 +120,35 @@ def test_clone_inherits_parent_checkpoint():
     assert state.trials["t0002"].checkpoint == "c/a"
 
 
+def epoch(trial, number, metrics, best_epoch, checkpoint="c/x"):
+    return {
+        "event": "trial_epoch",
+        "round": number - 1,
+        "trial": trial,
+        "epoch": number,
+        "metrics": metrics,
+        "checkpoint": checkpoint,
+        "checkpoint_sha256": "s",
+        "best_epoch": best_epoch,
+        "best_checkpoint": None if best_epoch is None else checkpoint,
+        "best_checkpoint_sha256": None if best_epoch is None else "s",
+    }
+
+
 def test_leaderboard_is_ranked_and_exact():
-    state = ExperimentState.from_events(events())
-    state.trials["t0000"].metrics = {"accuracy": 0.5}
-    state.trials["t0001"].metrics = {"accuracy": 0.1 + 0.2}
+    log = [
+        *events(),
+        epoch("t0000", 1, {"accuracy": 0.5, "loss": 1.0}, 1, "experiments/e/checkpoints/t0000/a"),
+        epoch("t0001", 1, {"accuracy": 0.1 + 0.2, "loss": 2.0}, 1),
+    ]
+    state = ExperimentState.from_events(log)
     text = leaderboard_csv(state.trials.values(), "accuracy", "max")
     lines = text.splitlines()
-    assert lines[0] == "trial_id,status,epochs,accuracy,params"
-    assert lines[1].startswith("t0000,running,0,0.5,")
-    assert lines[2].startswith("t0001,running,0,0.30000000000000004,")
+    assert lines[0] == (
+        "trial_id,status,epochs,best_epoch,accuracy,last_accuracy,loss,best_checkpoint,params,error"
+    )
+    assert lines[1] == 't0000,running,1,1,0.5,0.5,1.0,checkpoints/t0000/a,"{""lr"": 0.1}",'
+    assert lines[2].startswith("t0001,running,1,1,0.30000000000000004,0.30000000000000004,2.0,")
     assert '"{""lr"": 0.2}"' in lines[2]
     assert (
         leaderboard_csv(state.trials.values(), "accuracy", "min")
@@ -139,10 +159,10 @@ def test_leaderboard_is_ranked_and_exact():
 
 
 def test_trials_without_metric_rank_last():
-    state = ExperimentState.from_events(events())
-    state.trials["t0001"].metrics = {"accuracy": 0.1}
+    log = [*events(), epoch("t0001", 1, {"accuracy": 0.1}, 1)]
+    state = ExperimentState.from_events(log)
     lines = leaderboard_csv(state.trials.values(), "accuracy", "max").splitlines()
-    assert lines[1].startswith("t0001") and lines[2].startswith("t0000,running,0,,")
+    assert lines[1].startswith("t0001") and lines[2].startswith("t0000,running,0,,,,")
 
 
 def test_experiment_time_does_not_count_driver_downtime():

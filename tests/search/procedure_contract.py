@@ -90,6 +90,8 @@ class FakeLoop:
         self.paused: dict[str, int] = {}
         self.stopped: dict[str, int] = {}
         self.trace: list[tuple[Any, ...]] = []
+        self.fail: dict[str, int] = {}  # trial id -> the epoch whose training fails
+        self.failed: set[str] = set()
 
     def bookkeeping(self) -> dict[str, Any]:
         """Everything but the procedure and clock, as the engine would checkpoint it."""
@@ -135,7 +137,8 @@ class FakeLoop:
             raise ContractViolation(f"finished procedure resumed {resumed}")
         for trial_id in resumed:
             if trial_id not in self.paused:
-                raise ContractViolation(f"resumed() named {trial_id!r}, which is not paused")
+                state = "failed" if trial_id in self.failed else "not paused"
+                raise ContractViolation(f"resumed() named {trial_id!r}, which is {state}")
             self.live[trial_id] = self.paused.pop(trial_id)
         self.trace.append(("round", self.rounds, new, list(resumed)))
         if not self.live and not proc.is_finished():
@@ -149,6 +152,12 @@ class FakeLoop:
         for trial_id in list(self.live):
             self.clock.now += self.epoch_seconds
             epoch = self.live[trial_id] + 1
+            if self.fail.get(trial_id) == epoch:  # its user code raised: it never reports
+                del self.live[trial_id]
+                self.failed.add(trial_id)
+                self.procedure.on_trial_failed(trial_id)
+                self.trace.append(("failed", self.rounds, trial_id, epoch))
+                continue
             metrics = fake_metrics(self.params[trial_id], epoch, self.seed, self.metric)
             decision = self.procedure.on_epoch_end(EpochReport(trial_id, epoch, metrics))
             if not isinstance(decision, Decision):
@@ -281,6 +290,19 @@ class ProcedureContract:
             resumed.run(self.max_rounds)
             assert resumed.trace == reference.trace, f"diverged after resuming at round {stop_at}"
             assert clock.now == reference.clock.now
+
+    @pytest.mark.parametrize("epoch", [1, 2])
+    def test_a_failed_trial_leaves_the_search_without_stalling_it(self, epoch: int) -> None:
+        """A trial whose training fails never reports again; the others go on to the end
+        (rungs, generations and stages are decided without it) and it is never resumed."""
+        loop = self.loop()
+        loop.fail = {"t0001": epoch}
+        loop.run(self.max_rounds)  # a stall or a resumed failed trial is a violation
+        assert loop.procedure.is_finished()
+        assert loop.stopped, "no trial ran to its end"
+        again = self.loop()
+        again.fail = {"t0001": epoch}
+        assert again.run(self.max_rounds) == loop.trace, "equal seeds, different runs"
 
     def test_report_without_the_metric_is_a_config_error(self) -> None:
         proc = self.make(np.random.default_rng(self.seed), FakeClock())

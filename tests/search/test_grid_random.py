@@ -192,6 +192,25 @@ def test_grid_max_concurrent_refills_as_trials_stop() -> None:
     assert refill[0].trial_id == "t0004"
 
 
+def test_a_failed_trial_frees_its_place_and_ends_like_a_stopped_one() -> None:
+    proc = grid(epochs=2, max_concurrent=4)
+    first = proc.suggest()
+    proc.on_trial_failed(first[1].trial_id)
+    refill = proc.suggest()
+    assert [s.trial_id for s in refill] == ["t0004"]
+    assert proc.state_dict()["stopped"] == [first[1].trial_id]
+    with pytest.raises(ValueError, match="already stopped"):
+        proc.on_epoch_end(report(first[1].trial_id, 1))
+    proc.on_trial_failed("t9999")  # unknown: nothing to do
+    for spec in proc.suggest() + [s for s in first if s is not first[1]] + refill:
+        proc.on_trial_failed(spec.trial_id)
+    while not proc.is_finished():
+        specs = proc.suggest()
+        assert specs, "the grid stalled with failed trials counted as live"
+        for spec in specs:
+            proc.on_trial_failed(spec.trial_id)
+
+
 def test_grid_params_are_independent_copies() -> None:
     proc = grid()
     specs = proc.suggest()

@@ -90,6 +90,11 @@ class ForgetsNewTrials(RandomSearch):
         return state
 
 
+class IgnoresFailures(RandomSearch):
+    def on_trial_failed(self, trial_id: str) -> None:
+        pass  # the failed trial keeps its place for ever
+
+
 def contract_for(cls: type[RandomSearch]) -> ProcedureContract:
     class Contract(ProcedureContract):
         max_rounds = 30
@@ -121,6 +126,7 @@ FAILURES = [
     (NonJsonState, "test_state_dict_is_json_at_every_round", "not JSON serializable"),
     (ReturnsStrings, "test_runs_to_completion", "returned 'continue', not a Decision"),
     (FinishedButSuggests, "test_runs_to_completion", "a finished procedure suggested trials"),
+    (IgnoresFailures, "test_a_failed_trial_leaves_the_search_without_stalling_it", "stalled"),
 ]
 
 
@@ -137,6 +143,9 @@ def run_check(contract: ProcedureContract, test: str) -> None:
     if "when" in inspect.signature(method).parameters:
         for when in ("between_rounds", "after_suggest"):
             method(when)
+    elif "epoch" in inspect.signature(method).parameters:
+        for epoch in (1, 2):
+            method(epoch)
     else:
         method()
 
