@@ -13,7 +13,9 @@ from cerebro_spark.engine import (
     ExperimentConfig,
     ExperimentState,
     TrialState,
+    best_trial,
     experiment_prefix,
+    leaderboard_rows,
     load_state,
     rank,
 )
@@ -66,9 +68,12 @@ class TuningResult:
 
     @property
     def best(self) -> TrialState | None:
-        """The best trial, or ``None`` when no trial reported the metric."""
-        top = next(iter(self.trials), None)
-        return top if top is not None and self.metric in top.metrics else None
+        """The trial with the best epoch, or ``None`` when no trial reported the metric.
+
+        Its ``best_metrics``, ``best_epoch`` and ``best_checkpoint`` are that epoch's; the
+        experiment's ``best.pt`` is that checkpoint.
+        """
+        return best_trial(self.trials)
 
     @property
     def url(self) -> str:
@@ -76,37 +81,26 @@ class TuningResult:
         return open_store(self.store).url(experiment_prefix(self.experiment_id))
 
     def leaderboard(self) -> pd.DataFrame:
-        """One row per trial, best first.
+        """One row per trial, best first (the rows of ``leaderboard.csv``).
 
-        Columns: ``rank``, ``trial_id``, ``status``, ``epochs``, the optimised metric, the
-        other validation metrics of the trial's latest epoch, ``model`` (the spec's class),
-        ``error`` (failed trials) and one ``params.<name>`` column per hyperparameter
-        (lists and nested values as JSON text).
+        Columns: ``rank``, ``trial_id``, ``status``, ``epochs``, ``best_epoch``, the
+        optimised metric at the best epoch and ``last_<metric>`` after the latest, the other
+        metrics at the best epoch, ``best_checkpoint``, ``error`` (failed trials), ``model``
+        (the spec's class) and one ``params.<name>`` column per hyperparameter (lists and
+        nested values as JSON text).
         """
-        rows = [self._row(position, trial) for position, trial in enumerate(self.trials, 1)]
-        frame = pd.DataFrame(rows)
-        if frame.empty:
+        specs = {t.trial_id: t.spec for t in self.state.trials.values()}
+        rows = []
+        for position, row in enumerate(
+            leaderboard_rows(self.state.trials.values(), self.metric, self.config.mode), 1
+        ):
+            params = row.pop("params")
+            row = {"rank": position, **row, "model": specs[row["trial_id"]].rsplit(":", 1)[-1]}
+            row.update({f"params.{k}": v for k, v in _flatten(params).items()})
+            rows.append(row)
+        if not rows:
             return pd.DataFrame(columns=["rank", "trial_id", "status", "epochs", self.metric])
-        first = ["rank", "trial_id", "status", "epochs", self.metric]
-        metrics = sorted({m for t in self.state.trials.values() for m in t.metrics} - {self.metric})
-        params = sorted(c for c in frame.columns if c.startswith("params."))
-        order = [*first, *metrics, "model", "error", *params]
-        return frame.reindex(columns=order)
-
-    def _row(self, position: int, trial: TrialState) -> dict[str, Any]:
-        row: dict[str, Any] = {
-            "rank": position,
-            "trial_id": trial.trial_id,
-            "status": trial.status,
-            "epochs": trial.epochs,
-            **{name: float(value) for name, value in trial.metrics.items()},
-            "model": trial.spec.rsplit(":", 1)[-1],
-            "error": trial.error,
-        }
-        row.setdefault(self.metric, math.nan)
-        for name, value in _flatten(trial.params).items():
-            row[f"params.{name}"] = value
-        return row
+        return pd.DataFrame(rows)
 
     def history(self) -> pd.DataFrame:
         """Validation metrics after every epoch of every trial, in trial and epoch order.
@@ -137,11 +131,25 @@ class TuningResult:
             spark = SparkSession.getActiveSession()
             if spark is None:
                 raise RuntimeError("to_spark needs a SparkSession: pass one or start one")
+        from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+
         frame = self.leaderboard()
+        fields = []
         for column in frame.columns:
-            if frame[column].dtype == object:
-                frame[column] = [None if _missing(v) else str(v) for v in frame[column]]
-        return spark.createDataFrame(frame)
+            values = frame[column]
+            if pd.api.types.is_integer_dtype(values):
+                fields.append(StructField(column, LongType()))
+            elif pd.api.types.is_float_dtype(values) or _all_numbers(values):
+                frame[column] = [None if _missing(v) else float(v) for v in values]
+                fields.append(StructField(column, DoubleType()))
+            else:
+                frame[column] = [None if _missing(v) else str(v) for v in values]
+                fields.append(StructField(column, StringType()))
+        # object arrays' tolist() gives Python scalars, which Spark's schema checks accept
+        rows = [
+            [None if _missing(v) else v for v in row] for row in frame.to_numpy(object).tolist()
+        ]
+        return spark.createDataFrame(rows, StructType(fields))
 
     def best_model(self) -> Any:
         """The best checkpoint (``best.pt``) as a Spark ML Transformer.
@@ -163,7 +171,7 @@ class TuningResult:
         summary = (
             "no trial reported"
             if best is None
-            else (f"best {best.trial_id} {self.metric}={best.metrics[self.metric]:.4f}")
+            else f"best {best.trial_id} {self.metric}={best.best_metrics[self.metric]:.4f}"
         )
         return f"TuningResult({self.experiment_id!r}, {len(self.state.trials)} trials, {summary})"
 
@@ -180,6 +188,14 @@ def _flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = value
     return out
+
+
+def _all_numbers(values: pd.Series) -> bool:
+    """Whether every present value is a number (not a bool), and one is present."""
+    present = [v for v in values if not _missing(v)]
+    return bool(present) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in present
+    )
 
 
 def _missing(value: Any) -> bool:

@@ -93,7 +93,7 @@ def test_fit_on_a_spark_frame_uses_the_active_session(spark, tmp_path, caplog):
     assert board.count() == 2
     rows = board.orderBy("rank").collect()
     assert rows[0]["trial_id"] == result.best.trial_id
-    assert rows[0]["accuracy"] == pytest.approx(result.best.metrics["accuracy"])
+    assert rows[0]["accuracy"] == pytest.approx(result.best.best_metrics["accuracy"])
     # the same rows prepared from the same seed: the second fit reuses the dataset
     again = tuner.fit(frame, label="digit", experiment_id="spark-frame-2")
     assert again.state.dataset_id == result.state.dataset_id
