@@ -166,7 +166,7 @@ class DatasetInfo:
     feature_shape: tuple[int, ...]
     task: Task
     num_classes: int | None
-    statistics: FeatureStatistics | None = None
+    statistics: FeatureStatistics | None = dataclasses.field(default=None, repr=False)
     dataset_id: str | None = None
     features: tuple[ColumnInfo, ...] = ()
     label: str | None = None
