@@ -201,3 +201,22 @@ def test_a_regression_model_predicts_values(tmp_path):
     np.testing.assert_allclose(values, direct, rtol=1e-6)
     with pytest.raises(ConfigError, match="classification"):
         regression.predict_proba(train.features)
+
+
+def test_an_experiment_on_s3_loads_by_directory_checkpoint_uri_or_id(trained, model, s3_server):
+    local = open_store(trained.experiment_uri)
+    lake = open_store(s3_server.uri("lake"))
+    for key in ("config.json", "best.pt"):
+        lake.put(f"experiments/{trained.experiment_id}/{key}", local.get(key))
+    uri = best_checkpoint_uri(s3_server.uri("lake"), trained.experiment_id)
+    assert uri.startswith("s3://") and "endpoint_override=" in uri
+    expected = model.predict_proba(trained.held_out)
+    directory = s3_server.uri(f"lake/experiments/{trained.experiment_id}")
+    for loaded in (
+        load_model(uri),
+        load_model(directory),
+        load_model(trained.experiment_id, store=s3_server.uri("lake")),
+    ):
+        np.testing.assert_array_equal(loaded.predict_proba(trained.held_out), expected)
+    with pytest.raises(FileNotFoundError, match="no experiment"):
+        load_model("nope", store=s3_server.uri("lake"))
