@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from cerebro_spark.errors import DataError
+
 if TYPE_CHECKING:
     import torch
 
@@ -117,8 +119,6 @@ class FeatureStatistics:
         Raises:
             DataError: A field is missing or the lists have different lengths.
         """
-        from cerebro_spark.errors import DataError
-
         try:
             stats = cls(
                 count=int(raw["count"]),

@@ -120,10 +120,12 @@ class ScoringModel(nn.Module):
         if rows == 0:
             return np.zeros((0, width) if self.classes is not None else (0,))
         parts: list[np.ndarray] = []
+        # placeholder labels for the spec's transform, typed as in training
+        label_type = torch.int64 if self.classes is not None else torch.float32
         with torch.no_grad():
             for first in range(0, rows, self.batch_size):
                 x = torch.from_numpy(features[first : first + self.batch_size]).to(self.device)
-                y = torch.zeros(len(x), dtype=torch.int64, device=self.device)
+                y = torch.zeros(len(x), dtype=label_type, device=self.device)
                 x, _ = self.spec.transform(x, y)
                 out = self.network(x)
                 if self.classes is not None:

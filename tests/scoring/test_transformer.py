@@ -120,3 +120,23 @@ def test_the_model_is_built_once_per_worker(trained):
     assert transformer_module.cached_model(sha, b"ignored on a hit", "cpu", 64) is first
     with pytest.raises(Exception, match="SHA-256"):
         transformer_module.cached_model("0" * 64, blob, "cpu", 64)
+
+
+def test_it_is_a_pipeline_stage_and_keeps_the_label_type(spark, trained, tmp_path):
+    from pyspark.ml import Pipeline, PipelineModel
+
+    with open(best_checkpoint_uri(trained.store, trained.experiment_id), "rb") as handle:
+        checkpoint = decode_checkpoint(handle.read())
+    checkpoint["data"]["classes"] = [0, 1]  # the same model, as if the labels were 0 / 1
+    transformer = ModelTransformer.from_checkpoint(encode_checkpoint(checkpoint))
+    frame = spark.read.parquet(trained.held_out_path)
+    pipeline = Pipeline(stages=[transformer]).fit(frame)
+    pipeline.write().save(str(tmp_path / "pipeline"))
+    loaded = PipelineModel.load(str(tmp_path / "pipeline"))
+    result = loaded.transform(frame)
+    assert dict(result.dtypes)["prediction"] == "bigint"
+    scored = scored_rows(result)
+    names = np.asarray(["benign", "malignant"])
+    model = load_model(trained.experiment_uri)
+    held_out = trained.held_out.sort_values("row_id")
+    assert list(names[scored["prediction"].to_numpy()]) == list(model.predict(held_out))
