@@ -16,7 +16,8 @@ Every other column passes through unchanged. The checkpoint bytes travel to the 
 once per ``transform`` (a broadcast variable where there is a SparkContext); each Python
 worker builds the model once per checkpoint (a module-level cache keyed by the bytes'
 SHA-256 and the device) and uses a GPU when torch sees one there (the task's assigned GPU
-when Spark schedules GPUs). Feature columns may be numbers, arrays or Spark ML vectors.
+when Spark schedules GPUs); on CPU, torch uses ``spark.task.cpus`` threads. Feature
+columns may be numbers, arrays or Spark ML vectors.
 
 Saved with ``write().save(path)``: Spark ML's parameter metadata (``path/metadata``) and the
 checkpoint bytes themselves (``path/checkpoint``, one Parquet row), so a saved Transformer
@@ -104,6 +105,16 @@ class _ScorePlan:
     device: str
 
 
+def _pin_threads() -> None:
+    """Run torch on the task's CPUs (``spark.task.cpus``), not on every core of the host."""
+    import torch
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is not None:
+        torch.set_num_threads(max(1, int(context.cpus())))
+
+
 def _task_device(requested: str) -> str:
     """The device a task scores on: ``auto`` is the task's GPU (or the first) when present."""
     import torch
@@ -166,6 +177,7 @@ def _score(
         if batch.num_rows == 0:
             continue
         if model is None:
+            _pin_threads()
             model = cached_model(plan.sha256, blob, plan.device, plan.batch_size)
         features = arrow_features(batch, plan.features, plan.feature_shape, plan.columns)
         outputs = model.outputs(features)
