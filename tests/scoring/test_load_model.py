@@ -165,6 +165,13 @@ def test_missing_sources_say_what_is_missing(trained, tmp_path):
         load_model("nope", store=trained.store)
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         load_model(str(tmp_path / "missing.pt"))
+    running = tmp_path / "store" / "experiments" / "running"
+    running.mkdir(parents=True)
+    (running / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=r"has no best\.pt: no trial has finished"):
+        load_model(str(running))
+    with pytest.raises(FileNotFoundError, match=r"has no best\.pt"):
+        best_checkpoint_uri(str(tmp_path / "store"), "running")
     with pytest.raises(CheckpointError, match=r"torch\.load"):
         load_model(b"not a checkpoint")
     with pytest.raises(ConfigError, match="source must be"):
