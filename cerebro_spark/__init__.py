@@ -1,7 +1,8 @@
 """cerebro-spark: deep learning model selection on Apache Spark with model hopper parallelism.
 
-The notebook API is here (:class:`Tuner`, :class:`Procedure` and the search space's
-distributions); ``import cerebro_spark`` stays light: each name is imported on first use.
+The notebook API is here (:class:`Tuner`, :class:`Procedure`, the search space's
+distributions and :func:`load_model`); ``import cerebro_spark`` stays light: each name is
+imported on first use.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ _LAZY = {
     "LogUniform": "cerebro_spark.search",
     "IntUniform": "cerebro_spark.search",
     "Quantized": "cerebro_spark.search",
+    "load_model": "cerebro_spark.scoring",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -20,10 +20,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from cerebro_spark.errors import DataError
+
 if TYPE_CHECKING:
     import torch
 
 FORMAT_VERSION = 1
+#: Feature statistics are recorded only up to this many flattened elements per row (beyond
+#: it, per-element statistics would make the manifest and every checkpoint large).
+MAX_STATISTICS_ELEMENTS = 1 << 16
 MANIFEST_NAME = "manifest.json"
 SPLITS: tuple[str, str] = ("train", "validation")
 Split = Literal["train", "validation"]
@@ -68,18 +73,104 @@ class PartitionInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class FeatureStatistics:
+    """Per-feature statistics of a dataset's train split, one value per flattened element.
+
+    The features of one row, flattened in the order the model sees them (the feature
+    columns in order, each flattened in C order), give ``len(mean)`` elements; statistic
+    ``i`` describes element ``i`` over every train row. ``prepare`` computes them in the
+    pass that writes the train partitions (both writers give bit-identical values: each
+    train partition's moments are computed in float64 and combined in partition order).
+
+    Attributes:
+        count: Number of train rows they were computed over.
+        mean: Mean of each element.
+        std: Population standard deviation (``ddof=0``) of each element; ``0.0`` for an
+            element that is constant over the train split.
+        min: Smallest value of each element.
+        max: Largest value of each element.
+    """
+
+    count: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    min: tuple[float, ...]
+    max: tuple[float, ...]
+
+    @property
+    def size(self) -> int:
+        """Number of flattened feature elements described."""
+        return len(self.mean)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form (plain lists of floats; floats round-trip exactly)."""
+        return {
+            "count": self.count,
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "min": list(self.min),
+            "max": list(self.max),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> FeatureStatistics:
+        """Parse the JSON form written by :meth:`to_dict`.
+
+        Raises:
+            DataError: A field is missing or the lists have different lengths.
+        """
+        try:
+            stats = cls(
+                count=int(raw["count"]),
+                mean=tuple(float(x) for x in raw["mean"]),
+                std=tuple(float(x) for x in raw["std"]),
+                min=tuple(float(x) for x in raw["min"]),
+                max=tuple(float(x) for x in raw["max"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataError(
+                f"feature statistics must hold count, mean, std, min and max: {exc!r}"
+            ) from exc
+        lengths = {len(stats.mean), len(stats.std), len(stats.min), len(stats.max)}
+        if len(lengths) != 1:
+            raise DataError(
+                f"feature statistics lists have different lengths {sorted(lengths)}; "
+                "mean, std, min and max must have one value per feature element"
+            )
+        return stats
+
+
+@dataclasses.dataclass(frozen=True)
 class DatasetInfo:
     """What a model spec needs to know about the data to build a model.
+
+    Only the first three fields are required; the others are filled in from the manifest
+    (:attr:`Manifest.info`) and are ``None`` or empty where unknown (a hand-built info,
+    a dataset prepared before they were recorded).
 
     Attributes:
         feature_shape: Shape of one example's feature tensor (without the batch axis).
         task: ``"classification"`` (integer labels ``0..num_classes-1``) or ``"regression"``.
         num_classes: Number of classes for classification, else ``None``.
+        statistics: Per-feature statistics of the train split (see
+            :class:`FeatureStatistics`), ``None`` when the dataset has none (prepared
+            before statistics were recorded, or more than
+            ``MAX_STATISTICS_ELEMENTS`` elements per row).
+        dataset_id: The dataset's id.
+        features: The feature columns, in the order they are concatenated.
+        label: The label column's name.
+        classes: Classification: the original label values, class ``k`` first at index
+            ``k``.
     """
 
     feature_shape: tuple[int, ...]
     task: Task
     num_classes: int | None
+    statistics: FeatureStatistics | None = dataclasses.field(default=None, repr=False)
+    dataset_id: str | None = None
+    features: tuple[ColumnInfo, ...] = ()
+    label: str | None = None
+    classes: tuple[Any, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +193,8 @@ class Manifest:
         classes: Classification only: the original label values, sorted; class ``k`` of the
             partition files stands for ``classes[k]``. ``None`` when unknown (optional
             field: manifests without it still load).
+        statistics: Per-feature statistics of the train split (:class:`FeatureStatistics`);
+            ``None`` when absent (optional field: manifests written before it still load).
     """
 
     dataset_id: str
@@ -117,6 +210,7 @@ class Manifest:
     source: str = ""
     format_version: int = FORMAT_VERSION
     classes: tuple[Any, ...] | None = None
+    statistics: FeatureStatistics | None = None
 
     @property
     def feature_shape(self) -> tuple[int, ...]:
@@ -132,7 +226,16 @@ class Manifest:
     @property
     def info(self) -> DatasetInfo:
         """The :class:`DatasetInfo` handed to model specs."""
-        return DatasetInfo(self.feature_shape, self.task, self.num_classes)
+        return DatasetInfo(
+            self.feature_shape,
+            self.task,
+            self.num_classes,
+            statistics=self.statistics,
+            dataset_id=self.dataset_id,
+            features=self.features,
+            label=self.label.name,
+            classes=self.classes,
+        )
 
     def partition(self, split: str, index: int) -> PartitionInfo:
         """Return the :class:`PartitionInfo` of one partition."""
@@ -171,6 +274,11 @@ class Manifest:
             source=raw.get("source", ""),
             format_version=raw.get("format_version", FORMAT_VERSION),
             classes=None if raw.get("classes") is None else tuple(raw["classes"]),
+            statistics=(
+                None
+                if raw.get("statistics") is None
+                else FeatureStatistics.from_dict(raw["statistics"])
+            ),
         )
 
 

@@ -38,7 +38,9 @@ Pipeline (each step a Spark job; nothing is visible in the store until the commi
    receiving whole partitions, grouped); a task orders a partition's rows by position,
    checks it got exactly the rows it expects, and writes the Parquet file with
    :func:`~cerebro_spark.data.encode_partition` through pyarrow, straight to the store's
-   file system (``s3://...?endpoint_override=...`` works without ``hadoop-aws``).
+   file system (``s3://...?endpoint_override=...`` works without ``hadoop-aws``). A train
+   partition's task also returns its per-feature moments, which the driver folds in
+   partition order into the manifest's statistics, as the plain writer does.
 6. **Commit**: the manifest is written last. Local disk: the manifest goes into the
    temporary dataset directory, which is then renamed to ``datasets/<id>`` in one step
    (or, when that directory exists, every file is moved over it and the manifest comes
@@ -98,6 +100,7 @@ import pyarrow.fs as pafs
 import pyarrow.ipc as paipc
 import pyarrow.parquet as pq
 
+from cerebro_spark.data import _statistics as st
 from cerebro_spark.data import _validate as v
 from cerebro_spark.data import _writer as w
 from cerebro_spark.data._format import (
@@ -208,6 +211,7 @@ class _WritePlan:
     schema: pa.Schema
     num_partitions: int
     expected_rows: tuple[int, ...]
+    statistics_of: tuple[ColumnInfo, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -924,6 +928,9 @@ def _write_partition(
     )
     split = "train" if dest < plan.num_partitions else "validation"
     index = dest % plan.num_partitions
+    moments = b""
+    if split == "train" and plan.statistics_of:
+        moments = st.partition_moments(table, plan.statistics_of).to_bytes()
     data = w.encode_partition(table)
     path = partition_path(split, index)
     store.put(f"dataset/{path}", data)
@@ -934,8 +941,9 @@ def _write_partition(
             pa.array([table.num_rows], pa.int64()),
             pa.array([len(data)], pa.int64()),
             pa.array([hashlib.sha256(data).hexdigest()]),
+            pa.array([moments], pa.binary()),
         ],
-        names=["split", "index", "rows", "bytes", "sha256"],
+        names=["split", "index", "rows", "bytes", "sha256", "moments"],
     )
 
 
@@ -1310,7 +1318,16 @@ def _write(
     expected = _split_sizes(checked.rows - checked.n_val, num_partitions) + _split_sizes(
         checked.n_val, num_partitions
     )
-    plan = _WritePlan(tmp.uri, env, chunks, schema, num_partitions, tuple(expected))
+    with_stats = st.statistics_size(checked.features) is not None
+    plan = _WritePlan(
+        tmp.uri,
+        env,
+        chunks,
+        schema,
+        num_partitions,
+        tuple(expected),
+        checked.features if with_stats else (),
+    )
     parallelism = 2 * num_partitions
     with contextlib.suppress(Exception):  # no SparkContext on Spark Connect
         parallelism = max(1, int(session.sparkContext.defaultParallelism))
@@ -1324,7 +1341,7 @@ def _write(
             .sortWithinPartitions("dest")
             .mapInArrow(
                 functools.partial(_write_partitions, plan=plan),
-                "split string, index long, rows long, bytes long, sha256 string",
+                "split string, index long, rows long, bytes long, sha256 string, moments binary",
             )
             .collect()
         ),
@@ -1351,6 +1368,7 @@ def _write(
                 )
             )
     classes = None if checked.classes is None else tuple(checked.classes.to_pylist())
+    train = range(num_partitions)
     manifest = Manifest(
         dataset_id=dataset_id,
         features=checked.features,
@@ -1364,6 +1382,11 @@ def _write(
         schema={field.name: str(field.type) for field in schema},
         source=source,
         classes=classes,
+        statistics=(
+            st.combine([st.Moments.from_bytes(found[("train", i)]["moments"]) for i in train])
+            if with_stats
+            else None
+        ),
     )
     try:
         return _commit(root, tmp, dataset_id, manifest)

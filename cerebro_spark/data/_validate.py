@@ -365,3 +365,10 @@ def check_manifest(manifest: Manifest) -> None:
         raise DataError(f"dataset {manifest.dataset_id} has an unknown task {manifest.task!r}")
     if not manifest.features:
         raise DataError(f"dataset {manifest.dataset_id} has no feature columns")
+    stats = manifest.statistics
+    size = sum(column.size for column in manifest.features)
+    if stats is not None and stats.size != size:
+        raise DataError(
+            f"dataset {manifest.dataset_id} has feature statistics for {stats.size} elements, "
+            f"but its feature columns hold {size} values per row"
+        )

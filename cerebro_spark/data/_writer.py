@@ -14,8 +14,9 @@ What :func:`write_dataset` does, in order:
    rows where ``validation_column`` is true) and cuts each split into P contiguous slices
    whose sizes differ by at most one;
 5. writes every partition with fixed Parquet options (:data:`PARQUET_OPTIONS`) through
-   atomic :meth:`Store.put` calls, then ``manifest.json`` last: a directory without a
-   manifest is an incomplete dataset and is never read.
+   atomic :meth:`Store.put` calls, computing the per-feature statistics of the train
+   partitions on the way (:mod:`cerebro_spark.data._statistics`), then ``manifest.json``
+   last: a directory without a manifest is an incomplete dataset and is never read.
 
 Reruns with the same input and pyarrow version give byte-identical files (Parquet's
 ``created_by`` names the pyarrow version, nothing in the files depends on time), so two
@@ -39,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from cerebro_spark.data import _statistics as stats
 from cerebro_spark.data import _validate as v
 from cerebro_spark.data._format import (
     FORMAT_VERSION,
@@ -509,10 +511,15 @@ def _write(
         store.uri,
     )
     partitions: list[PartitionInfo] = []
+    moments: list[stats.Moments] = []
+    with_stats = stats.statistics_size(norm.features) is not None
     splits: tuple[Split, Split] = ("train", "validation")
     for split in splits:  # the order of SPLITS: train first, then validation
         for index, rows in enumerate(slices[split]):
-            data = encode_partition(norm.table.take(pa.array(rows, type=pa.int64())))
+            table = norm.table.take(pa.array(rows, type=pa.int64()))
+            if split == "train" and with_stats:
+                moments.append(stats.partition_moments(table, norm.features))
+            data = encode_partition(table)
             path = partition_path(split, index)
             store.put(path, data)
             partitions.append(
@@ -540,6 +547,7 @@ def _write(
         schema={field.name: str(field.type) for field in norm.table.schema},
         source=source,
         classes=norm.classes,
+        statistics=stats.combine(moments) if with_stats else None,
     )
     store.put(MANIFEST_NAME, manifest.to_json().encode())
     logger.info(

@@ -9,14 +9,16 @@ from cerebro_spark.training._checkpoint import (
     Checkpoint,
     CheckpointError,
     Counters,
+    dataset_metadata,
     decode_checkpoint,
     encode_checkpoint,
     state_digest,
     weights_digest,
+    with_dataset,
 )
 from cerebro_spark.training._group import run_group_unit
 from cerebro_spark.training._loading import load_spec
-from cerebro_spark.training._models import CNNSpec, MLPSpec
+from cerebro_spark.training._models import CNNSpec, MLPSpec, Standardize
 from cerebro_spark.training._spec import ModelSpec
 from cerebro_spark.training._unit import run_unit
 
@@ -28,6 +30,8 @@ __all__ = [
     "Counters",
     "MLPSpec",
     "ModelSpec",
+    "Standardize",
+    "dataset_metadata",
     "decode_checkpoint",
     "encode_checkpoint",
     "load_spec",
@@ -35,4 +39,5 @@ __all__ = [
     "run_unit",
     "state_digest",
     "weights_digest",
+    "with_dataset",
 ]

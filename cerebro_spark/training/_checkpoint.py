@@ -13,7 +13,17 @@ containers (dict, list, tuple, str, int, float, bool, None)::
         "torch_rng_state": torch.get_rng_state(),  # CPU generator at the end of the unit
         "counters": {"epoch": e, "step": s, "samples_seen": n, "trial_seed": seed},
         "trial": {"trial_id": ..., "spec": "pkg.mod:Class", "params": {...}},
+        "data": {                                  # what scoring needs (with_dataset)
+            "dataset_id": ..., "task": ..., "num_classes": ..., "classes": [...],
+            "features": [{"name": ..., "dtype": ..., "shape": [...]}, ...],
+            "feature_shape": [...], "label": ..., "statistics": {...} or None,
+        },
     }
+
+``data`` (added by :func:`with_dataset` where a unit writes a checkpoint) describes the
+dataset the weights were trained on: what :func:`cerebro_spark.load_model` and the
+Transformer read to rebuild the model and turn outputs back into the original labels.
+Checkpoints written before it existed lack it; everything else still reads them.
 
 ``counters.epoch``/``counters.step`` are those of the unit that wrote the checkpoint;
 ``samples_seen`` counts every training row the weights have seen. ``torch_rng_state`` is
@@ -42,6 +52,7 @@ from typing import Any, TypedDict
 
 import torch
 
+from cerebro_spark.data import DatasetInfo
 from cerebro_spark.errors import CerebroError
 
 CHECKPOINT_FORMAT_VERSION = 1
@@ -66,7 +77,7 @@ class Checkpoint(TypedDict, total=False):
     """The decoded form of a checkpoint (see the module docstring for each key).
 
     ``model``, ``optimizer``, ``lr_scheduler``, ``torch_rng_state`` and ``counters`` are
-    always present after :func:`decode_checkpoint`; ``trial`` may be absent.
+    always present after :func:`decode_checkpoint`; ``trial`` and ``data`` may be absent.
     """
 
     format_version: int
@@ -76,6 +87,7 @@ class Checkpoint(TypedDict, total=False):
     torch_rng_state: torch.Tensor
     counters: Counters
     trial: Mapping[str, Any]
+    data: Mapping[str, Any]
 
 
 def _to_cpu(value: Any) -> Any:
@@ -120,6 +132,39 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     return buffer.getvalue()
+
+
+def dataset_metadata(info: DatasetInfo) -> dict[str, Any]:
+    """Return the checkpoint's ``data`` entry for a dataset (plain, JSON-like values).
+
+    Args:
+        info: The dataset the weights are trained on (:attr:`Manifest.info` on workers).
+
+    Returns:
+        The dataset id, task, number of classes, class labels in order, feature columns
+        (name, dtype, shape) in order, the feature shape, the label column and the
+        per-feature statistics; unknown values are ``None`` (or an empty list).
+    """
+    statistics = info.statistics
+    return {
+        "dataset_id": info.dataset_id,
+        "task": info.task,
+        "num_classes": info.num_classes,
+        "classes": None if info.classes is None else list(info.classes),
+        "features": [
+            {"name": column.name, "dtype": column.dtype, "shape": list(column.shape)}
+            for column in info.features
+        ],
+        "feature_shape": list(info.feature_shape),
+        "label": info.label,
+        "statistics": None if statistics is None else statistics.to_dict(),
+    }
+
+
+def with_dataset(checkpoint: Checkpoint, info: DatasetInfo) -> Checkpoint:
+    """Return ``checkpoint`` with its ``data`` entry describing ``info`` (see module docs)."""
+    checkpoint["data"] = dataset_metadata(info)
+    return checkpoint
 
 
 def decode_checkpoint(data: bytes, map_location: str | torch.device = "cpu") -> Checkpoint:

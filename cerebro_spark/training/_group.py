@@ -85,7 +85,7 @@ import torch.distributed as dist
 from cerebro_spark.data import DatasetInfo, PartitionData
 from cerebro_spark.errors import ConfigError, TrialError
 from cerebro_spark.store import Store
-from cerebro_spark.training._checkpoint import encode_checkpoint
+from cerebro_spark.training._checkpoint import encode_checkpoint, with_dataset
 from cerebro_spark.training._loading import load_spec
 from cerebro_spark.training._spec import ModelSpec
 from cerebro_spark.training._unit import (
@@ -594,7 +594,7 @@ def _run(
             if group.rank == 0:
                 written = time.perf_counter()
                 last = dataclasses.replace(task, step=task.step + group.size - 1)
-                blob = encode_checkpoint(_snapshot(state, last))
+                blob = encode_checkpoint(with_dataset(_snapshot(state, last), info))
                 store.put(_key(task, task.checkpoint_out, "checkpoint_out"), blob)
                 io_seconds += time.perf_counter() - written
         except Exception as error:

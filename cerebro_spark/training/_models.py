@@ -13,20 +13,31 @@ carry keys meant for the engine). Shared params:
   ``lr_cosine_epochs`` epochs, int >= 1, default 10) or ``"step"`` (multiply the LR by
   ``lr_step_gamma``, float in (0, 1], default 0.1, every ``lr_step_size`` epochs, int >= 1,
   default 1). The unit steps the schedule once per epoch.
+* ``standardize`` (bool, default true): the model's first layer is a :class:`Standardize`
+  built from the dataset's per-feature statistics (:attr:`DatasetInfo.statistics`, the
+  train split's mean and standard deviation), so raw features of very different scales
+  train well. Its mean and std are buffers: they travel in the checkpoint's
+  ``state_dict`` and scoring applies the same transform. ``false`` builds the model
+  without it (exactly the model of earlier versions). A dataset without statistics
+  (prepared by an earlier version) gets no standardization, with a warning.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from cerebro_spark.data import DatasetInfo
+from cerebro_spark.data import DatasetInfo, FeatureStatistics
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.training._spec import ModelSpec
+
+logger = logging.getLogger(__name__)
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}
 
@@ -69,6 +80,13 @@ def _choice(params: Mapping[str, Any], name: str, default: str, choices: Sequenc
     return str(value)
 
 
+def _bool(params: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = params.get(name, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
 def _int_list(params: Mapping[str, Any], name: str, default: list[int]) -> list[int]:
     value = params.get(name, default)
     ok = isinstance(value, (list, tuple)) and all(
@@ -93,6 +111,70 @@ def _outputs(info: DatasetInfo) -> int:
 
 def _dropout(params: Mapping[str, Any]) -> float:
     return _float(params, "dropout", 0.0, "in [0, 1)", 0.0, 1.0, high_open=True)
+
+
+class Standardize(nn.Module):
+    """``(x - mean) / std`` per feature element, with mean and std as registered buffers.
+
+    Built from a dataset's :class:`~cerebro_spark.data.FeatureStatistics`; the buffers
+    (``mean``, ``std``, shaped like one example's features) are part of the module's
+    ``state_dict``, so a checkpoint carries them and a model loaded from it standardizes
+    its inputs the same way. An element whose std is zero (constant on the train split) or
+    too small to divide by in float32 is only centred (its std is taken as 1).
+
+    Args:
+        statistics: The per-element statistics (``statistics.size`` must equal the number
+            of values in ``feature_shape``).
+        feature_shape: Shape of one example's features.
+
+    Raises:
+        ConfigError: The statistics do not match the feature shape.
+    """
+
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    def __init__(self, statistics: FeatureStatistics, feature_shape: Sequence[int]) -> None:
+        super().__init__()
+        shape = tuple(int(d) for d in feature_shape)
+        if statistics.size != math.prod(shape):
+            raise ConfigError(
+                f"feature statistics describe {statistics.size} values, but feature_shape "
+                f"{shape} holds {math.prod(shape)}"
+            )
+        mean = torch.tensor(statistics.mean, dtype=torch.float32).reshape(shape)
+        std = torch.tensor(statistics.std, dtype=torch.float32).reshape(shape)
+        floor = torch.finfo(torch.float32).eps * mean.abs().clamp(min=1.0)
+        std = torch.where(std > floor, std, torch.ones_like(std))
+        self.register_buffer("mean", mean)
+        self.register_buffer("std", std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Return the standardized batch (same shape as ``x``)."""
+        return (x - self.mean) / self.std
+
+
+_WARNED: set[str | None] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def _standardize_layers(params: Mapping[str, Any], info: DatasetInfo) -> list[nn.Module]:
+    """``[Standardize]`` when the ``standardize`` param and the dataset allow it, else ``[]``."""
+    if not _bool(params, "standardize", True):
+        return []
+    if info.statistics is None:
+        with _WARNED_LOCK:
+            first = info.dataset_id not in _WARNED
+            _WARNED.add(info.dataset_id)
+        if first:
+            logger.warning(
+                "dataset %s has no feature statistics (prepared by an earlier version of "
+                "cerebro-spark): the built-in model does not standardize its inputs; "
+                "prepare the data again into a new store to get them",
+                info.dataset_id or "(unnamed)",
+            )
+        return []
+    return [Standardize(info.statistics, info.feature_shape)]
 
 
 class _TrainingParams(ModelSpec):
@@ -149,11 +231,12 @@ class MLPSpec(_TrainingParams):
     Params (besides the shared ones in the module docstring): ``hidden_units`` (list of
     positive ints, default ``[128]``; ``[]`` gives a linear model), ``activation``
     (``"relu"`` default, ``"tanh"``, ``"gelu"``), ``dropout`` (float in [0, 1), default 0,
-    after every hidden layer). One output per class, or one for regression.
+    after every hidden layer), ``standardize`` (module docstring). One output per class,
+    or one for regression.
     """
 
     def build_model(self, params: Mapping[str, Any], info: DatasetInfo) -> nn.Module:
-        """Return ``Flatten -> [Linear -> activation -> Dropout]* -> Linear``."""
+        """Return ``[Standardize] -> Flatten -> [Linear -> activation -> Dropout]* -> Linear``."""
         hidden = _int_list(params, "hidden_units", [128])
         activation = _ACTIVATIONS[_choice(params, "activation", "relu", tuple(_ACTIVATIONS))]
         dropout = _dropout(params)
@@ -163,7 +246,7 @@ class MLPSpec(_TrainingParams):
                 f"got {info.feature_shape!r}"
             )
         outputs = _outputs(info)
-        layers: list[nn.Module] = [nn.Flatten()]
+        layers: list[nn.Module] = [*_standardize_layers(params, info), nn.Flatten()]
         width = math.prod(info.feature_shape)
         for units in hidden:
             layers += [nn.Linear(width, units), activation(), nn.Dropout(dropout)]
@@ -182,7 +265,8 @@ class CNNSpec(_TrainingParams):
     Params (besides the shared ones in the module docstring): ``channels`` (positive int
     for two blocks of that width, or a list of positive ints, one block each; default
     16), ``kernel_size`` (odd int >= 1, default 3), ``dense_units`` (int >= 1, default 64),
-    ``dropout`` (float in [0, 1), default 0).
+    ``dropout`` (float in [0, 1), default 0), ``standardize`` (module docstring; per pixel,
+    before the first conv block).
     """
 
     def build_model(self, params: Mapping[str, Any], info: DatasetInfo) -> nn.Module:
@@ -206,7 +290,11 @@ class CNNSpec(_TrainingParams):
                 f"CNNSpec needs feature_shape (C, H, W) or (H, W) of positive sizes, got {shape!r}"
             )
         in_channels, height, width_px = (1, *shape) if len(shape) == 2 else shape
-        layers: list[nn.Module] = [nn.Flatten(), nn.Unflatten(1, (in_channels, height, width_px))]
+        layers: list[nn.Module] = [
+            *_standardize_layers(params, info),
+            nn.Flatten(),
+            nn.Unflatten(1, (in_channels, height, width_px)),
+        ]
         for out_channels in channels:
             layers += [
                 nn.Conv2d(in_channels, out_channels, kernel, padding=kernel // 2),

@@ -46,6 +46,7 @@ from cerebro_spark.training._checkpoint import (
     Checkpoint,
     decode_checkpoint,
     encode_checkpoint,
+    with_dataset,
 )
 from cerebro_spark.training._loading import load_spec
 from cerebro_spark.training._spec import ModelSpec
@@ -386,7 +387,7 @@ def _train(
     sums, rows = _train_pass(spec, state, task, data, info, dev)
     _end_unit(state, task)
     written = time.perf_counter()
-    blob = encode_checkpoint(_snapshot(state, task))
+    blob = encode_checkpoint(with_dataset(_snapshot(state, task), info))
     store.put(_key(task, task.checkpoint_out, "checkpoint_out"), blob)
     io_seconds += time.perf_counter() - written
     return UnitResult(

@@ -1,0 +1,140 @@
+"""Where a model comes from: checkpoint bytes, a checkpoint URI, or an experiment.
+
+Every form is read through the package's store layer (:func:`~cerebro_spark.store.open_store`,
+:func:`~cerebro_spark.store.resolve_filesystem`): local paths, ``file://``, ``s3://``
+(with pyarrow options in the query string) and any URI pyarrow understands.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import urllib.parse
+from typing import TypeAlias
+
+import pyarrow.fs as pafs
+
+from cerebro_spark.errors import ConfigError
+from cerebro_spark.store import Store, open_store, resolve_filesystem
+
+#: The name of an experiment's best checkpoint (``<store>/experiments/<id>/best.pt``).
+BEST_CHECKPOINT = "best.pt"
+_EXPERIMENTS = "experiments"
+
+Source: TypeAlias = "str | os.PathLike[str] | bytes | bytearray | memoryview"
+"""A checkpoint path or URI, an experiment directory URI, or checkpoint bytes."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSource:
+    """Checkpoint bytes and where they came from.
+
+    Attributes:
+        data: The checkpoint bytes.
+        where: The URI read (``"<bytes>"`` for bytes given directly), for messages.
+        experiment: The experiment directory's store when the source named an experiment
+            (used to find the dataset of a checkpoint without metadata), else ``None``.
+    """
+
+    data: bytes
+    where: str
+    experiment: Store | None = None
+
+
+def best_checkpoint_uri(store_uri: str | Store, experiment_id: str) -> str:
+    """Return the URI of an experiment's best checkpoint, ``<store>/experiments/<id>/best.pt``.
+
+    Args:
+        store_uri: The experiments' store (local path, ``file://``, ``s3://`` URI or a store).
+        experiment_id: The experiment's id.
+
+    Returns:
+        The checkpoint's URI (``s3://`` URIs keep their query options).
+
+    Raises:
+        ConfigError: The id is not a plain name.
+        FileNotFoundError: The experiment has no ``best.pt`` (no trial finished an epoch,
+            or no experiment by that id); the message names the URI.
+    """
+    if not isinstance(experiment_id, str) or not experiment_id or "/" in experiment_id:
+        raise ConfigError(
+            f"experiment_id must be a non-empty name without '/', got {experiment_id!r}"
+        )
+    store = open_store(store_uri)
+    key = f"{_EXPERIMENTS}/{experiment_id}/{BEST_CHECKPOINT}"
+    if not store.exists(key):
+        raise FileNotFoundError(_no_best(store, f"{_EXPERIMENTS}/{experiment_id}"))
+    return store.url(key)
+
+
+def _no_best(store: Store, prefix: str) -> str:
+    where = store.url(prefix)
+    if not store.exists(f"{prefix}/config.json"):
+        return f"no experiment at {where} (no config.json there)"
+    return (
+        f"experiment {where} has no {BEST_CHECKPOINT}: no trial has finished an epoch yet "
+        "(or every trial failed)"
+    )
+
+
+def read_source(source: Source, store: str | Store | None = None) -> CheckpointSource:
+    """Read the checkpoint a source names.
+
+    Args:
+        source: Checkpoint bytes; a checkpoint file (path or URI); an experiment directory
+            (``<store>/experiments/<id>``: its ``best.pt``). With ``store``: an experiment
+            id, ``experiments/<id>``, or a key of a checkpoint in that store.
+        store: The store ``source`` is relative to.
+
+    Raises:
+        ConfigError: ``source`` is of the wrong type or empty.
+        FileNotFoundError: Nothing readable there (the message says what was tried).
+    """
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return CheckpointSource(bytes(source), "<bytes>")
+    if isinstance(source, os.PathLike):
+        source = os.fspath(source)
+    if not isinstance(source, str) or not source:
+        raise ConfigError(
+            "source must be a checkpoint path or URI, an experiment directory or id, or "
+            f"checkpoint bytes; got {type(source).__name__} {source!r}"
+        )
+    if store is not None:
+        return _from_store(open_store(store), source)
+    filesystem, path = resolve_filesystem(source)
+    kind = filesystem.get_file_info(path).type
+    if kind == pafs.FileType.File:
+        with filesystem.open_input_file(path) as stream:
+            return CheckpointSource(stream.read(), source)
+    if kind == pafs.FileType.Directory:
+        return _experiment(open_store(source))
+    raise FileNotFoundError(f"no checkpoint file or experiment directory at {source}")
+
+
+def _from_store(root: Store, source: str) -> CheckpointSource:
+    key = source.strip("/")
+    if key.endswith(".pt"):
+        if not root.exists(key):
+            raise FileNotFoundError(f"no checkpoint at {root.url(key)}")
+        return CheckpointSource(root.get(key), root.url(key))
+    prefix = key if key.startswith(f"{_EXPERIMENTS}/") else f"{_EXPERIMENTS}/{key}"
+    return _experiment(root.child(prefix))
+
+
+def _experiment(experiment: Store) -> CheckpointSource:
+    if not experiment.exists(BEST_CHECKPOINT):
+        parent, name = _split(experiment.uri)
+        raise FileNotFoundError(_no_best(open_store(parent), name))
+    return CheckpointSource(
+        experiment.get(BEST_CHECKPOINT), experiment.url(BEST_CHECKPOINT), experiment
+    )
+
+
+def _split(uri: str) -> tuple[str, str]:
+    """``(parent URI, last name)`` of a directory URI, keeping an ``s3://`` query."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme in ("", "file") and "://" not in uri:
+        head, _, tail = uri.rstrip("/").rpartition("/")
+        return head or "/", tail
+    head, _, tail = parts.path.rstrip("/").rpartition("/")
+    return urllib.parse.urlunsplit(parts._replace(path=head or "/")), tail

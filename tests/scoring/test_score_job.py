@@ -1,0 +1,108 @@
+"""jobs/score.py through a real spark-submit, on local[2] (into a table) and on
+local-cluster[2,1,1024] (into Parquet): every held-out row scored as load_model predicts it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scoring_fixtures import train_experiment
+
+from cerebro_spark.scoring import load_model
+
+pytestmark = [pytest.mark.spark, pytest.mark.torch, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    return train_experiment(tmp_path_factory.mktemp("bc"))
+
+
+def environment() -> dict[str, str]:
+    return {
+        **os.environ,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def submit(master: str, arguments: list[str], cwd: Path, conf: dict[str, str]):
+    command = [str(Path(sys.executable).with_name("spark-submit")), "--master", master]
+    for key, value in {"spark.ui.enabled": "false", **conf}.items():
+        command += ["--conf", f"{key}={value}"]
+    return subprocess.run(
+        [*command, str(ROOT / "jobs/score.py"), *arguments],
+        env=environment(),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+
+
+@pytest.mark.parametrize("master", ["local[2]", "local-cluster[2,1,1024]"])
+def test_score_job_scores_every_row_as_load_model_does(trained, tmp_path, master):
+    model_args = ["--store", trained.store, "--experiment", trained.experiment_id]
+    conf = {"spark.sql.warehouse.dir": str(tmp_path / "warehouse")}
+    if master.startswith("local-cluster"):
+        output = ["--output", str(tmp_path / "scored")]
+        conf.update({"spark.executor.memory": "1g", "spark.executorEnv.PYTHONPATH": str(ROOT)})
+    else:
+        output = ["--output-table", "scored"]
+    completed = submit(
+        master, [*model_args, "--input", trained.held_out_path, *output], tmp_path, conf
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    assert f"with trial {load_model(trained.experiment_uri).metadata.trial_id}" in completed.stdout
+    written = tmp_path / ("scored" if "--output" in output else "warehouse/scored")
+    scored = pd.read_parquet(written).sort_values("row_id").reset_index(drop=True)
+    held_out = trained.held_out.sort_values("row_id").reset_index(drop=True)
+    assert list(scored["row_id"]) == list(held_out["row_id"])
+    model = load_model(trained.experiment_uri)
+    assert list(scored["prediction"]) == list(model.predict(held_out))
+    np.testing.assert_allclose(
+        np.stack(scored["probability"].to_numpy()), model.predict_proba(held_out), rtol=1e-6
+    )
+    assert list(scored.columns) == [*held_out.columns, "prediction", "probability"]
+
+
+def test_a_missing_experiment_fails_fast_with_exit_status_2(trained, tmp_path):
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "jobs/score.py"),
+            "--store",
+            trained.store,
+            "--experiment",
+            "nope",
+            "--input",
+            trained.held_out_path,
+            "--output",
+            str(tmp_path / "out"),
+        ],
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 2
+    assert "score: error: no experiment at" in completed.stderr
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "jobs/score.py"), "--store", trained.store],
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 2
+    assert "exactly one of --experiment" in completed.stderr
