@@ -1,0 +1,53 @@
+"""Issue 10's check, as a notebook user runs it: tune on a Spark DataFrame of the active
+session, read the leaderboard, score held-out rows with the best model as a Spark ML
+Transformer, and check the reported metrics against scikit-learn's on the best checkpoint."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.datasets import load_wine
+
+import cerebro_spark as cs
+from cerebro_spark.scoring import ModelTransformer
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
+MLP = {"model": "cerebro_spark.training:MLPSpec", "hidden_units": [32], "batch_size": 16}
+
+
+@pytest.mark.spark
+def test_tune_score_held_out_rows_and_save_the_model(spark, tmp_path):
+    wine = load_wine(as_frame=True).frame  # unscaled: values from 0.1 to 1,680
+    wine.insert(0, "id", np.arange(len(wine)))
+    features = [c for c in wine.columns if c not in ("id", "target")]
+    train, held = spark.createDataFrame(wine).randomSplit([0.75, 0.25], seed=11)
+
+    tuner = cs.Tuner(
+        {**MLP, "lr": cs.Grid([0.003, 0.01])},
+        epochs=5,
+        workers=2,
+        store=str(tmp_path / "store"),
+        progress=False,
+    )
+    result = tuner.fit(train, features=features, label="target")
+    board = result.leaderboard()
+    assert board.loc[0, "trial_id"] == result.best.trial_id
+    assert board.loc[0, "best_epoch"] == result.best.best_epoch
+
+    model = result.best_model()
+    scored = model.transform(held).toPandas().sort_values("id")
+    accuracy = float((scored["target"] == scored["prediction"]).mean())
+    assert accuracy >= 0.85, accuracy
+    probabilities = np.array(scored["probability"].tolist())
+    assert probabilities.shape == (len(scored), 3)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-6)
+
+    rows = held.toPandas().sort_values("id")
+    assert list(result.load_model().predict(rows[features])) == list(scored["prediction"])
+
+    path = str(tmp_path / "wine-model")
+    model.write().save(path)
+    again = ModelTransformer.load(path).transform(held).toPandas().sort_values("id")
+    pd.testing.assert_series_equal(
+        again["prediction"].reset_index(drop=True), scored["prediction"].reset_index(drop=True)
+    )
