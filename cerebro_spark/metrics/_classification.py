@@ -132,12 +132,15 @@ class _ClassCountMetric(Metric):
 
     def update(self, acc: Accumulator, outputs: torch.Tensor, labels: torch.Tensor) -> None:
         """Add the batch's per-class counts."""
-        predicted = predictions(outputs)
-        labels = labels.reshape(-1).long()
-        n = self.num_classes
-        acc["tp"] += torch.bincount(labels[predicted == labels], minlength=n)
-        acc["predicted"] += torch.bincount(predicted, minlength=n)
-        acc["true"] += torch.bincount(labels, minlength=n)
+        predicted = predictions(outputs).reshape(-1, 1)
+        labels = labels.reshape(-1, 1).long()
+        # one-hot comparisons, not bincount or boolean indexing: no host sync on a GPU
+        classes = torch.arange(self.num_classes, device=labels.device).reshape(1, -1)
+        is_label = labels == classes
+        is_predicted = predicted == classes
+        acc["tp"] += (is_label & is_predicted).sum(dim=0)
+        acc["predicted"] += is_predicted.sum(dim=0)
+        acc["true"] += is_label.sum(dim=0)
 
     def _per_class(self, tp: int, predicted: int, true: int) -> float:
         if self.kind == "precision":
