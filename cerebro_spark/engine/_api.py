@@ -22,6 +22,7 @@ from cerebro_spark.engine._experiment import (
     experiment_prefix,
     logged_group_plans,
 )
+from cerebro_spark.engine._preflight import preflight
 from cerebro_spark.engine._state import ExperimentState, TrialState
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.store import Store, open_store
@@ -103,6 +104,12 @@ def run_experiment(
         group_plans: Data-parallel group sizes to impose along them (used by replay).
         on_stage: Called at every stage boundary (a cluster manager resizing).
 
+    Before anything is written or any worker starts, the driver resolves the dataset and
+    checks every model family (:func:`~cerebro_spark.engine._preflight.preflight`): a
+    wrong import path, a ``build_model`` that raises or a metric a spec does not produce
+    fails here within seconds. ``config.json`` holds the config with ``metric`` and
+    ``mode`` resolved.
+
     With ``config.elastic`` (and the default backend factory and no ``on_stage``), the
     search is planned first and the cluster follows the plan between its stages
     (:mod:`cerebro_spark.engine._elastic`).
@@ -115,6 +122,10 @@ def run_experiment(
             f"experiment {experiment_id} already exists in {store.uri}; "
             "use 'cerebro-spark resume' to continue it or pick another id"
         )
+    # Before anything is written or started: the dataset, every model family built on
+    # the driver, the metric each must produce; config.json keeps the resolved metric.
+    checked = preflight(config, store)
+    config = checked.config
     # key order kept: it fixes the search space's grid order, hence which trial gets what
     store.put(config_key, json.dumps(config.to_dict(), indent=2).encode())
     with contextlib.ExitStack() as stack:
@@ -130,6 +141,7 @@ def run_experiment(
             visit_orders=visit_orders,
             group_plans=group_plans,
             on_stage=on_stage,
+            preflight=checked,
         )
         return ExperimentResult(experiment_id, store, experiment.run())
 

@@ -47,9 +47,10 @@ import numpy as np
 from cerebro_spark.backends import Backend, Membership, WorkerJob, next_worker_index
 from cerebro_spark.data import Manifest
 from cerebro_spark.engine._config import ExperimentConfig
-from cerebro_spark.engine._dataset import resolve_dataset
 from cerebro_spark.engine._events import EventLog, read_events
 from cerebro_spark.engine._leaderboard import LEADERBOARD_NAME, leaderboard_csv, rank
+from cerebro_spark.engine._preflight import Preflight
+from cerebro_spark.engine._preflight import preflight as run_preflight
 from cerebro_spark.engine._progress import Progress
 from cerebro_spark.engine._state import (
     COMPLETED,
@@ -60,6 +61,7 @@ from cerebro_spark.engine._state import (
     STOPPED,
     ExperimentState,
     TrialState,
+    epoch_metrics,
 )
 from cerebro_spark.errors import (
     CerebroError,
@@ -68,6 +70,7 @@ from cerebro_spark.errors import (
     TrialError,
     WorkerLostError,
 )
+from cerebro_spark.metrics import LOSS, Metric
 from cerebro_spark.mop import (
     Assignment,
     MopScheduler,
@@ -88,6 +91,8 @@ from cerebro_spark.search import (
 )
 from cerebro_spark.search.space import SearchSpace
 from cerebro_spark.store import Store
+from cerebro_spark.training import load_spec
+from cerebro_spark.training._metrics import family_metrics
 from cerebro_spark.units import GroupBrokenError, UnitKind, UnitResult, UnitTask, group_tasks
 
 logger = logging.getLogger(__name__)
@@ -167,14 +172,17 @@ def build_procedure(config: ExperimentConfig, clock: Callable[[], float]) -> Sea
     """
     rng = np.random.default_rng(np.random.SeedSequence([config.seed, _PROCEDURE_STREAM]))
     options = dict(config.procedure_options)
+    # A run resolves metric and mode first (pre-flight); planning needs only the stages.
+    metric = config.metric if config.metric is not None else LOSS
+    mode = config.mode if config.mode is not None else "min"
     if "num_workers" in procedure_options(config.procedure):
         options.setdefault("num_workers", config.workers)
     return make_procedure(
         config.procedure,
         space=SearchSpace.from_config(config.space),
         epochs=config.epochs,
-        metric=config.metric,
-        mode=config.mode,
+        metric=metric,
+        mode=mode,
         rng=rng,
         clock=clock,
         **options,
@@ -219,6 +227,9 @@ class Experiment:
             name train one unit at a time; ``None`` asks the procedure's
             :meth:`~cerebro_spark.search.SearchProcedure.resources`.
         on_stage: Called at every stage boundary (see :data:`StageHook`).
+        preflight: The driver's checks of this config (:func:`preflight`), if already
+            made; otherwise they are made here, before any worker starts. Its config
+            (metric and mode resolved) is the one the experiment runs.
     """
 
     def __init__(
@@ -231,8 +242,11 @@ class Experiment:
         visit_orders: VisitOrders | None = None,
         group_plans: GroupPlans | None = None,
         on_stage: StageHook | None = None,
+        preflight: Preflight | None = None,
     ) -> None:
-        self.config = config
+        self.preflight = preflight if preflight is not None else run_preflight(config, store)
+        config = self.config = self.preflight.config
+        self.metric, self.mode = config.objective
         self.root = store
         self.experiment_id = experiment_id
         self.prefix = experiment_prefix(experiment_id)
@@ -302,7 +316,7 @@ class Experiment:
         resumed = bool(self.state.trials) or self.state.round >= 0
         if self.state.finished:
             logger.info("experiment %s already finished", self.experiment_id)
-            return rank(self.state.trials.values(), self.config.metric, self.config.mode)
+            return rank(self.state.trials.values(), self.metric, self.mode)
         self._emit(
             "experiment_start",
             experiment_id=self.experiment_id,
@@ -311,7 +325,7 @@ class Experiment:
         )
         placement = self._logged_placement()
         self._end_previous_session()
-        dataset_uri, self.manifest = resolve_dataset(self.config, self.root)
+        dataset_uri, self.manifest = self.preflight.dataset_uri, self.preflight.manifest
         if self.state.dataset_id not in (None, self.manifest.dataset_id):
             raise CerebroError(
                 f"experiment {self.experiment_id} was run on dataset {self.state.dataset_id}, "
@@ -356,7 +370,7 @@ class Experiment:
         finally:
             backend.close()
         self._sync_membership(backend, None)  # the workers the close stopped
-        ranked = rank(self.state.trials.values(), self.config.metric, self.config.mode)
+        ranked = rank(self.state.trials.values(), self.metric, self.mode)
         best = next((t for t in ranked if t.metrics and t.status != FAILED), None)
         if best is not None and best.checkpoint is not None:
             self.store.put(BEST_CHECKPOINT_NAME, self.root.get(best.checkpoint))
@@ -695,6 +709,7 @@ class Experiment:
             checkpoint=result.task.checkpoint_out,
             checkpoint_bytes=result.checkpoint_bytes,
             checkpoint_sha256=result.checkpoint_sha256,
+            **_states(result),
         )
         scheduler.complete(unit, worker=assignment.worker)
         self.progress.unit_done()
@@ -817,10 +832,7 @@ class Experiment:
         trial = state.trials[trial_id]
         if validated < self.manifest.num_partitions or trial_id in state.reported:
             return
-        rows = state.validation_rows[trial_id]
-        metrics = {
-            name: total / rows for name, total in sorted(state.validation_sums[trial_id].items())
-        }
+        metrics = epoch_metrics(state, trial_id, self._family(trial.spec))
         self._emit(
             "trial_epoch",
             round=state.round,
@@ -832,13 +844,22 @@ class Experiment:
         )
         self._update_best()
 
-    def _update_best(self) -> None:
-        ranked = rank(self.state.trials.values(), self.config.metric, self.config.mode)
-        if ranked and self.config.metric in ranked[0].metrics:
-            top = ranked[0]
-            self.progress.best = (
-                f"{self.config.metric} {top.metrics[self.config.metric]:.4f} ({top.trial_id})"
+    def _family(self, spec: str) -> Mapping[str, Metric]:
+        """The metrics of a spec's trials (from the pre-flight, else built now)."""
+        family = self.preflight.families.get(spec)
+        if family is None:
+            assert self.manifest is not None  # ok: set in run() before any round
+            family = family_metrics(load_spec(spec), self.manifest.info)
+            self.preflight = dataclasses.replace(
+                self.preflight, families={**self.preflight.families, spec: family}
             )
+        return family
+
+    def _update_best(self) -> None:
+        ranked = rank(self.state.trials.values(), self.metric, self.mode)
+        if ranked and self.metric in ranked[0].metrics:
+            top = ranked[0]
+            self.progress.best = f"{self.metric} {top.metrics[self.metric]:.4f} ({top.trial_id})"
 
     # -- workers --------------------------------------------------------------------------
 
@@ -932,7 +953,7 @@ class Experiment:
         self._write_leaderboard()
 
     def _write_leaderboard(self) -> None:
-        text = leaderboard_csv(self.state.trials.values(), self.config.metric, self.config.mode)
+        text = leaderboard_csv(self.state.trials.values(), self.metric, self.mode)
         self.store.put(LEADERBOARD_NAME, text.encode())
 
 
@@ -947,6 +968,17 @@ class _Running:
     def done(self) -> bool:
         """Whether every rank has reported."""
         return all(future.done() for future in self.futures.values())
+
+
+def _states(result: UnitResult) -> dict[str, Any]:
+    """The ``metric_states`` field of a validation unit's ``unit_end``.
+
+    None for training units (their running metrics are in ``metric_sums``), nor for
+    results without states (older workers: the epoch's metrics fall back to the sums).
+    """
+    if result.task.kind is UnitKind.VALIDATE and result.metric_states:
+        return {"metric_states": {name: dict(v) for name, v in result.metric_states.items()}}
+    return {}
 
 
 def _group_failure(errors: Iterable[BaseException]) -> str:
