@@ -9,6 +9,7 @@ import json
 import logging
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 from cerebro_spark.backends import Backend
 from cerebro_spark.engine._config import ExperimentConfig, parse_config
@@ -70,8 +71,32 @@ def default_backend(config: ExperimentConfig) -> Backend:
         session = spark_session(
             config.spark.master, f"cerebro-spark {config.name}", config.spark.conf
         )
+        ship_user_code(session.sparkContext, config)
         return SparkBackend(config.workers, spark=session)
     raise ConfigError(f"backend must be 'local' or 'spark', got {config.backend!r}")
+
+
+def ship_user_code(context: Any, config: ExperimentConfig) -> None:
+    """Ship the config's spec modules found beside it or in the working directory.
+
+    Spark executors may run on other machines: ``SparkContext.addPyFile`` puts each
+    module (a package as a zip) on their Python path
+    (:func:`~cerebro_spark.training.user_code_files`). Installed specs are not shipped.
+
+    Args:
+        context: The application's ``SparkContext``.
+        config: The experiment (its ``model`` and the space's ``model`` values).
+    """
+    from cerebro_spark.engine._preflight import models_in
+    from cerebro_spark.training import user_code_files
+
+    specs = [*models_in(config.space), *([config.model] if config.model else [])]
+    for file in user_code_files(specs):
+        try:
+            context.addPyFile(str(file))
+            logger.info("shipped spec module %s to the Spark executors", file)
+        except Exception as error:  # already added (a notebook re-run): keep the first
+            logger.warning("could not ship %s to the executors: %s", file, error)
 
 
 def new_experiment_id(config: ExperimentConfig, store: Store) -> str:

@@ -219,10 +219,18 @@ def load_yaml(text: str) -> Any:
 def load_config(path: str | Path) -> ExperimentConfig:
     """Read and validate a YAML experiment config.
 
+    The config's directory becomes a code directory: spec modules beside the config
+    import on the driver and on every backend's workers
+    (:func:`~cerebro_spark.training.add_code_directory`).
+
     Raises:
         ConfigError: naming the file and the field when anything is wrong.
     """
     path = Path(path)
+    if path.is_file():
+        from cerebro_spark.training import add_code_directory
+
+        add_code_directory(path.parent)
     try:
         raw = load_yaml(path.read_text())
     except FileNotFoundError:

@@ -15,7 +15,7 @@ from cerebro_spark.training._checkpoint import (
     weights_digest,
 )
 from cerebro_spark.training._group import run_group_unit
-from cerebro_spark.training._loading import load_spec
+from cerebro_spark.training._loading import add_code_directory, load_spec, user_code_files
 from cerebro_spark.training._models import CNNSpec, MLPSpec
 from cerebro_spark.training._spec import ModelSpec
 from cerebro_spark.training._unit import run_unit
@@ -28,11 +28,13 @@ __all__ = [
     "Counters",
     "MLPSpec",
     "ModelSpec",
+    "add_code_directory",
     "decode_checkpoint",
     "encode_checkpoint",
     "load_spec",
     "run_group_unit",
     "run_unit",
     "state_digest",
+    "user_code_files",
     "weights_digest",
 ]
