@@ -1,6 +1,9 @@
 """run_unit: training, determinism, resume, LR schedule, validation sums, errors."""
 
+import dataclasses
 import hashlib
+import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -32,6 +35,7 @@ from cerebro_spark.training._unit import (
     _train_pass,
     _unit_environment,
 )
+from cerebro_spark.units import UnitResult
 
 pytestmark = pytest.mark.torch
 
@@ -377,3 +381,17 @@ def test_a_clone_keeps_the_donors_weights_and_moments_but_takes_its_own_hyperpar
         store.get(clone.checkpoint_out)
     )
     assert donor_checkpoint["optimizer"]["state"]  # the donor had moments to hand over
+
+
+def test_metric_states_cross_the_wire_with_nan_as_text(store):
+    train = train_task()
+    result = run_unit(train, blobs(0), store, BLOBS_INFO)
+    states = {**result.metric_states, "odd": {"sum": math.nan, "buffer": [math.inf, 1.0]}}
+    original = dataclasses.replace(result, metric_states=states)
+    wire = json.loads(json.dumps(original.to_json(), allow_nan=False))  # strict JSON
+    back = UnitResult.from_json(wire)
+    assert back.metric_states["accuracy"] == result.metric_states["accuracy"]
+    assert math.isnan(back.metric_states["odd"]["sum"])
+    assert back.metric_states["odd"]["buffer"] == [math.inf, 1.0]
+    old = {k: v for k, v in wire.items() if k != "metric_states"}  # an older worker's result
+    assert UnitResult.from_json(old).metric_states == {}
