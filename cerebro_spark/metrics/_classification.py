@@ -16,13 +16,15 @@ predictions (up to float rounding):
 * ``roc_auc``: binary, ``roc_auc_score(y, p1)`` on the probability of class 1; with
   more classes, one-vs-rest macro (``multi_class="ovr", average="macro"``) on the
   softmax probabilities. ``nan`` when a class has no positive or no negative row.
-  Exact: its state buffers every row's scores (it is not computed on training passes).
+  Exact: its state buffers every row's scores, compactly (base64 of their bytes); it is
+  not computed on training passes.
 * ``log_loss``: ``log_loss(y, softmax)``, the mean of ``-log p(label)`` (from
   ``log_softmax`` in float64, so no clipping is needed).
 """
 
 from __future__ import annotations
 
+import base64
 import math
 from typing import Literal
 
@@ -186,7 +188,10 @@ class RocAuc(Metric):
     """ROC AUC: binary on class 1's probability; one-vs-rest macro for more classes.
 
     Its state buffers every row's probabilities and label (nothing smaller is exact), so
-    it is computed on validation passes only.
+    it is computed on validation passes only. The buffers are compact: each unit's
+    scores and labels are one chunk of little-endian bytes in base64 (the scores in
+    the outputs' float dtype, bit for bit), and merging concatenates the lists of
+    chunks.
     """
 
     name = "roc_auc"
@@ -210,26 +215,44 @@ class RocAuc(Metric):
         acc["labels"].append(labels.detach().reshape(-1))
 
     def state(self, acc: Accumulator) -> State:
-        """Return the buffers as lists."""
-        return {
-            key: torch.cat(acc[key]).cpu().tolist() if acc[key] else []
-            for key in ("scores", "labels")
-        }
+        """Return one chunk of each buffer (none when the unit had no rows)."""
+        if not acc["labels"]:
+            return {"scores": [], "labels": []}
+        scores_tensor = torch.cat(acc["scores"]).cpu()
+        if scores_tensor.dtype not in (torch.float32, torch.float64):
+            scores_tensor = scores_tensor.float()  # half, bfloat16: exact in float32
+        scores = scores_tensor.numpy()
+        labels = torch.cat(acc["labels"]).cpu().numpy().astype("<i4")
+        return {"scores": [_encode(scores)], "labels": [_encode(labels)]}
 
     def merge(self, a: State, b: State) -> State:
-        """Concatenate the buffers."""
+        """Concatenate the lists of chunks."""
         return {key: list(a[key]) + list(b[key]) for key in ("scores", "labels")}
 
     def value(self, state: State) -> float:
         """Return the AUC (``nan`` when a class has no positive or no negative row)."""
-        labels = np.asarray(state["labels"], dtype=np.int64)
-        if labels.size == 0:
+        if not state["labels"]:
             return math.nan
-        scores = np.asarray(state["scores"], dtype=np.float64)
+        labels = np.concatenate([_decode(chunk) for chunk in state["labels"]]).astype(np.int64)
+        scores = np.concatenate([_decode(chunk) for chunk in state["scores"]])
+        scores = scores.astype(np.float64)
         if self.num_classes == 2:
             return binary_auc(scores, labels == 1)
+        scores = scores.reshape(labels.size, self.num_classes)
         aucs = [binary_auc(scores[:, c], labels == c) for c in range(self.num_classes)]
         return float(np.mean(aucs))
+
+
+def _encode(array: np.ndarray) -> str:
+    """``"<dtype>:<base64 of the little-endian bytes>"`` of a flat array."""
+    flat = np.ascontiguousarray(array.reshape(-1))
+    little = flat.astype(flat.dtype.newbyteorder("<"), copy=False)
+    return f"{little.dtype.str}:{base64.b64encode(little.tobytes()).decode('ascii')}"
+
+
+def _decode(chunk: str) -> np.ndarray:
+    dtype, _, data = chunk.partition(":")
+    return np.frombuffer(base64.b64decode(data), dtype=np.dtype(dtype))
 
 
 def binary_auc(scores: np.ndarray, positive: np.ndarray) -> float:

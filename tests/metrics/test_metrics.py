@@ -260,3 +260,15 @@ def test_merge_states_of_many_units_in_order():
     one = {"count": 1, "mean": 2.0, "m2": 0.0, "sse": 1.0}
     assert R2().merge(empty, one) == one
     assert LogLoss().mode == "min" and MeanAbsoluteError().mode == "min"
+
+
+def test_auc_of_half_precision_outputs_and_the_compact_state():
+    labels = torch.tensor([0, 1, 1, 0, 1])
+    logits = torch.tensor([[0.1, 0.3], [0.2, 0.9], [0.5, 0.4], [0.0, -1.0], [1.0, 1.5]])
+    metric = RocAuc(2)
+    acc = metric.init(CPU)
+    metric.update(acc, logits.to(torch.bfloat16), labels)
+    state = json.loads(json.dumps(metric.state(acc)))
+    assert all(isinstance(chunk, str) for chunk in state["scores"] + state["labels"])
+    proba = torch.softmax(logits.to(torch.bfloat16), dim=1)[:, 1].float().numpy()
+    assert metric.value(state) == pytest.approx(skm.roc_auc_score(labels.numpy(), proba))
