@@ -197,6 +197,13 @@ def _check_family(spec_path: str, params: Mapping[str, Any], info: DatasetInfo) 
                 if overrides_batch_metrics(spec):
                     batch_names = list(spec.metrics(outputs, labels, info))
                     metrics = family_metrics(spec, info, batch_names)
+                    logger.warning(
+                        "model spec %r overrides the deprecated per-batch ModelSpec.metrics "
+                        "(%s): those values are row-weighted means of batch values, exact "
+                        "only for per-row means; return Metric objects from build_metrics",
+                        spec_path,
+                        ", ".join(batch_names),
+                    )
                 for name, metric in metrics.items():
                     if name != "loss" and name not in batch_names:
                         metric.update(metric.init(torch.device("cpu")), outputs, labels)

@@ -206,3 +206,15 @@ def test_a_spec_module_beside_the_config_trains_on_every_backend(tmp_path, backe
     assert "accuracy" in done.stdout and "completed" in done.stdout, done.stdout
     if backend == "spark":  # executors do not share the driver's sys.path: it was shipped
         assert f"shipped spec module {project / module}.py" in done.stderr
+
+
+def test_a_spec_with_deprecated_per_batch_metrics_is_warned_about(tmp_path, caplog):
+    config = parse_config(
+        raw_config(tmp_path, model="tests.training.training_fixtures:BatchMeanSpec", metric="half")
+    )
+    with caplog.at_level(logging.WARNING):
+        checked = preflight(config, open_store(str(tmp_path)))
+    assert "deprecated per-batch ModelSpec.metrics" in caplog.text
+    assert checked.config.objective == ("half", "max")
+    family = checked.families["tests.training.training_fixtures:BatchMeanSpec"]
+    assert type(family["accuracy"]).__name__ == "BatchMean"  # the spec's own replaces it
