@@ -125,16 +125,21 @@ def family_params(config: ExperimentConfig) -> dict[str, dict[str, Any]]:
 
 
 def models_in(space: Any) -> list[str]:
-    """Return every string a ``model`` key of a space's config form can take."""
+    """Return every spec a trial of a space (in config form) can get as its ``model``.
+
+    The ``model`` param is read at the top level of the sampled params: a constant, a
+    choice or grid of strings, or the ``model`` of each branch of a top-level choice (or
+    grid) of sub-spaces. A ``model`` key inside another param's sub-space is not a spec.
+    """
     out: list[str] = []
     if isinstance(space, Mapping):
-        for key, value in space.items():
-            if key == "model":
-                out += _strings(value)
-            out += models_in(value)
-    elif isinstance(space, list):
-        for item in space:
-            out += models_in(item)
+        if "model" in space:
+            out += _strings(space["model"])
+        for kind in ("choice", "grid"):
+            options = space.get(kind)
+            if isinstance(options, list):
+                for option in options:
+                    out += models_in(option)
     return list(dict.fromkeys(out))
 
 

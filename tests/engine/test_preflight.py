@@ -138,7 +138,9 @@ def test_models_in_finds_constants_choices_and_branches():
             {"model": {"choice": ["b:B", "c:C"]}, "inner": {"model": {"grid": ["d:D"]}}},
         ]
     }
-    assert models_in(space) == ["a:A", "b:B", "c:C", "d:D"]
+    assert models_in(space) == ["a:A", "b:B", "c:C"]  # inner.model is a param, not a spec
+    assert models_in({"model": "x:X", "lr": 0.1}) == ["x:X"]
+    assert models_in({"lr": 0.1}) == []
 
 
 def test_a_space_with_no_spec_is_refused(tmp_path):
