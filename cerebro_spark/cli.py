@@ -40,7 +40,7 @@ def _split_experiment(reference: str, store: str | None) -> tuple[str, str]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from cerebro_spark.engine import format_table, load_config, run_experiment
+    from cerebro_spark.engine import format_table, load_config, load_state, run_experiment
 
     config = load_config(args.config)
     changes = {
@@ -57,9 +57,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         result = run_experiment(config, experiment_id=args.experiment_id)
     except SearchFailedError as error:
-        _out(format_table(error.trials, config.metric, config.mode))
+        config, _ = load_state(config.store, error.experiment_id)  # metric and mode resolved
+        _out(format_table(error.trials, *config.objective))
         raise
-    _print_result(result, config.metric, config.mode)
+    config, _ = load_state(config.store, result.experiment_id)  # metric and mode resolved
+    _print_result(result, *config.objective)
     _print_cost(config.store, result.experiment_id)
     _out(f"experiment {result.experiment_id}: {result.url}")
     return 0
@@ -111,9 +113,9 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     try:
         result = resume_experiment(store, experiment_id)
     except SearchFailedError as error:
-        _out(format_table(error.trials, config.metric, config.mode))
+        _out(format_table(error.trials, *config.objective))
         raise
-    _print_result(result, config.metric, config.mode)
+    _print_result(result, *config.objective)
     _print_cost(store, experiment_id)
     _out(f"experiment {result.experiment_id}: {result.url}")
     return 0
@@ -143,9 +145,9 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
     config, state = load_state(store, experiment_id)
     trials = state.trials.values()
     if args.format == "csv":
-        sys.stdout.write(leaderboard_csv(trials, config.metric, config.mode))
+        sys.stdout.write(leaderboard_csv(trials, *config.objective))
     else:
-        _out(format_table(trials, config.metric, config.mode, limit=args.limit))
+        _out(format_table(trials, *config.objective, limit=args.limit))
         _print_cost(store, experiment_id)
     return 0
 

@@ -185,12 +185,17 @@ class UnitResult:
         worker_id: The worker that ran it.
         rows: Rows of the partition processed.
         seconds: Wall time of the unit on the worker (checkpoint I/O included).
-        metric_sums: Row-weighted sums, e.g. ``{"loss": sum of per-row loss, ...}``;
-            divide by ``rows`` for the mean. Summing over partitions and dividing by the
-            summed rows gives the row-weighted epoch metric.
+        metric_sums: Each metric's value over this unit's rows times ``rows`` (``"loss"``:
+            the sum of per-row losses); divide by ``rows`` for the unit's value. The form
+            logs written before ``metric_states`` carried; summing it over units gives
+            row-weighted means, which are exact only for per-row means.
         checkpoint_bytes: Size of the checkpoint written (train) or read (validate).
         checkpoint_sha256: SHA-256 of the checkpoint written (train units), else ``None``.
         io_seconds: Part of ``seconds`` spent reading and writing checkpoints.
+        metric_states: Each metric's mergeable state (JSON values, see
+            :mod:`cerebro_spark.metrics`) by name, ``"loss"`` included: merging the states
+            of a split's units gives the metric over the whole split exactly. Empty in
+            results of older workers.
     """
 
     task: UnitTask
@@ -201,9 +206,10 @@ class UnitResult:
     checkpoint_bytes: int = 0
     checkpoint_sha256: str | None = None
     io_seconds: float = 0.0
+    metric_states: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
-        """Return the per-row means of :attr:`metric_sums`."""
+        """Return each metric's value over this unit's rows (:attr:`metric_sums` / rows)."""
         if self.rows == 0:
             return {}
         return {name: total / self.rows for name, total in self.metric_sums.items()}
@@ -219,6 +225,7 @@ class UnitResult:
             "checkpoint_bytes": self.checkpoint_bytes,
             "checkpoint_sha256": self.checkpoint_sha256,
             "io_seconds": _finite_or_text(self.io_seconds),
+            "metric_states": {name: _json_state(v) for name, v in self.metric_states.items()},
         }
 
     @classmethod
@@ -241,6 +248,10 @@ class UnitResult:
                 checkpoint_bytes=int(data["checkpoint_bytes"]),
                 checkpoint_sha256=sha,
                 io_seconds=_number(data["io_seconds"]),
+                metric_states={
+                    str(k): _state_from_json(v)
+                    for k, v in dict(data.get("metric_states") or {}).items()
+                },
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed unit result {dict(data)!r}: {exc!r}") from None
@@ -249,6 +260,28 @@ class UnitResult:
 def _finite_or_text(value: float) -> float | str:
     """JSON has no NaN/inf: encode them as text."""
     return value if math.isfinite(value) else repr(value)
+
+
+def _json_state(value: Any) -> Any:
+    """A metric state with NaN and infinities as text (strict JSON)."""
+    if isinstance(value, float):
+        return _finite_or_text(value)
+    if isinstance(value, Mapping):
+        return {str(k): _json_state(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_state(v) for v in value]
+    return value
+
+
+def _state_from_json(value: Any) -> Any:
+    """The inverse of :func:`_json_state`."""
+    if isinstance(value, str) and value in ("nan", "inf", "-inf"):
+        return float(value)
+    if isinstance(value, Mapping):
+        return {str(k): _state_from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_state_from_json(v) for v in value]
+    return value
 
 
 def _number(value: Any) -> float:

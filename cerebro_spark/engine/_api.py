@@ -9,6 +9,7 @@ import json
 import logging
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 from cerebro_spark.backends import Backend
 from cerebro_spark.engine._config import ExperimentConfig, parse_config
@@ -24,6 +25,7 @@ from cerebro_spark.engine._experiment import (
     logged_group_plans,
 )
 from cerebro_spark.engine._leaderboard import best_trial
+from cerebro_spark.engine._preflight import preflight
 from cerebro_spark.engine._state import FAILED, ExperimentState, TrialState
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.store import Store, open_store
@@ -91,8 +93,32 @@ def default_backend(config: ExperimentConfig) -> Backend:
         session = spark_session(
             config.spark.master, f"cerebro-spark {config.name}", config.spark.conf
         )
+        ship_user_code(session.sparkContext, config)
         return SparkBackend(config.workers, spark=session)
     raise ConfigError(f"backend must be 'local' or 'spark', got {config.backend!r}")
+
+
+def ship_user_code(context: Any, config: ExperimentConfig) -> None:
+    """Ship the config's spec modules found beside it or in the working directory.
+
+    Spark executors may run on other machines: ``SparkContext.addPyFile`` puts each
+    module (a package as a zip) on their Python path
+    (:func:`~cerebro_spark.training.user_code_files`). Installed specs are not shipped.
+
+    Args:
+        context: The application's ``SparkContext``.
+        config: The experiment (its ``model`` and the space's ``model`` values).
+    """
+    from cerebro_spark.engine._preflight import models_in
+    from cerebro_spark.training import user_code_files
+
+    specs = [*models_in(config.space), *([config.model] if config.model else [])]
+    for file in user_code_files(specs):
+        try:
+            context.addPyFile(str(file))
+            logger.info("shipped spec module %s to the Spark executors", file)
+        except Exception as error:  # already added (a notebook re-run): keep the first
+            logger.warning("could not ship %s to the executors: %s", file, error)
 
 
 def new_experiment_id(config: ExperimentConfig, store: Store) -> str:
@@ -125,6 +151,12 @@ def run_experiment(
         group_plans: Data-parallel group sizes to impose along them (used by replay).
         on_stage: Called at every stage boundary (a cluster manager resizing).
 
+    Before anything is written or any worker starts, the driver resolves the dataset and
+    checks every model family (:func:`~cerebro_spark.engine._preflight.preflight`): a
+    wrong import path, a ``build_model`` that raises or a metric a spec does not produce
+    fails here within seconds. ``config.json`` holds the config with ``metric`` and
+    ``mode`` resolved.
+
     With ``config.elastic`` (and the default backend factory and no ``on_stage``), the
     search is planned first and the cluster follows the plan between its stages
     (:mod:`cerebro_spark.engine._elastic`).
@@ -143,6 +175,10 @@ def run_experiment(
             f"experiment {experiment_id} already exists in {store.uri}; "
             "use 'cerebro-spark resume' to continue it or pick another id"
         )
+    # Before anything is written or started: the dataset, every model family built on
+    # the driver, the metric each must produce; config.json keeps the resolved metric.
+    checked = preflight(config, store)
+    config = checked.config
     # key order kept: it fixes the search space's grid order, hence which trial gets what
     store.put(config_key, json.dumps(config.to_dict(), indent=2).encode())
     with contextlib.ExitStack() as stack:
@@ -158,6 +194,7 @@ def run_experiment(
             visit_orders=visit_orders,
             group_plans=group_plans,
             on_stage=on_stage,
+            preflight=checked,
         )
         return ExperimentResult(experiment_id, store, experiment.run())
 

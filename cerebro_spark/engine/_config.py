@@ -117,8 +117,11 @@ class ExperimentConfig:
         procedure: Search procedure name (``grid``, ``random`` ...).
         procedure_options: Extra keyword arguments of the procedure.
         epochs: Epochs each trial is trained for (the procedure's maximum).
-        metric: Validation metric to optimise.
-        mode: ``max`` or ``min``.
+        metric: Validation metric to optimise; ``None`` (the default): ``accuracy`` for a
+            classification dataset, ``rmse`` for regression. Every model family must
+            produce it (checked before any worker starts).
+        mode: ``max`` or ``min``; ``None`` (the default): the metric's own (``min`` for
+            loss, errors and ``log_loss``, ``max`` for the others).
         workers: Number of workers.
         store: Store URI for datasets, checkpoints and experiment logs.
         seed: Seed of everything random in the experiment.
@@ -143,8 +146,8 @@ class ExperimentConfig:
     procedure: str = "grid"
     procedure_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     epochs: int = 10
-    metric: str = "accuracy"
-    mode: str = "max"
+    metric: str | None = None
+    mode: str | None = None
     workers: int = 2
     store: str = "runs"
     seed: int = 0
@@ -176,6 +179,21 @@ class ExperimentConfig:
             elastic.pop("options", None)
             out["elastic"] = {k: v for k, v in elastic.items() if v is not None}
         return out
+
+    @property
+    def objective(self) -> tuple[str, str]:
+        """``(metric, mode)`` of a resolved config (as a run stores it in ``config.json``).
+
+        Raises:
+            ConfigError: Metric or mode is still ``None``: only a run's pre-flight, which
+                knows the dataset's task and the specs' metrics, resolves them.
+        """
+        if self.metric is None or self.mode is None:
+            raise ConfigError(
+                f"metric={self.metric!r}, mode={self.mode!r} are not resolved yet: a run "
+                "resolves them from the dataset's task and the model specs' metrics"
+            )
+        return self.metric, self.mode
 
     def replace(self, **changes: Any) -> ExperimentConfig:
         """Return a copy with some fields changed."""
@@ -231,10 +249,18 @@ def load_yaml(text: str) -> Any:
 def load_config(path: str | Path) -> ExperimentConfig:
     """Read and validate a YAML experiment config.
 
+    The config's directory becomes a code directory: spec modules beside the config
+    import on the driver and on every backend's workers
+    (:func:`~cerebro_spark.training.add_code_directory`).
+
     Raises:
         ConfigError: naming the file and the field when anything is wrong.
     """
     path = Path(path)
+    if path.is_file():
+        from cerebro_spark.training import add_code_directory
+
+        add_code_directory(path.parent)
     try:
         raw = load_yaml(path.read_text())
     except FileNotFoundError:
@@ -274,8 +300,8 @@ def parse_config(raw: Any, *, stored: bool = False) -> ExperimentConfig:
         procedure=procedure_name,
         procedure_options=procedure,
         epochs=top.take_int("epochs", 10, minimum=1),
-        metric=top.take("metric", str, "accuracy"),
-        mode=top.take_choice("mode", ("max", "min"), "max"),
+        metric=top.take("metric", str, None),
+        mode=top.take_optional_choice("mode", ("max", "min")),
         workers=top.take_int("workers", 2, minimum=1),
         store=top.take("store", str, "runs"),
         seed=top.take_int("seed", 0, minimum=0),
@@ -486,6 +512,12 @@ class _Section:
     def take_choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
         value: str = self.take(key, str, default)
         if value not in choices:
+            raise ConfigError(f"{self.prefix}{key} must be one of {list(choices)}, got {value!r}")
+        return value
+
+    def take_optional_choice(self, key: str, choices: tuple[str, ...]) -> str | None:
+        value: str | None = self.take(key, str, None)
+        if value is not None and value not in choices:
             raise ConfigError(f"{self.prefix}{key} must be one of {list(choices)}, got {value!r}")
         return value
 

@@ -24,8 +24,12 @@ Event kinds and their fields:
   {trial: [group sizes]} imposed on a replay; trials not named train one unit at a
   time), ``procedure_state``
 * ``unit_start``: ``round``, ``trial``, ``epoch``, ``kind``, ``partition``, ``step``, ``worker``
-* ``unit_end``: those fields and ``seconds``, ``io_seconds``, ``rows``, ``metric_sums``,
-  ``checkpoint``, ``checkpoint_bytes``, ``checkpoint_sha256``
+* ``unit_end``: those fields and ``seconds``, ``io_seconds``, ``rows``, ``metric_sums``
+  (each metric's value over the unit's rows times ``rows``), ``checkpoint``,
+  ``checkpoint_bytes``, ``checkpoint_sha256``; validation units also ``metric_states``
+  (each metric's mergeable state, :mod:`cerebro_spark.metrics`; the trial's epoch metrics
+  are the merge of its units' states, in partition order). Logs written before
+  ``metric_states`` existed fold the row-weighted ``metric_sums`` instead.
 * ``unit_failed``: those fields and ``error``, ``reason`` (``worker_lost`` |
   ``group_broken`` | ``io_error`` | ``trial_error``)
 

@@ -48,7 +48,6 @@ import numpy as np
 from cerebro_spark.backends import Backend, Membership, WorkerJob, next_worker_index
 from cerebro_spark.data import Manifest
 from cerebro_spark.engine._config import ExperimentConfig
-from cerebro_spark.engine._dataset import resolve_dataset
 from cerebro_spark.engine._events import EventLog, read_events
 from cerebro_spark.engine._leaderboard import (
     LEADERBOARD_NAME,
@@ -56,6 +55,8 @@ from cerebro_spark.engine._leaderboard import (
     leaderboard_csv,
     rank,
 )
+from cerebro_spark.engine._preflight import Preflight
+from cerebro_spark.engine._preflight import preflight as run_preflight
 from cerebro_spark.engine._progress import Progress
 from cerebro_spark.engine._state import (
     COMPLETED,
@@ -66,6 +67,7 @@ from cerebro_spark.engine._state import (
     STOPPED,
     ExperimentState,
     TrialState,
+    epoch_metrics,
     improves,
 )
 from cerebro_spark.errors import (
@@ -76,6 +78,7 @@ from cerebro_spark.errors import (
     TrialError,
     WorkerLostError,
 )
+from cerebro_spark.metrics import LOSS, Metric
 from cerebro_spark.mop import (
     Assignment,
     MopScheduler,
@@ -96,6 +99,8 @@ from cerebro_spark.search import (
 )
 from cerebro_spark.search.space import SearchSpace
 from cerebro_spark.store import Store
+from cerebro_spark.training import load_spec
+from cerebro_spark.training._metrics import family_metrics
 from cerebro_spark.units import GroupBrokenError, UnitKind, UnitResult, UnitTask, group_tasks
 
 logger = logging.getLogger(__name__)
@@ -175,14 +180,17 @@ def build_procedure(config: ExperimentConfig, clock: Callable[[], float]) -> Sea
     """
     rng = np.random.default_rng(np.random.SeedSequence([config.seed, _PROCEDURE_STREAM]))
     options = dict(config.procedure_options)
+    # A run resolves metric and mode first (pre-flight); planning needs only the stages.
+    metric = config.metric if config.metric is not None else LOSS
+    mode = config.mode if config.mode is not None else "min"
     if "num_workers" in procedure_options(config.procedure):
         options.setdefault("num_workers", config.workers)
     return make_procedure(
         config.procedure,
         space=SearchSpace.from_config(config.space),
         epochs=config.epochs,
-        metric=config.metric,
-        mode=config.mode,
+        metric=metric,
+        mode=mode,
         rng=rng,
         clock=clock,
         **options,
@@ -227,6 +235,9 @@ class Experiment:
             name train one unit at a time; ``None`` asks the procedure's
             :meth:`~cerebro_spark.search.SearchProcedure.resources`.
         on_stage: Called at every stage boundary (see :data:`StageHook`).
+        preflight: The driver's checks of this config (:func:`preflight`), if already
+            made; otherwise they are made here, before any worker starts. Its config
+            (metric and mode resolved) is the one the experiment runs.
     """
 
     def __init__(
@@ -239,8 +250,11 @@ class Experiment:
         visit_orders: VisitOrders | None = None,
         group_plans: GroupPlans | None = None,
         on_stage: StageHook | None = None,
+        preflight: Preflight | None = None,
     ) -> None:
-        self.config = config
+        self.preflight = preflight if preflight is not None else run_preflight(config, store)
+        config = self.config = self.preflight.config
+        self.metric, self.mode = config.objective
         self.root = store
         self.experiment_id = experiment_id
         self.prefix = experiment_prefix(experiment_id)
@@ -314,7 +328,7 @@ class Experiment:
         resumed = bool(self.state.trials) or self.state.round >= 0
         if self.state.finished:
             logger.info("experiment %s already finished", self.experiment_id)
-            ranked = rank(self.state.trials.values(), self.config.metric, self.config.mode)
+            ranked = rank(self.state.trials.values(), self.metric, self.mode)
             self._check_outcome(ranked)
             return ranked
         self._emit(
@@ -325,7 +339,7 @@ class Experiment:
         )
         placement = self._logged_placement()
         self._end_previous_session()
-        dataset_uri, self.manifest = resolve_dataset(self.config, self.root)
+        dataset_uri, self.manifest = self.preflight.dataset_uri, self.preflight.manifest
         if self.state.dataset_id not in (None, self.manifest.dataset_id):
             raise CerebroError(
                 f"experiment {self.experiment_id} was run on dataset {self.state.dataset_id}, "
@@ -371,7 +385,7 @@ class Experiment:
             backend.close()
         self._sync_membership(backend, None)  # the workers the close stopped
         self._sweep_checkpoints()
-        ranked = rank(self.state.trials.values(), self.config.metric, self.config.mode)
+        ranked = rank(self.state.trials.values(), self.metric, self.mode)
         best = best_trial(ranked)
         self._write_leaderboard()
         best_key, best_sha256 = self._write_best_checkpoint(best)
@@ -396,7 +410,7 @@ class Experiment:
                 message names the first failure; the log, leaderboard and checkpoints
                 are written by then.
         """
-        state, experiment_id, metric = self.state, self.experiment_id, self.config.metric
+        state, experiment_id, metric = self.state, self.experiment_id, self.metric
         url = self.root.url(self.prefix)
         failed = [state.trials[t] for t in state.failures if state.trials[t].status == FAILED]
         if ranked and best_trial(ranked) is None:
@@ -442,7 +456,7 @@ class Experiment:
         if best is None:
             logger.warning(
                 "no trial reported a finite %s: %s not written",
-                self.config.metric,
+                self.metric,
                 BEST_CHECKPOINT_NAME,
             )
             return None, None
@@ -472,8 +486,8 @@ class Experiment:
             BEST_CHECKPOINT_NAME,
             best.trial_id,
             best.best_epoch,
-            self.config.metric,
-            best.best_metrics.get(self.config.metric),
+            self.metric,
+            best.best_metrics.get(self.metric),
             key,
         )
         return key, actual
@@ -839,6 +853,7 @@ class Experiment:
             checkpoint=result.task.checkpoint_out,
             checkpoint_bytes=result.checkpoint_bytes,
             checkpoint_sha256=result.checkpoint_sha256,
+            **_states(result),
         )
         scheduler.complete(unit, worker=assignment.worker)
         self.progress.unit_done()
@@ -967,10 +982,7 @@ class Experiment:
         trial = state.trials[trial_id]
         if validated < self.manifest.num_partitions or trial_id in state.reported:
             return
-        rows = state.validation_rows[trial_id]
-        metrics = {
-            name: total / rows for name, total in sorted(state.validation_sums[trial_id].items())
-        }
+        metrics = epoch_metrics(state, trial_id, self._family(trial.spec))
         previous_best = trial.best_checkpoint
         self._emit(
             "trial_epoch",
@@ -985,6 +997,17 @@ class Experiment:
         self._drop_checkpoint(previous_best, trial_id)  # once logged: no longer the best
         self._update_best()
 
+    def _family(self, spec: str) -> Mapping[str, Metric]:
+        """The metrics of a spec's trials (from the pre-flight, else built now)."""
+        family = self.preflight.families.get(spec)
+        if family is None:
+            assert self.manifest is not None  # ok: set in run() before any round
+            family = family_metrics(load_spec(spec), self.manifest.info)
+            self.preflight = dataclasses.replace(
+                self.preflight, families={**self.preflight.families, spec: family}
+            )
+        return family
+
     def _best_fields(self, trial: TrialState, metrics: Mapping[str, float]) -> dict[str, Any]:
         """The ``best_*`` fields of the ``trial_epoch`` that reports ``metrics``.
 
@@ -993,7 +1016,7 @@ class Experiment:
         (:func:`~cerebro_spark.engine._state.improves`); the best before it is then
         deleted once the event is logged, unless a trial still needs it.
         """
-        if improves(metrics, trial.best_metrics or None, self.config.metric, self.config.mode):
+        if improves(metrics, trial.best_metrics or None, self.metric, self.mode):
             return {
                 "best_epoch": trial.epochs + 1,
                 "best_checkpoint": trial.checkpoint,
@@ -1006,11 +1029,11 @@ class Experiment:
         }
 
     def _update_best(self) -> None:
-        top = best_trial(rank(self.state.trials.values(), self.config.metric, self.config.mode))
+        top = best_trial(rank(self.state.trials.values(), self.metric, self.mode))
         if top is not None:
-            value = top.best_metrics[self.config.metric]
+            value = top.best_metrics[self.metric]
             self.progress.best = (
-                f"{self.config.metric} {value:.4f} ({top.trial_id}, epoch {top.best_epoch})"
+                f"{self.metric} {value:.4f} ({top.trial_id}, epoch {top.best_epoch})"
             )
 
     # -- workers --------------------------------------------------------------------------
@@ -1105,7 +1128,7 @@ class Experiment:
         self._write_leaderboard()
 
     def _write_leaderboard(self) -> None:
-        text = leaderboard_csv(self.state.trials.values(), self.config.metric, self.config.mode)
+        text = leaderboard_csv(self.state.trials.values(), self.metric, self.mode)
         self.store.put(LEADERBOARD_NAME, text.encode())
 
 
@@ -1125,6 +1148,17 @@ class _Running:
 def _short(key: str, folder: str) -> str:
     """A checkpoint key relative to the experiment's checkpoint folder, for logs."""
     return key[len(folder) :] if key.startswith(folder) else key
+
+
+def _states(result: UnitResult) -> dict[str, Any]:
+    """The ``metric_states`` field of a validation unit's ``unit_end``.
+
+    None for training units (their running metrics are in ``metric_sums``), nor for
+    results without states (older workers: the epoch's metrics fall back to the sums).
+    """
+    if result.task.kind is UnitKind.VALIDATE and result.metric_states:
+        return {"metric_states": {name: dict(v) for name, v in result.metric_states.items()}}
+    return {}
 
 
 def _group_failure(errors: Iterable[BaseException]) -> str:

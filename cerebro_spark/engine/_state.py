@@ -27,12 +27,17 @@ that wrote such logs deleted a checkpoint as soon as the trial trained past it).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from cerebro_spark.metrics import BatchMean, Metric
+from cerebro_spark.training._metrics import metric_value
 from cerebro_spark.units import UnitKind
+
+logger = logging.getLogger(__name__)
 
 RUNNING, PAUSED, COMPLETED, STOPPED, FAILED = "running", "paused", "completed", "stopped", "failed"
 
@@ -179,6 +184,13 @@ class ExperimentState:
         default_factory=lambda: defaultdict(dict)
     )
     validation_rows: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
+    validation_states: dict[str, dict[int, Mapping[str, Any]]] = dataclasses.field(
+        default_factory=lambda: defaultdict(dict)
+    )
+    """The open round's validation metric states, by trial then partition (merged by the
+    engine, in partition order, when the trial's last validation unit is in)."""
+    validation_units: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
+    """The open round's validation units done, by trial (with or without states)."""
     unit_seconds: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
     worker_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
     workers: dict[str, WorkerState] = dataclasses.field(default_factory=dict)
@@ -273,6 +285,8 @@ class ExperimentState:
         self.reported = set()
         self.validation_sums = defaultdict(dict)
         self.validation_rows = defaultdict(int)
+        self.validation_states = defaultdict(dict)
+        self.validation_units = defaultdict(int)
         self.unit_seconds = defaultdict(float)
 
     def _on_unit_end(self, event: Mapping[str, Any]) -> None:
@@ -304,6 +318,10 @@ class ExperimentState:
             for name, value in event["metric_sums"].items():
                 sums[name] = sums.get(name, 0.0) + value
             self.validation_rows[trial] += event["rows"]
+            self.validation_units[trial] += 1
+            states = event.get("metric_states")  # absent in logs of older versions
+            if states:
+                self.validation_states[trial][int(event["partition"])] = states
 
     def _on_trial_failed(self, event: Mapping[str, Any]) -> None:
         trial = self.trials[event["trial"]]
@@ -405,3 +423,44 @@ class ExperimentState:
 
     def _on_elastic_summary(self, event: Mapping[str, Any]) -> None:
         self.elastic_summary = dict(event)
+
+
+def epoch_metrics(
+    state: ExperimentState, trial_id: str, family: Mapping[str, Metric]
+) -> dict[str, float]:
+    """A trial's validation metrics over the whole split, from the open round's units.
+
+    The units' states are merged with the family's metrics in partition order, so a
+    metric is the same in every run of the same checkpoints. Units logged by older
+    versions carry only row-weighted sums: while any of the round's validation units
+    lacks states, the sums are averaged as those versions did.
+
+    Args:
+        state: The folded log, in the round of the trial's validation units.
+        trial_id: The trial.
+        family: Its spec's metrics by name (``"loss"`` included).
+
+    Returns:
+        The metrics by name, sorted.
+    """
+    by_partition = state.validation_states.get(trial_id, {})
+    if not by_partition or len(by_partition) < state.validation_units[trial_id]:
+        rows = state.validation_rows[trial_id]
+        sums = state.validation_sums[trial_id]
+        return {name: total / rows for name, total in sorted(sums.items())}
+    merged: dict[str, list[dict[str, Any]]] = {}
+    for partition in sorted(by_partition):
+        for name, metric_state in by_partition[partition].items():
+            merged.setdefault(name, []).append(dict(metric_state))
+    metrics: dict[str, float] = {}
+    for name in sorted(merged):
+        metric = family.get(name)
+        if metric is None and set(merged[name][0]) == {"sum", "count"}:
+            metric = BatchMean(name)  # a deprecated per-batch metric
+        if metric is None:
+            logger.warning(
+                "trial %s reported metric %r, which its spec does not produce", trial_id, name
+            )
+            continue
+        metrics[name] = metric_value(metric, merged[name])
+    return metrics

@@ -17,7 +17,7 @@ from cerebro_spark.training._checkpoint import (
     with_dataset,
 )
 from cerebro_spark.training._group import run_group_unit
-from cerebro_spark.training._loading import load_spec
+from cerebro_spark.training._loading import add_code_directory, load_spec, user_code_files
 from cerebro_spark.training._models import CNNSpec, MLPSpec, Standardize
 from cerebro_spark.training._spec import ModelSpec
 from cerebro_spark.training._unit import run_unit
@@ -31,6 +31,7 @@ __all__ = [
     "MLPSpec",
     "ModelSpec",
     "Standardize",
+    "add_code_directory",
     "dataset_metadata",
     "decode_checkpoint",
     "encode_checkpoint",
@@ -38,6 +39,7 @@ __all__ = [
     "run_group_unit",
     "run_unit",
     "state_digest",
+    "user_code_files",
     "weights_digest",
     "with_dataset",
 ]

@@ -46,8 +46,9 @@ A *group unit* covers ``k = group.size`` partitions of one trial's epoch at once
   ``broadcast_buffers``. BatchNorm's batch statistics are per rank (no SyncBatchNorm), so
   models with BatchNorm are close to, not equal to, one worker with batch ``B``.
 * **Results.** Every rank returns a :class:`~cerebro_spark.units.UnitResult` for *its*
-  rows: ``rows`` and row-weighted ``metric_sums`` over the rows it processed (the engine
-  sums the ``k`` results); rank 0's carries the checkpoint's size and SHA-256, the others
+  rows: ``rows``, mergeable ``metric_states`` and row-weighted ``metric_sums`` over the
+  rows it processed (merging the ``k`` ranks' states gives the unit's metrics); rank 0's
+  carries the checkpoint's size and SHA-256, the others
   report ``checkpoint_bytes=0`` and no digest.
 * **Failures.** A rank whose user code raises, whose loss is not finite, or whose store
   I/O fails keeps taking part in the collectives with a failure flag, so *every* rank
@@ -84,20 +85,24 @@ import torch.distributed as dist
 
 from cerebro_spark.data import DatasetInfo, PartitionData
 from cerebro_spark.errors import ConfigError, TrialError
+from cerebro_spark.metrics import State
 from cerebro_spark.store import Store
 from cerebro_spark.training._checkpoint import encode_checkpoint, with_dataset
 from cerebro_spark.training._loading import load_spec
+from cerebro_spark.training._metrics import PassMetrics
 from cerebro_spark.training._spec import ModelSpec
 from cerebro_spark.training._unit import (
     _TORCH_STREAM,
     _UNIT_LOCK,
-    _add_metrics,
+    _add_batch,
     _batch_order,
     _batch_size,
     _check_task,
     _key,
     _open_state,
+    _pass_metrics,
     _read_checkpoint,
+    _report,
     _seed,
     _snapshot,
     _TrialState,
@@ -205,8 +210,8 @@ def run_group_unit(
         on_rendezvous: Told the port rank 0 bound, when it chose it (see above).
 
     Returns:
-        This rank's result: its rows and row-weighted metric sums; on rank 0 also the
-        checkpoint's size and SHA-256.
+        This rank's result: its rows and the metric states (and row-weighted sums) of
+        its rows; on rank 0 also the checkpoint's size and SHA-256.
 
     Raises:
         ConfigError: The task is malformed, or the ranks were given different tasks.
@@ -396,6 +401,7 @@ class _Opened:
     state: _TrialState
     local_batches: tuple[int, ...]
     io_seconds: float
+    metrics: PassMetrics
 
 
 def _open(
@@ -415,7 +421,8 @@ def _open(
     if task.checkpoint_in is not None:
         checkpoint, _, io_seconds = _read_checkpoint(store, task, task.checkpoint_in, dev)
     state = _open_state(spec, task, info, dev, checkpoint)
-    return _Opened(spec, state, local_batches, io_seconds)
+    metrics = _pass_metrics(spec, task, info, dev, training=True)
+    return _Opened(spec, state, local_batches, io_seconds, metrics)
 
 
 def _handshake(
@@ -451,8 +458,8 @@ def _train_pass(
     dev: torch.device,
     comm: _Comm,
     steps: Sequence[tuple[int, ...]],
-) -> tuple[dict[str, float], int]:
-    """Train this rank's share of every step; return (row-weighted metric sums, rows)."""
+) -> int:
+    """Train this rank's share of every step (into ``opened.metrics``); return its rows."""
     spec, state = opened.spec, opened.state
     local = opened.local_batches[group.rank]
     order = torch.from_numpy(_batch_order(task, data.rows))
@@ -466,7 +473,6 @@ def _train_pass(
     numels = [p.numel() for p in params]
     flags = sum(numels)
     codes = flags + len(params)
-    sums: dict[str, float] = {"loss": 0.0}
     rows = 0
     failure: _Failure | None = None
     for step, step_rows in enumerate(steps):
@@ -476,7 +482,7 @@ def _train_pass(
             try:
                 rows += _local_batch(
                     spec, state, task, info, dev, features, labels,
-                    order[step * local : step * local + mine], sums,
+                    order[step * local : step * local + mine], opened.metrics,
                 )  # fmt: skip
             except Exception as error:
                 failure = _Failure.of(error)
@@ -510,7 +516,7 @@ def _train_pass(
     if failure is not None:
         # The last step's optimizer failed: _run's end collective reports it.
         raise _Deferred(failure)
-    return sums, rows
+    return rows
 
 
 def _local_batch(
@@ -522,7 +528,7 @@ def _local_batch(
     features: torch.Tensor,
     labels: torch.Tensor,
     index: torch.Tensor,
-    sums: dict[str, float],
+    metrics: PassMetrics,
 ) -> int:
     """Forward and backward one local batch (gradient of its mean loss); return its rows."""
     x, y = features[index].to(dev), labels[index].to(dev)
@@ -539,12 +545,8 @@ def _local_batch(
         )
     with _user_code(task, "the backward pass"):
         torch.autograd.backward(loss)
-    batch_rows = int(y.shape[0])
-    with torch.no_grad(), _user_code(task, "metrics"):
-        metrics = spec.metrics(outputs.detach(), y, info)
-    sums["loss"] += value * batch_rows
-    _add_metrics(sums, task, metrics, batch_rows)
-    return batch_rows
+    _add_batch(metrics, task, outputs, y, loss)
+    return int(y.shape[0])
 
 
 class _Deferred(Exception):
@@ -575,12 +577,18 @@ def _run(
     rows_by_rank = _handshake(task, group, comm, data.rows, failure)
     assert opened is not None  # ok: _handshake raised otherwise
     steps = group_steps(rows_by_rank, opened.local_batches)
+    states: dict[str, State] = {}
     sums: dict[str, float] = {}
     rows = 0
     try:
-        sums, rows = _train_pass(task, group, opened, data, info, dev, comm, steps)
+        rows = _train_pass(task, group, opened, data, info, dev, comm, steps)
     except _Deferred as deferred:
         failure = deferred.failure
+    if failure is None:
+        try:
+            states, sums = _report(opened.metrics, task)
+        except Exception as error:
+            failure = _Failure.of(error)  # told to the peers at the end collective
     state = opened.state
     state.samples_seen += sum(rows_by_rank)
     ends_epoch = task.step + group.size == task.epoch_units
@@ -612,6 +620,7 @@ def _run(
         rows=rows,
         seconds=time.perf_counter() - start,
         metric_sums=sums,
+        metric_states=states,
         checkpoint_bytes=len(blob) if blob is not None else 0,
         checkpoint_sha256=hashlib.sha256(blob).hexdigest() if blob is not None else None,
         io_seconds=io_seconds,

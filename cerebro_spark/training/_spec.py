@@ -7,21 +7,38 @@ that varies between trials comes in ``params``. Rules:
 
 * ``build_model`` must be deterministic given torch's RNG state (the unit seeds it from
   the trial seed before calling), so a trial's initial weights depend only on its seed.
-* ``metrics`` returns per-batch **means**; the unit turns them into row-weighted sums.
-  The loss is always reported as ``"loss"``; do not return a metric of that name.
+* ``build_metrics`` returns the family's validation metrics as
+  :class:`~cerebro_spark.metrics.Metric` objects (default: the built-in set of the
+  dataset's task, :func:`~cerebro_spark.metrics.default_metrics`). Each keeps a mergeable
+  state, so every reported value equals the metric computed at once over the whole
+  validation split. The mean per-row loss is always reported as ``"loss"``; no metric may
+  take that name. To add a metric, subclass ``Metric`` (``name``, ``mode``, ``init``,
+  ``update``, ``value``; ``merge`` when the state is not a sum; the rules are in
+  :mod:`cerebro_spark.metrics._base`) and return it with the built-ins::
+
+      def build_metrics(self, info):
+          return [*super().build_metrics(info), MyMetric()]
+
+* ``build_metrics`` depends on ``info`` only, not on a trial's params: every trial of a
+  family reports the same metrics (the engine checks the experiment's metric against
+  them before any worker starts).
+* ``metrics`` (deprecated) returns per-batch means, averaged weighted by batch rows:
+  exact only for metrics that are means over rows. A spec that overrides it still works;
+  its names replace built-ins of the same name.
 * ``transform`` runs on every batch (train and validation) before the model.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from cerebro_spark.data import DatasetInfo
+from cerebro_spark.metrics import Metric, default_metrics
 
 
 class ModelSpec(abc.ABC):
@@ -55,13 +72,25 @@ class ModelSpec(abc.ABC):
             return nn.functional.cross_entropy(outputs, labels)
         return nn.functional.mse_loss(outputs.reshape(labels.shape), labels)
 
+    def build_metrics(self, info: DatasetInfo) -> Sequence[Metric]:
+        """Return the metrics every trial of this family reports besides ``"loss"``.
+
+        Default: the built-in set of the dataset's task
+        (:func:`~cerebro_spark.metrics.default_metrics`): accuracy, top-5 accuracy (more
+        than 5 classes), precision, recall and F1 (macro, and per class up to 10
+        classes), ROC AUC and log loss for classification; MAE, MSE, RMSE and R² for
+        regression.
+        """
+        return default_metrics(info.task, info.num_classes)
+
     def metrics(
         self, outputs: torch.Tensor, labels: torch.Tensor, info: DatasetInfo
-    ) -> dict[str, torch.Tensor]:
-        """Return per-batch mean metrics (default: accuracy, or mean absolute error)."""
-        if info.task == "classification":
-            return {"accuracy": (outputs.argmax(dim=1) == labels).float().mean()}
-        return {"mae": (outputs.reshape(labels.shape) - labels).abs().mean()}
+    ) -> Mapping[str, torch.Tensor | float]:
+        """Deprecated: per-batch mean metrics, averaged weighted by rows (default: none).
+
+        Prefer :meth:`build_metrics`, whose values are exact over the split.
+        """
+        return {}
 
     def transform(
         self, features: torch.Tensor, labels: torch.Tensor

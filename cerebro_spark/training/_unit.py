@@ -32,8 +32,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -41,6 +40,7 @@ from torch import nn
 
 from cerebro_spark.data import DatasetInfo, PartitionData
 from cerebro_spark.errors import ConfigError, DataError, TrialError
+from cerebro_spark.metrics import State
 from cerebro_spark.store import Store
 from cerebro_spark.training._checkpoint import (
     Checkpoint,
@@ -49,6 +49,7 @@ from cerebro_spark.training._checkpoint import (
     with_dataset,
 )
 from cerebro_spark.training._loading import load_spec
+from cerebro_spark.training._metrics import PassMetrics
 from cerebro_spark.training._spec import ModelSpec
 from cerebro_spark.units import UnitKind, UnitResult, UnitTask
 
@@ -95,8 +96,10 @@ def run_unit(
         device: Torch device to run on (``"cpu"``, ``"cuda:0"``).
 
     Returns:
-        The result: rows, row-weighted metric sums (``"loss"`` and the spec's metrics),
-        timings and, for train units, the checkpoint's size and SHA-256.
+        The result: rows, the mergeable state of ``"loss"`` and of each of the spec's
+        metrics (``build_metrics``; training passes skip those with ``on_train = False``),
+        their row-weighted sums, timings and, for train units, the checkpoint's size and
+        SHA-256.
 
     Raises:
         ConfigError: If the task is malformed (missing checkpoint key, negative seed ...).
@@ -287,14 +290,27 @@ def _open_state(
     return _TrialState(model, optimizer, scheduler, samples_seen)
 
 
-def _add_metrics(
-    sums: dict[str, float], task: UnitTask, metrics: Mapping[str, Any], rows: int
+def _pass_metrics(
+    spec: ModelSpec, task: UnitTask, info: DatasetInfo, dev: torch.device, *, training: bool
+) -> PassMetrics:
+    with _user_code(task, "build_metrics"):
+        return PassMetrics(spec, info, dev, training=training)
+
+
+def _add_batch(
+    metrics: PassMetrics,
+    task: UnitTask,
+    outputs: torch.Tensor,
+    labels: torch.Tensor,
+    loss: torch.Tensor,
 ) -> None:
+    with torch.no_grad(), _user_code(task, "metrics"):
+        metrics.add(outputs, labels, loss)
+
+
+def _report(metrics: PassMetrics, task: UnitTask) -> tuple[dict[str, State], dict[str, float]]:
     with _user_code(task, "metrics"):
-        for name, value in metrics.items():
-            if name == "loss":
-                raise ConfigError("metrics must not return 'loss' (the loss is reported)")
-            sums[name] = sums.get(name, 0.0) + float(value) * rows
+        return metrics.report()
 
 
 def _train_pass(
@@ -304,14 +320,14 @@ def _train_pass(
     data: PartitionData,
     info: DatasetInfo,
     dev: torch.device,
-) -> tuple[dict[str, float], int]:
-    """Train one pass over ``data``; return (row-weighted metric sums, rows seen)."""
+) -> tuple[PassMetrics, int]:
+    """Train one pass over ``data``; return its metrics and the rows seen."""
     size = _batch_size(spec, task)
     order = torch.from_numpy(_batch_order(task, data.rows))
     features, labels = data.tensors()
     torch.manual_seed(_seed((task.trial_seed, task.epoch, task.partition), _TORCH_STREAM))
     state.model.train()
-    sums: dict[str, float] = {"loss": 0.0}
+    metrics = _pass_metrics(spec, task, info, dev, training=True)
     rows = 0
     for first in range(0, data.rows, size):
         index = order[first : first + size]
@@ -331,14 +347,10 @@ def _train_pass(
         with _user_code(task, "the backward pass or optimizer step"):
             torch.autograd.backward(loss)
             state.optimizer.step()
-        batch_rows = int(y.shape[0])
-        with torch.no_grad(), _user_code(task, "metrics"):
-            metrics = spec.metrics(outputs.detach(), y, info)
-        sums["loss"] += value * batch_rows
-        _add_metrics(sums, task, metrics, batch_rows)
-        rows += batch_rows
+        _add_batch(metrics, task, outputs, y, loss)
+        rows += int(y.shape[0])
     state.samples_seen += rows
-    return sums, rows
+    return metrics, rows
 
 
 def _end_unit(state: _TrialState, task: UnitTask) -> None:
@@ -384,7 +396,8 @@ def _train(
     if task.checkpoint_in is not None:
         checkpoint, _, io_seconds = _read_checkpoint(store, task, task.checkpoint_in, dev)
     state = _open_state(spec, task, info, dev, checkpoint)
-    sums, rows = _train_pass(spec, state, task, data, info, dev)
+    metrics, rows = _train_pass(spec, state, task, data, info, dev)
+    states, sums = _report(metrics, task)
     _end_unit(state, task)
     written = time.perf_counter()
     blob = encode_checkpoint(with_dataset(_snapshot(state, task), info))
@@ -396,6 +409,7 @@ def _train(
         rows=rows,
         seconds=time.perf_counter() - start,
         metric_sums=sums,
+        metric_states=states,
         checkpoint_bytes=len(blob),
         checkpoint_sha256=hashlib.sha256(blob).hexdigest(),
         io_seconds=io_seconds,
@@ -421,7 +435,7 @@ def _validate(
     features, labels = data.tensors()
     torch.manual_seed(_seed((task.trial_seed, task.epoch, task.partition), _TORCH_STREAM))
     model.eval()
-    sums: dict[str, float] = {"loss": 0.0}
+    metrics = _pass_metrics(spec, task, info, dev, training=False)
     rows = 0
     with torch.no_grad():
         for first in range(0, data.rows, size):
@@ -431,19 +445,17 @@ def _validate(
                 x, y = spec.transform(x, y)
             with _user_code(task, "the forward pass or loss"):
                 outputs = model(x)
-                value = float(spec.loss(outputs, y, info))
-            with _user_code(task, "metrics"):
-                metrics = spec.metrics(outputs, y, info)
-            batch_rows = int(y.shape[0])
-            sums["loss"] += value * batch_rows
-            _add_metrics(sums, task, metrics, batch_rows)
-            rows += batch_rows
+                loss = spec.loss(outputs, y, info)
+            _add_batch(metrics, task, outputs, y, loss)
+            rows += int(y.shape[0])
+    states, sums = _report(metrics, task)
     return UnitResult(
         task=task,
         worker_id=worker_id,
         rows=rows,
         seconds=time.perf_counter() - start,
         metric_sums=sums,
+        metric_states=states,
         checkpoint_bytes=size_read,
         io_seconds=io_seconds,
     )

@@ -59,12 +59,17 @@ class TuningResult:
     @property
     def metric(self) -> str:
         """The metric the search optimised."""
-        return self.config.metric
+        return self.config.objective[0]
+
+    @property
+    def mode(self) -> str:
+        """``"max"`` or ``"min"``: whether a larger metric is better."""
+        return self.config.objective[1]
 
     @property
     def trials(self) -> list[TrialState]:
         """Every trial, best first."""
-        return rank(self.state.trials.values(), self.config.metric, self.config.mode)
+        return rank(self.state.trials.values(), self.metric, self.mode)
 
     @property
     def best(self) -> TrialState | None:
@@ -92,7 +97,7 @@ class TuningResult:
         specs = {t.trial_id: t.spec for t in self.state.trials.values()}
         rows = []
         for position, row in enumerate(
-            leaderboard_rows(self.state.trials.values(), self.metric, self.config.mode), 1
+            leaderboard_rows(self.state.trials.values(), self.metric, self.mode), 1
         ):
             params = row.pop("params")
             row = {"rank": position, **row, "model": specs[row["trial_id"]].rsplit(":", 1)[-1]}

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from cerebro_spark.data import DatasetInfo
@@ -37,9 +38,14 @@ class GatedSpec(MLPSpec):
     Params besides MLPSpec's: ``marker`` (path written when the unit starts), ``wait_for``
     (paths that must all exist before it goes on; gives up after ``wait_timeout_s``, 60 s
     by default, by raising), ``sleep_s`` (seconds to sleep afterwards).
+
+    Only units are gated (they run with torch's deterministic algorithms on): the
+    driver's pre-flight, which builds every family's model once, goes straight through.
     """
 
     def build_model(self, params: Mapping[str, Any], info: DatasetInfo) -> nn.Module:
+        if not torch.are_deterministic_algorithms_enabled():  # the driver's pre-flight
+            return super().build_model(params, info)
         if "marker" in params:
             Path(params["marker"]).write_text("started")
         deadline = time.monotonic() + float(params.get("wait_timeout_s", 60.0))

@@ -29,13 +29,19 @@ def test_demo_config_loads():
 
 def test_defaults_and_round_trip():
     config = parse_config(minimal())
+    # metric and mode follow the dataset's task and the metric: resolved by a run
     assert (config.epochs, config.metric, config.mode, config.visit_order) == (
         10,
-        "accuracy",
-        "max",
+        None,
+        None,
         "seeded",
     )
     assert parse_config(config.to_dict()) == config
+    with pytest.raises(ConfigError, match="not resolved yet"):
+        config.objective  # noqa: B018
+    resolved = config.replace(metric="rmse", mode="min")
+    assert resolved.objective == ("rmse", "min")
+    assert parse_config(resolved.to_dict()) == resolved
 
 
 def test_round_trip_without_default_model():

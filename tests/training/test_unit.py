@@ -1,6 +1,10 @@
 """run_unit: training, determinism, resume, LR schedule, validation sums, errors."""
 
+import base64
+import dataclasses
 import hashlib
+import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -9,10 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from sklearn import metrics as skm
 from training_fixtures import BLOBS_INFO, blobs, train_epochs, train_task, validate_task
 
 from cerebro_spark.data import PartitionData
 from cerebro_spark.errors import ConfigError, DataError, TrialError
+from cerebro_spark.metrics import default_metrics
 from cerebro_spark.training import (
     CheckpointError,
     MLPSpec,
@@ -30,6 +36,7 @@ from cerebro_spark.training._unit import (
     _train_pass,
     _unit_environment,
 )
+from cerebro_spark.units import UnitResult
 
 pytestmark = pytest.mark.torch
 
@@ -46,7 +53,10 @@ def test_a_train_unit_writes_a_checkpoint_and_reports_row_weighted_sums(store):
     result = run_unit(task, data, store, BLOBS_INFO, worker_id="w3")
     blob = store.get(task.checkpoint_out)
     assert result.rows == 150 and result.worker_id == "w3" and result.task == task
-    assert set(result.metric_sums) == {"loss", "accuracy"}
+    on_train = {"loss"} | {m.name for m in default_metrics("classification", 2) if m.on_train}
+    assert set(result.metric_sums) == set(result.metric_states) == on_train
+    assert "roc_auc" not in on_train  # buffers stay off the training passes
+    assert result.metric_states["loss"]["count"] == 150
     assert 0 < result.metric_sums["loss"] / 150 < 2
     assert 0 <= result.metric_sums["accuracy"] <= 150
     assert result.checkpoint_bytes == len(blob)
@@ -211,8 +221,41 @@ def test_validation_sums_match_a_hand_computation(store):
     per_row = torch.nn.functional.cross_entropy(outputs, labels, reduction="none")
     assert result.metric_sums["loss"] == pytest.approx(float(per_row.double().sum()), rel=1e-5)
     correct = int((outputs.argmax(1) == labels).sum())
-    assert result.metric_sums["accuracy"] == pytest.approx(correct, rel=1e-6)  # float32 means
+    assert result.metric_sums["accuracy"] == pytest.approx(correct, rel=1e-9)
     assert result.metrics()["accuracy"] == pytest.approx(correct / 50)
+    assert result.metric_states["accuracy"] == {"correct": correct, "count": 50}
+    # Exact over the unit's rows, batches of 7 notwithstanding.
+    probability = torch.softmax(outputs, dim=1)[:, 1].numpy()
+    predicted = outputs.argmax(1).numpy()
+    assert result.metrics()["roc_auc"] == pytest.approx(skm.roc_auc_score(labels, probability))
+    assert result.metrics()["f1_macro"] == pytest.approx(
+        skm.f1_score(labels, predicted, average="macro")
+    )
+    (chunk,) = result.metric_states["roc_auc"]["scores"]  # the scores, bit for bit
+    assert np.frombuffer(base64.b64decode(chunk.partition(":")[2]), "<f4").tolist() == (
+        probability.tolist()
+    )
+
+
+def test_a_spec_adds_its_own_metric_and_keeps_the_built_ins(store):
+    train = train_task(spec="training_fixtures:CustomMetricSpec")
+    result = run_unit(train, blobs(0), store, BLOBS_INFO)
+    assert "positives" in result.metric_states and "accuracy" in result.metric_states
+    data = blobs(0, rows=50, split="validation")
+    checked = run_unit(validate_task(train, train.checkpoint_out), data, store, BLOBS_INFO)
+    assert checked.metric_states["positives"] == {"hits": int(data.labels.sum()), "count": 50}
+    assert checked.metrics()["positives"] == pytest.approx(int(data.labels.sum()) / 50)
+
+
+def test_a_spec_with_deprecated_per_batch_metrics_still_reports_them(store):
+    train = train_task(spec="training_fixtures:BatchMeanSpec", params={"batch_size": 32})
+    run_unit(train, blobs(0), store, BLOBS_INFO)
+    data = blobs(0, rows=50, split="validation")
+    checked = run_unit(validate_task(train, train.checkpoint_out), data, store, BLOBS_INFO)
+    # the legacy name replaces the built-in: a row-weighted mean of batch values
+    assert checked.metric_states["accuracy"] == {"sum": pytest.approx(50.0), "count": 50}
+    assert checked.metrics()["accuracy"] == pytest.approx(1.0)
+    assert checked.metrics()["half"] == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize(
@@ -342,3 +385,17 @@ def test_a_clone_keeps_the_donors_weights_and_moments_but_takes_its_own_hyperpar
         store.get(clone.checkpoint_out)
     )
     assert donor_checkpoint["optimizer"]["state"]  # the donor had moments to hand over
+
+
+def test_metric_states_cross_the_wire_with_nan_as_text(store):
+    train = train_task()
+    result = run_unit(train, blobs(0), store, BLOBS_INFO)
+    states = {**result.metric_states, "odd": {"sum": math.nan, "buffer": [math.inf, 1.0]}}
+    original = dataclasses.replace(result, metric_states=states)
+    wire = json.loads(json.dumps(original.to_json(), allow_nan=False))  # strict JSON
+    back = UnitResult.from_json(wire)
+    assert back.metric_states["accuracy"] == result.metric_states["accuracy"]
+    assert math.isnan(back.metric_states["odd"]["sum"])
+    assert back.metric_states["odd"]["buffer"] == [math.inf, 1.0]
+    old = {k: v for k, v in wire.items() if k != "metric_states"}  # an older worker's result
+    assert UnitResult.from_json(old).metric_states == {}

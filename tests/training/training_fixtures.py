@@ -5,6 +5,7 @@ import numpy as np
 import torch
 
 from cerebro_spark.data import DatasetInfo, PartitionData
+from cerebro_spark.metrics import Metric
 from cerebro_spark.store import Store
 from cerebro_spark.training import MLPSpec, ModelSpec, decode_checkpoint, load_spec, run_unit
 from cerebro_spark.training._group import group_steps, local_batch_sizes
@@ -102,6 +103,33 @@ class NaNLossSpec(MLPSpec):
 class LossMetricSpec(MLPSpec):
     def metrics(self, outputs, labels, info):
         return {"loss": torch.tensor(0.0)}
+
+
+class Positives(Metric):
+    """Share of rows labelled 1: a custom metric with an additive state (default merge)."""
+
+    name, mode = "positives", "max"
+
+    def init(self, device):
+        zero = torch.zeros((), dtype=torch.int64, device=device)
+        return {"hits": zero, "count": zero.clone()}
+
+    def update(self, acc, outputs, labels):
+        acc["hits"] += (labels == 1).sum()
+        acc["count"] += labels.shape[0]
+
+    def value(self, state):
+        return state["hits"] / state["count"] if state["count"] else float("nan")
+
+
+class CustomMetricSpec(MLPSpec):
+    def build_metrics(self, info):
+        return [*super().build_metrics(info), Positives()]
+
+
+class BatchMeanSpec(MLPSpec):
+    def metrics(self, outputs, labels, info):
+        return {"accuracy": torch.tensor(1.0), "half": 0.5}
 
 
 class BrokenConstructorSpec(MLPSpec):

@@ -1,0 +1,255 @@
+"""Pre-flight: what the driver checks before any worker starts.
+
+A wrong import path, a ``build_model`` that raises or a metric no spec produces would
+otherwise surface only after the workers started and loaded their partitions (minutes on
+a cluster). Before any of that, :func:`preflight`:
+
+1. resolves the dataset (preparing it if the config names a ``source``);
+2. finds every model family of the search space (each ``model`` value a branch or a
+   choice can take, and the config's ``model``) and draws one trial's params for each
+   from the space (seeded by the experiment seed, on a stream of its own);
+3. per family, imports the spec, builds its model, optimizer and LR scheduler with those
+   params on the CPU (torch seeded, the driver's RNG state restored), runs its
+   ``transform``, forward pass, loss and metrics on a batch of two all-zero rows of the
+   dataset's feature shape, and collects its metrics (:func:`family_metrics`);
+4. resolves the objective: the config's ``metric`` (default: ``accuracy`` for
+   classification, ``rmse`` for regression), which every family must produce, and its
+   ``mode`` (default: the metric's own; an explicit mode against it is allowed but logged
+   as a warning).
+
+Failures raise :class:`~cerebro_spark.errors.ConfigError` (import path, params,
+metric) or :class:`~cerebro_spark.errors.TrialError` (user code raised), naming the spec
+and the params.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from cerebro_spark.data import DatasetInfo, Manifest
+from cerebro_spark.engine._config import ExperimentConfig
+from cerebro_spark.engine._dataset import resolve_dataset
+from cerebro_spark.errors import CerebroError, ConfigError, TrialError
+from cerebro_spark.search.space import SearchSpace
+from cerebro_spark.store import Store
+
+logger = logging.getLogger(__name__)
+
+_PREFLIGHT_STREAM = 3
+"""Stream of the experiment seed the pre-flight draws params from (see _experiment)."""
+_DRAWS = 512
+"""Params drawn from the space at most while looking for every family."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Preflight:
+    """What the pre-flight found.
+
+    Attributes:
+        config: The config with ``metric`` and ``mode`` resolved.
+        dataset_uri: Where the workers read the dataset.
+        manifest: The dataset's manifest.
+        families: Per spec import path, the metrics its trials report, by name
+            (``"loss"`` included): the driver merges validation states with them.
+        params: Per spec import path, the params its model was built with.
+    """
+
+    config: ExperimentConfig
+    dataset_uri: str
+    manifest: Manifest
+    families: Mapping[str, Mapping[str, Any]]
+    params: Mapping[str, Mapping[str, Any]]
+
+
+def preflight(config: ExperimentConfig, store: Store) -> Preflight:
+    """Check the experiment on the driver before any worker starts (module docstring).
+
+    Args:
+        config: The experiment (``metric`` and ``mode`` may be ``None``).
+        store: The root store (where a ``source`` is prepared).
+
+    Returns:
+        The resolved config, the dataset and every family's metrics.
+
+    Raises:
+        ConfigError: A spec cannot be imported or rejects its params, the space gives a
+            trial no spec, or the metric is not produced by every family.
+        TrialError: A spec's model, loss or metrics raised on the zero batch.
+    """
+    dataset_uri, manifest = resolve_dataset(config, store)
+    info = manifest.info
+    params = family_params(config)
+    families = {spec: _check_family(spec, p, info) for spec, p in params.items()}
+    resolved = resolve_objective(config, info, families)
+    logger.info(
+        "pre-flight: %d model famil%s built on the driver; optimising %s (%s)",
+        len(families),
+        "y" if len(families) == 1 else "ies",
+        resolved.metric,
+        resolved.mode,
+    )
+    return Preflight(resolved, dataset_uri, manifest, families, params)
+
+
+def family_params(config: ExperimentConfig) -> dict[str, dict[str, Any]]:
+    """Return one params draw per model family of the space, by spec import path.
+
+    Raises:
+        ConfigError: A draw has no spec (no ``model`` param and no config ``model``).
+    """
+    space = SearchSpace.from_config(config.space)
+    wanted = set(models_in(config.space))
+    rng = np.random.default_rng(np.random.SeedSequence([config.seed, _PREFLIGHT_STREAM]))
+    found: dict[str, dict[str, Any]] = {}
+    for _ in range(_DRAWS):
+        params = space.sample(rng)
+        spec = params.get("model", config.model)
+        if not isinstance(spec, str):
+            raise ConfigError(
+                f"a trial of this space has no model spec: set 'model' in the config or a "
+                f"'model' param in the space (import path 'package.module:Class'); params "
+                f"{params!r}"
+            )
+        found.setdefault(spec, params)
+        if wanted <= found.keys():
+            break
+    missing = sorted(wanted - found.keys())
+    if missing:
+        logger.warning("pre-flight drew no params for model families %s; not checked", missing)
+    return found
+
+
+def models_in(space: Any) -> list[str]:
+    """Return every spec a trial of a space (in config form) can get as its ``model``.
+
+    The ``model`` param is read at the top level of the sampled params: a constant, a
+    choice or grid of strings, or the ``model`` of each branch of a top-level choice (or
+    grid) of sub-spaces. A ``model`` key inside another param's sub-space is not a spec.
+    """
+    out: list[str] = []
+    if isinstance(space, Mapping):
+        if "model" in space:
+            out += _strings(space["model"])
+        for kind in ("choice", "grid"):
+            options = space.get(kind)
+            if isinstance(options, list):
+                for option in options:
+                    out += models_in(option)
+    return list(dict.fromkeys(out))
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        options = value.get("choice", value.get("grid"))
+        if isinstance(options, list):
+            return [v for v in options if isinstance(v, str)]
+    return []
+
+
+def _check_family(spec_path: str, params: Mapping[str, Any], info: DatasetInfo) -> dict[str, Any]:
+    """Import, build and run one family on a zero batch; return its metrics by name."""
+    import torch
+
+    from cerebro_spark.training import load_spec
+    from cerebro_spark.training._metrics import family_metrics, overrides_batch_metrics
+
+    spec = load_spec(spec_path)  # ConfigError names the path
+    trial_params = {k: v for k, v in params.items() if k != "model"}
+    what = "build_model"
+
+    def failed(error: Exception) -> CerebroError:
+        text = (
+            f"model spec {spec_path!r} failed the pre-flight on the driver: {what} raised "
+            f"{type(error).__name__}: {error} (trial params {trial_params!r})"
+        )
+        return ConfigError(text) if isinstance(error, ConfigError) else TrialError(text)
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(np.random.SeedSequence(0).generate_state(1)[0]))
+        try:
+            model = spec.build_model(trial_params, info)
+            if not isinstance(model, torch.nn.Module):
+                raise TypeError(f"build_model must return a torch.nn.Module, got {model!r}")
+            what = "build_optimizer"
+            optimizer = spec.build_optimizer(model, trial_params)
+            what = "build_lr_scheduler"
+            spec.build_lr_scheduler(optimizer, trial_params)
+            what = "batch_size"
+            size = spec.batch_size(trial_params)
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ConfigError(f"batch_size must be a positive int, got {size!r}")
+            what = "build_metrics"
+            metrics = family_metrics(spec, info)
+            what = "the forward pass on a zero batch"
+            features = torch.zeros((2, *info.feature_shape), dtype=torch.float32)
+            dtype = torch.int64 if info.task == "classification" else torch.float32
+            labels = torch.zeros(2, dtype=dtype)
+            model.eval()
+            with torch.no_grad():
+                features, labels = spec.transform(features, labels)
+                outputs = model(features)
+                what = "loss"
+                spec.loss(outputs, labels, info)
+                what = "metrics"
+                batch_names: list[str] = []
+                if overrides_batch_metrics(spec):
+                    batch_names = list(spec.metrics(outputs, labels, info))
+                    metrics = family_metrics(spec, info, batch_names)
+                    logger.warning(
+                        "model spec %r overrides the deprecated per-batch ModelSpec.metrics "
+                        "(%s): those values are row-weighted means of batch values, exact "
+                        "only for per-row means; return Metric objects from build_metrics",
+                        spec_path,
+                        ", ".join(batch_names),
+                    )
+                for name, metric in metrics.items():
+                    if name != "loss" and name not in batch_names:
+                        metric.update(metric.init(torch.device("cpu")), outputs, labels)
+        except Exception as error:
+            raise failed(error) from error
+    return metrics
+
+
+def resolve_objective(
+    config: ExperimentConfig, info: DatasetInfo, families: Mapping[str, Mapping[str, Any]]
+) -> ExperimentConfig:
+    """Return ``config`` with ``metric`` and ``mode`` set (see the module docstring).
+
+    Raises:
+        ConfigError: The metric is not produced by every family (the message names the
+            metric, the spec and what it produces).
+    """
+    from cerebro_spark.metrics import default_metric
+
+    metric = config.metric if config.metric is not None else default_metric(info.task)
+    modes: dict[str, str] = {}
+    for spec, metrics in sorted(families.items()):
+        if metric not in metrics:
+            raise ConfigError(
+                f"metric {metric!r} is not produced by model spec {spec!r}; it produces "
+                f"{sorted(metrics)} (set 'metric' to one of them, or add it to the spec's "
+                "build_metrics)"
+            )
+        modes[spec] = metrics[metric].mode
+    natural = next(iter(modes.values()), None)
+    if len(set(modes.values())) > 1:
+        raise ConfigError(
+            f"metric {metric!r} has different modes in different model specs: {modes}"
+        )
+    mode = config.mode if config.mode is not None else natural or "max"
+    if config.mode is not None and natural is not None and config.mode != natural:
+        logger.warning(
+            "mode %r for metric %r, whose natural mode is %r: the search will prefer %s values",
+            config.mode,
+            metric,
+            natural,
+            "larger" if config.mode == "max" else "smaller",
+        )
+    return config.replace(metric=metric, mode=mode)

@@ -1,0 +1,289 @@
+"""Classification metrics: accuracy, top-k, precision/recall/F1, ROC AUC, log loss.
+
+Outputs are the model's raw scores, one column per class (logits; probabilities are
+their softmax). A binary model with a single output column (or a flat output) is read
+as the logit of class 1. Labels are class indices ``0 .. num_classes - 1``.
+
+Definitions follow scikit-learn, so that each value equals scikit-learn's on the same
+predictions (up to float rounding):
+
+* ``accuracy``: ``accuracy_score(y, argmax)``.
+* ``top{k}_accuracy``: ``top_k_accuracy_score(y, scores, k=k)`` (tied scores: the lower
+  class index ranks first).
+* ``precision_macro`` / ``recall_macro`` / ``f1_macro``: ``average="macro"`` over the
+  classes present in the labels or the predictions, ``zero_division=0``;
+  ``precision_class_<i>`` (and recall, F1): class ``i`` alone.
+* ``roc_auc``: binary, ``roc_auc_score(y, p1)`` on the probability of class 1; with
+  more classes, one-vs-rest macro (``multi_class="ovr", average="macro"``) on the
+  softmax probabilities. ``nan`` when a class has no positive or no negative row.
+  Exact: its state buffers every row's scores, compactly (base64 of their bytes); it is
+  not computed on training passes.
+* ``log_loss``: ``log_loss(y, softmax)``, the mean of ``-log p(label)`` (from
+  ``log_softmax`` in float64, so no clipping is needed).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from typing import Literal
+
+import numpy as np
+import torch
+
+from cerebro_spark.metrics._base import Accumulator, Metric, Mode, State, count, ratio, scalar
+
+
+def class_scores(outputs: torch.Tensor) -> torch.Tensor:
+    """Return ``(N, C)`` class scores; a single output column is class 1's logit."""
+    if outputs.dim() == 1 or (outputs.dim() == 2 and outputs.shape[1] == 1):
+        logit = outputs.reshape(-1, 1)
+        return torch.cat([torch.zeros_like(logit), logit], dim=1)
+    if outputs.dim() != 2:
+        raise ValueError(
+            f"classification outputs must be (rows, classes), got shape {tuple(outputs.shape)}"
+        )
+    return outputs
+
+
+def predictions(outputs: torch.Tensor) -> torch.Tensor:
+    """Return the predicted class of each row (the first of tied maxima, as argmax)."""
+    return class_scores(outputs).argmax(dim=1)
+
+
+class Accuracy(Metric):
+    """Share of rows whose highest-scoring class is the label."""
+
+    name = "accuracy"
+    mode: Mode = "max"
+
+    def init(self, device: torch.device) -> Accumulator:
+        """Return zero counts."""
+        return {"correct": count(device), "count": count(device)}
+
+    def update(self, acc: Accumulator, outputs: torch.Tensor, labels: torch.Tensor) -> None:
+        """Count the batch's correct rows."""
+        acc["correct"] += (predictions(outputs) == labels).sum()
+        acc["count"] += labels.shape[0]
+
+    def value(self, state: State) -> float:
+        """Return correct / rows."""
+        return ratio(state["correct"], state["count"])
+
+
+class TopKAccuracy(Metric):
+    """Share of rows whose label is among the ``k`` highest-scoring classes.
+
+    Ties are broken toward the lower class index (as ``argmax`` does), so ``k=1`` is
+    accuracy and the value does not depend on the order of a sort.
+    """
+
+    mode: Mode = "max"
+
+    def __init__(self, k: int) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"top-k accuracy needs an int k >= 1, got {k!r}")
+        self.k = k
+        self.name = f"top{k}_accuracy"
+
+    def init(self, device: torch.device) -> Accumulator:
+        """Return zero counts."""
+        return {"correct": count(device), "count": count(device)}
+
+    def update(self, acc: Accumulator, outputs: torch.Tensor, labels: torch.Tensor) -> None:
+        """Count the rows whose label is in the batch's top k."""
+        scores = class_scores(outputs)
+        label = labels.reshape(-1, 1).long()
+        own = scores.gather(1, label)
+        index = torch.arange(scores.shape[1], device=scores.device).reshape(1, -1)
+        ahead = (scores > own) | ((scores == own) & (index < label))
+        acc["correct"] += (ahead.sum(dim=1) < self.k).sum()
+        acc["count"] += labels.shape[0]
+
+    def value(self, state: State) -> float:
+        """Return correct / rows."""
+        return ratio(state["correct"], state["count"])
+
+
+_Kind = Literal["precision", "recall", "f1"]
+
+
+class _ClassCountMetric(Metric):
+    """Precision, recall or F1 from per-class counts (true positives, predicted, true)."""
+
+    mode: Mode = "max"
+    kind: _Kind
+
+    def __init__(self, num_classes: int, average: Literal["macro"] | int = "macro") -> None:
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+            raise ValueError(f"num_classes must be an int >= 2, got {num_classes!r}")
+        is_index = isinstance(average, int) and not isinstance(average, bool)
+        if average != "macro" and not (is_index and 0 <= int(average) < num_classes):
+            raise ValueError(
+                f"average must be 'macro' or a class index in [0, {num_classes}), got {average!r}"
+            )
+        self.num_classes = num_classes
+        self.average = average
+        suffix = "macro" if average == "macro" else f"class_{average}"
+        self.name = f"{self.kind}_{suffix}"
+
+    def init(self, device: torch.device) -> Accumulator:
+        """Return zero per-class counts."""
+        zeros = torch.zeros(self.num_classes, dtype=torch.int64, device=device)
+        return {"tp": zeros.clone(), "predicted": zeros.clone(), "true": zeros.clone()}
+
+    def update(self, acc: Accumulator, outputs: torch.Tensor, labels: torch.Tensor) -> None:
+        """Add the batch's per-class counts."""
+        predicted = predictions(outputs).reshape(-1, 1)
+        labels = labels.reshape(-1, 1).long()
+        # one-hot comparisons, not bincount or boolean indexing: no host sync on a GPU
+        classes = torch.arange(self.num_classes, device=labels.device).reshape(1, -1)
+        is_label = labels == classes
+        is_predicted = predicted == classes
+        acc["tp"] += (is_label & is_predicted).sum(dim=0)
+        acc["predicted"] += is_predicted.sum(dim=0)
+        acc["true"] += is_label.sum(dim=0)
+
+    def _per_class(self, tp: int, predicted: int, true: int) -> float:
+        if self.kind == "precision":
+            return tp / predicted if predicted else 0.0
+        if self.kind == "recall":
+            return tp / true if true else 0.0
+        denominator = predicted + true  # 2tp + fp + fn
+        return 2 * tp / denominator if denominator else 0.0
+
+    def value(self, state: State) -> float:
+        """Return the class's value, or the mean over classes seen in labels or predictions."""
+        counts = list(zip(state["tp"], state["predicted"], state["true"], strict=True))
+        if self.average != "macro":
+            tp, predicted, true = counts[int(self.average)]
+            if not sum(state["true"]):
+                return math.nan
+            return self._per_class(tp, predicted, true)
+        seen = [c for c in counts if c[1] + c[2] > 0]
+        if not seen:
+            return math.nan
+        return sum(self._per_class(*c) for c in seen) / len(seen)
+
+
+class Precision(_ClassCountMetric):
+    """Precision of one class, or its macro average (``zero_division=0``)."""
+
+    kind: _Kind = "precision"
+
+
+class Recall(_ClassCountMetric):
+    """Recall of one class, or its macro average (``zero_division=0``)."""
+
+    kind: _Kind = "recall"
+
+
+class F1(_ClassCountMetric):
+    """F1 of one class, or the macro average of per-class F1 (``zero_division=0``)."""
+
+    kind: _Kind = "f1"
+
+
+class RocAuc(Metric):
+    """ROC AUC: binary on class 1's probability; one-vs-rest macro for more classes.
+
+    Its state buffers every row's probabilities and label (nothing smaller is exact), so
+    it is computed on validation passes only. The buffers are compact: each unit's
+    scores and labels are one chunk of little-endian bytes in base64 (the scores in
+    the outputs' float dtype, bit for bit), and merging concatenates the lists of
+    chunks.
+    """
+
+    name = "roc_auc"
+    mode: Mode = "max"
+    on_train = False
+
+    def __init__(self, num_classes: int) -> None:
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+            raise ValueError(f"num_classes must be an int >= 2, got {num_classes!r}")
+        self.num_classes = num_classes
+
+    def init(self, device: torch.device) -> Accumulator:
+        """Return empty buffers (lists of batch tensors, joined at the end)."""
+        return {"scores": [], "labels": []}
+
+    def update(self, acc: Accumulator, outputs: torch.Tensor, labels: torch.Tensor) -> None:
+        """Keep the batch's probabilities (class 1's alone when binary) and labels."""
+        probabilities = torch.softmax(class_scores(outputs), dim=1)
+        scores = probabilities[:, 1] if self.num_classes == 2 else probabilities
+        acc["scores"].append(scores.detach())
+        acc["labels"].append(labels.detach().reshape(-1))
+
+    def state(self, acc: Accumulator) -> State:
+        """Return one chunk of each buffer (none when the unit had no rows)."""
+        if not acc["labels"]:
+            return {"scores": [], "labels": []}
+        scores_tensor = torch.cat(acc["scores"]).cpu()
+        if scores_tensor.dtype not in (torch.float32, torch.float64):
+            scores_tensor = scores_tensor.float()  # half, bfloat16: exact in float32
+        scores = scores_tensor.numpy()
+        labels = torch.cat(acc["labels"]).cpu().numpy().astype("<i4")
+        return {"scores": [_encode(scores)], "labels": [_encode(labels)]}
+
+    def merge(self, a: State, b: State) -> State:
+        """Concatenate the lists of chunks."""
+        return {key: list(a[key]) + list(b[key]) for key in ("scores", "labels")}
+
+    def value(self, state: State) -> float:
+        """Return the AUC (``nan`` when a class has no positive or no negative row)."""
+        if not state["labels"]:
+            return math.nan
+        labels = np.concatenate([_decode(chunk) for chunk in state["labels"]]).astype(np.int64)
+        scores = np.concatenate([_decode(chunk) for chunk in state["scores"]])
+        scores = scores.astype(np.float64)
+        if self.num_classes == 2:
+            return binary_auc(scores, labels == 1)
+        scores = scores.reshape(labels.size, self.num_classes)
+        aucs = [binary_auc(scores[:, c], labels == c) for c in range(self.num_classes)]
+        return float(np.mean(aucs))
+
+
+def _encode(array: np.ndarray) -> str:
+    """``"<dtype>:<base64 of the little-endian bytes>"`` of a flat array."""
+    flat = np.ascontiguousarray(array.reshape(-1))
+    little = flat.astype(flat.dtype.newbyteorder("<"), copy=False)
+    return f"{little.dtype.str}:{base64.b64encode(little.tobytes()).decode('ascii')}"
+
+
+def _decode(chunk: str) -> np.ndarray:
+    dtype, _, data = chunk.partition(":")
+    return np.frombuffer(base64.b64decode(data), dtype=np.dtype(dtype))
+
+
+def binary_auc(scores: np.ndarray, positive: np.ndarray) -> float:
+    """ROC AUC from ranks (Mann-Whitney U), ties counted half; ``nan`` for one class only."""
+    positives = int(positive.sum())
+    negatives = int(positive.size - positives)
+    if positives == 0 or negatives == 0:
+        return math.nan
+    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    average_rank = ends - (counts - 1) / 2.0  # 1-based mean rank of each distinct score
+    rank_sum = float(average_rank[inverse][positive].sum())
+    return (rank_sum - positives * (positives + 1) / 2.0) / (positives * negatives)
+
+
+class LogLoss(Metric):
+    """Mean negative log-likelihood of the label under the softmax of the outputs."""
+
+    name = "log_loss"
+    mode: Mode = "min"
+
+    def init(self, device: torch.device) -> Accumulator:
+        """Return a zero sum and count."""
+        return {"sum": scalar(device), "count": count(device)}
+
+    def update(self, acc: Accumulator, outputs: torch.Tensor, labels: torch.Tensor) -> None:
+        """Add the batch's summed ``-log p(label)`` (float64)."""
+        log_p = torch.log_softmax(class_scores(outputs).to(torch.float64), dim=1)
+        acc["sum"] -= log_p.gather(1, labels.reshape(-1, 1).long()).sum()
+        acc["count"] += labels.shape[0]
+
+    def value(self, state: State) -> float:
+        """Return the mean."""
+        return ratio(state["sum"], state["count"])

@@ -1,0 +1,154 @@
+"""A family's metrics, and their accumulation over one pass of a unit.
+
+:func:`family_metrics` is the one place that says which metrics a ``ModelSpec``
+produces: the validated :meth:`ModelSpec.build_metrics`, plus, for a spec that still
+overrides the deprecated per-batch :meth:`ModelSpec.metrics`, a row-weighted
+:class:`~cerebro_spark.metrics.BatchMean` for each name it returns (those replace
+built-ins of the same name). Workers accumulate with it (:class:`PassMetrics`) and the
+driver merges the units' states with it, so both sides agree on every state's meaning.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from cerebro_spark.data import DatasetInfo
+from cerebro_spark.errors import ConfigError
+from cerebro_spark.metrics import (
+    LOSS,
+    Accumulator,
+    BatchMean,
+    Loss,
+    Metric,
+    State,
+    check_metrics,
+)
+from cerebro_spark.training._spec import ModelSpec
+
+logger = logging.getLogger(__name__)
+
+
+def overrides_batch_metrics(spec: ModelSpec) -> bool:
+    """Whether ``spec`` overrides the deprecated per-batch :meth:`ModelSpec.metrics`."""
+    return type(spec).metrics is not ModelSpec.metrics
+
+
+def family_metrics(
+    spec: ModelSpec, info: DatasetInfo, batch_metric_names: Iterable[str] = ()
+) -> dict[str, Metric]:
+    """Return the metrics a spec's trials report, by name, ``"loss"`` first.
+
+    Args:
+        spec: The family's spec.
+        info: The dataset.
+        batch_metric_names: Names the spec's deprecated ``metrics`` returns (each becomes a
+            row-weighted :class:`~cerebro_spark.metrics.BatchMean`, replacing a built-in
+            of the same name, whose mode it keeps).
+
+    Raises:
+        ConfigError: ``build_metrics`` returned something that is not a list of metrics
+            with distinct names and modes ``max``/``min``, or named one ``"loss"``.
+    """
+    where = f"{type(spec).__module__}.{type(spec).__qualname__}.build_metrics"
+    built = spec.build_metrics(info)
+    try:
+        metrics = check_metrics(list(built), where)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(str(error)) from error
+    out: dict[str, Metric] = {LOSS: Loss()}
+    out.update(metrics)
+    for name in batch_metric_names:
+        if name == LOSS:
+            raise ConfigError(f"{type(spec).__name__}.metrics must not return {LOSS!r}")
+        known = metrics.get(name)
+        out[name] = BatchMean(name, known.mode if known is not None else "max")
+    return out
+
+
+class PassMetrics:
+    """The loss and metrics of one pass over a partition, accumulated on the device.
+
+    Training passes skip metrics with ``on_train = False`` (buffers such as ROC AUC).
+    Nothing here reads a value back to the host before :meth:`report`.
+
+    Args:
+        spec: The trial's spec.
+        info: The dataset.
+        device: Where the accumulators live (the unit's device).
+        training: Whether this is a training pass.
+    """
+
+    def __init__(
+        self, spec: ModelSpec, info: DatasetInfo, device: torch.device, *, training: bool
+    ) -> None:
+        self.spec = spec
+        self.info = info
+        self.device = device
+        self.batch_metrics = overrides_batch_metrics(spec)
+        metrics = family_metrics(spec, info)
+        self.loss = metrics.pop(LOSS)
+        self.metrics = {n: m for n, m in metrics.items() if m.on_train or not training}
+        self.accumulators: dict[str, Accumulator] = {
+            name: metric.init(device) for name, metric in self.metrics.items()
+        }
+        self.loss_accumulator = self.loss.init(device)
+        self.rows = 0
+
+    def add(self, outputs: torch.Tensor, labels: torch.Tensor, loss: torch.Tensor) -> None:
+        """Add one batch: its outputs, labels and mean loss (no gradient is kept).
+
+        Raises:
+            ConfigError: The spec's deprecated ``metrics`` returned ``"loss"``.
+        """
+        rows = int(labels.shape[0])
+        outputs, loss = outputs.detach(), loss.detach()
+        assert isinstance(self.loss, Loss)  # ok: family_metrics puts Loss under "loss"
+        self.loss.add(self.loss_accumulator, loss, rows)
+        for name, metric in self.metrics.items():
+            if not isinstance(metric, BatchMean):
+                metric.update(self.accumulators[name], outputs, labels)
+        if self.batch_metrics:
+            self._add_batch_values(self.spec.metrics(outputs, labels, self.info), rows)
+        self.rows += rows
+
+    def _add_batch_values(self, values: Mapping[str, Any], rows: int) -> None:
+        for name, value in values.items():
+            if name == LOSS:
+                raise ConfigError(f"metrics must not return {LOSS!r} (the loss is reported)")
+            metric = self.metrics.get(name)
+            if not isinstance(metric, BatchMean):
+                known = self.metrics.get(name)
+                metric = BatchMean(name, known.mode if known is not None else "max")
+                self.metrics[name] = metric
+                self.accumulators[name] = metric.init(self.device)
+            metric.add(self.accumulators[name], value, rows)
+
+    def report(self) -> tuple[dict[str, State], dict[str, float]]:
+        """Return ``(states, sums)``: each metric's JSON state, and its value times rows.
+
+        The sums are the row-weighted form that logs written before mergeable states
+        carried (``UnitResult.metric_sums``); the engine uses the states.
+        """
+        states = {LOSS: self.loss.state(self.loss_accumulator)}
+        metrics: dict[str, Metric] = {LOSS: self.loss}
+        for name, metric in self.metrics.items():
+            states[name] = metric.state(self.accumulators[name])
+            metrics[name] = metric
+        sums: dict[str, float] = {}
+        for name, state in states.items():
+            value = metrics[name].value(state)
+            sums[name] = value * self.rows if self.rows else 0.0
+        return states, sums
+
+
+def metric_value(metric: Metric, states: Iterable[State]) -> float:
+    """Merge ``states`` in order and return the value (``nan`` when there are none)."""
+    merged: State | None = None
+    for state in states:
+        merged = state if merged is None else metric.merge(merged, state)
+    return math.nan if merged is None else float(metric.value(merged))

@@ -1,0 +1,274 @@
+"""Every built-in metric equals scikit-learn's on the same predictions, however the rows
+are split into batches and units and however the units' states are merged."""
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn import metrics as skm
+
+from cerebro_spark.metrics import (
+    F1,
+    R2,
+    Accuracy,
+    BatchMean,
+    LogLoss,
+    Loss,
+    MeanAbsoluteError,
+    MeanSquaredError,
+    Metric,
+    Precision,
+    Recall,
+    RocAuc,
+    TopKAccuracy,
+    binary_auc,
+    check_metrics,
+    default_metric,
+    default_metrics,
+    merge_states,
+    metric_modes,
+)
+
+pytestmark = pytest.mark.torch
+
+CPU = torch.device("cpu")
+
+
+def split_points(rng: np.random.Generator, n: int, parts: int) -> list[int]:
+    cuts = sorted(rng.choice(np.arange(1, n), size=min(parts - 1, n - 1), replace=False))
+    return [0, *(int(c) for c in cuts), n]
+
+
+def unit_states(metric: Metric, outputs, labels, rng: np.random.Generator, units: int):
+    """Split rows into units, each into batches; return each unit's JSON state."""
+    n = labels.shape[0]
+    bounds = split_points(rng, n, units)
+    states = []
+    for start, end in itertools.pairwise(bounds):
+        acc = metric.init(CPU)
+        inner = split_points(rng, end - start, int(rng.integers(1, 5)))
+        for a, b in itertools.pairwise(inner):
+            metric.update(acc, outputs[start + a : start + b], labels[start + a : start + b])
+        states.append(json.loads(json.dumps(metric.state(acc))))  # the wire and the log
+    return states
+
+
+def merged_value(metric: Metric, states: list, rng: np.random.Generator) -> float:
+    """Merge in a random order and a random tree shape."""
+    pool = [states[i] for i in rng.permutation(len(states))]
+    while len(pool) > 1:
+        i = int(rng.integers(0, len(pool) - 1))
+        pool[i : i + 2] = [metric.merge(pool[i], pool[i + 1])]
+    return metric.value(pool[0])
+
+
+def classification_data(seed: int, n: int, classes: int):
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, classes, size=n)
+    logits = rng.normal(size=(n, classes)).astype(np.float32)
+    logits[np.arange(n), labels] += rng.uniform(0, 2)  # better than chance
+    if seed % 3 == 0:
+        logits = np.round(logits, 1)  # ties in scores and in argmax
+    return torch.from_numpy(logits), torch.from_numpy(labels)
+
+
+def reference(name: str, logits: np.ndarray, labels: np.ndarray, classes: int) -> float:
+    proba = torch.softmax(torch.from_numpy(logits), dim=1).numpy()
+    predicted = logits.argmax(axis=1)
+    present = np.unique(np.concatenate([labels, predicted]))
+    if name == "accuracy":
+        return skm.accuracy_score(labels, predicted)
+    if name.startswith("top"):
+        k = int(name[3 : name.index("_")])
+        # sklearn breaks ties by an unstable sort; ours ranks the lower class first
+        own = logits[np.arange(len(labels)), labels][:, None]
+        lower = np.arange(classes)[None, :] < labels[:, None]
+        ahead = (logits > own) | ((logits == own) & lower)
+        ours = float(np.mean(ahead.sum(axis=1) < k))
+        if len(np.unique(logits, axis=None)) == logits.size:  # no ties: sklearn's exactly
+            assert ours == pytest.approx(
+                skm.top_k_accuracy_score(labels, logits, k=k, labels=range(classes))
+            )
+        return ours
+    kind, _, which = name.partition("_")
+    scorer = {"precision": skm.precision_score, "recall": skm.recall_score, "f1": skm.f1_score}
+    if kind in scorer and which == "macro":
+        return scorer[kind](labels, predicted, average="macro", labels=present, zero_division=0)
+    if kind in scorer:
+        c = int(which.removeprefix("class_"))
+        return scorer[kind](labels, predicted, labels=[c], average=None, zero_division=0)[0]
+    if name == "roc_auc":
+        if len(np.unique(labels)) < classes:
+            return math.nan
+        if classes == 2:
+            return skm.roc_auc_score(labels, proba[:, 1])
+        return skm.roc_auc_score(labels, proba, multi_class="ovr", average="macro")
+    if name == "log_loss":
+        exact = torch.softmax(torch.from_numpy(logits).double(), dim=1).numpy()
+        return skm.log_loss(labels, exact, labels=range(classes))
+    raise AssertionError(name)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.integers(2, 300),
+    classes=st.integers(2, 7),
+    units=st.integers(1, 6),
+)
+def test_classification_metrics_equal_sklearn(seed, n, classes, units):
+    logits, labels = classification_data(seed, n, classes)
+    rng = np.random.default_rng(seed + 1)
+    for metric in default_metrics("classification", classes):
+        states = unit_states(metric, logits, labels, rng, units)
+        got = merged_value(metric, states, rng)
+        want = reference(metric.name, logits.numpy(), labels.numpy(), classes)
+        if math.isnan(want):
+            assert math.isnan(got), metric.name
+        else:
+            assert got == pytest.approx(want, rel=1e-9, abs=1e-12), metric.name
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.integers(2, 300),
+    units=st.integers(1, 6),
+    offset=st.sampled_from([0.0, 1e4]),
+)
+def test_regression_metrics_equal_sklearn(seed, n, units, offset):
+    rng = np.random.default_rng(seed)
+    labels = (offset + rng.normal(scale=50, size=n)).astype(np.float32)
+    outputs = (labels + rng.normal(scale=30, size=n)).astype(np.float32).reshape(n, 1)
+    y, p = labels.astype(np.float64), outputs.reshape(-1).astype(np.float64)
+    want = {
+        "mae": skm.mean_absolute_error(y, p),
+        "mse": skm.mean_squared_error(y, p),
+        "rmse": math.sqrt(skm.mean_squared_error(y, p)),
+        "r2": skm.r2_score(y, p),
+    }
+    for metric in default_metrics("regression", None):
+        predicted, truth = torch.from_numpy(outputs), torch.from_numpy(labels)
+        states = unit_states(metric, predicted, truth, rng, units)
+        assert merged_value(metric, states, rng) == pytest.approx(want[metric.name], rel=1e-9)
+
+
+def test_rmse_is_the_root_of_the_whole_split_not_a_mean_of_batch_roots():
+    # The issue's symptom: per-batch RMSEs averaged differ from sqrt(MSE) of the split.
+    labels = torch.tensor([0.0, 0.0, 0.0, 10.0])
+    outputs = torch.tensor([[1.0], [1.0], [1.0], [0.0]])
+    metric = MeanSquaredError(root=True)
+    acc = metric.init(CPU)
+    metric.update(acc, outputs[:2], labels[:2])
+    metric.update(acc, outputs[2:], labels[2:])
+    assert metric.value(metric.state(acc)) == pytest.approx(math.sqrt(103 / 4))
+
+
+def test_binary_auc_with_ties_and_one_output_column():
+    labels = torch.tensor([0, 0, 1, 1, 1, 0])
+    logit = torch.tensor([0.1, 0.4, 0.4, 0.8, -1.0, 0.1])
+    metric = RocAuc(2)
+    acc = metric.init(CPU)
+    metric.update(acc, logit.reshape(-1, 1), labels)
+    want = skm.roc_auc_score(labels.numpy(), torch.sigmoid(logit).numpy())
+    assert metric.value(metric.state(acc)) == pytest.approx(want)
+    accuracy = Accuracy()
+    acc = accuracy.init(CPU)
+    accuracy.update(acc, logit, labels)
+    assert accuracy.value(accuracy.state(acc)) == pytest.approx(
+        skm.accuracy_score(labels.numpy(), (logit > 0).long().numpy())
+    )
+
+
+def test_empty_states_are_nan_and_merge_with_nothing_is_identity():
+    for metric in [*default_metrics("classification", 3), *default_metrics("regression", None)]:
+        empty = json.loads(json.dumps(metric.state(metric.init(CPU))))
+        assert math.isnan(metric.value(empty)), metric.name
+        logits, labels = classification_data(1, 20, 3)
+        if metric.name in ("mae", "mse", "rmse", "r2"):
+            logits, labels = logits[:, :1], labels.float()
+        acc = metric.init(CPU)
+        metric.update(acc, logits, labels)
+        full = metric.state(acc)
+        assert metric.value(metric.merge(empty, full)) == pytest.approx(metric.value(full))
+        assert metric.value(metric.merge(full, empty)) == pytest.approx(metric.value(full))
+
+
+def test_auc_is_nan_when_a_class_is_missing():
+    assert math.isnan(binary_auc(np.array([0.1, 0.2]), np.array([True, True])))
+
+
+def test_loss_and_batch_mean_weight_batches_by_rows():
+    loss = Loss()
+    acc = loss.init(CPU)
+    loss.add(acc, torch.tensor(1.0), 3)
+    loss.add(acc, torch.tensor(3.0), 1)
+    assert loss.value(loss.state(acc)) == pytest.approx(1.5)
+    legacy = BatchMean("hits")
+    acc = legacy.init(CPU)
+    legacy.add(acc, 0.5, 2)
+    legacy.add(acc, torch.tensor(1.0), 2)
+    assert legacy.value(legacy.state(acc)) == pytest.approx(0.75)
+    with pytest.raises(TypeError, match=r"Loss\.add"):
+        loss.update(acc, torch.zeros(1), torch.zeros(1))
+
+
+def test_default_sets_names_and_modes():
+    names = [m.name for m in default_metrics("classification", 3)]
+    assert names[:4] == ["accuracy", "precision_macro", "recall_macro", "f1_macro"]
+    assert "f1_class_2" in names and "roc_auc" in names and "log_loss" in names
+    assert "top5_accuracy" not in names
+    many = [m.name for m in default_metrics("classification", 12)]
+    assert "top5_accuracy" in many and "f1_class_0" not in many
+    modes = metric_modes(default_metrics("regression", None))
+    assert modes == {"loss": "min", "mae": "min", "mse": "min", "rmse": "min", "r2": "max"}
+    assert default_metric("classification") == "accuracy"
+    assert default_metric("regression") == "rmse"
+    assert {m.name: m.mode for m in default_metrics("classification", 2)}["log_loss"] == "min"
+
+
+def test_bad_metrics_are_refused_with_the_rule():
+    with pytest.raises(ValueError, match="reserved for the loss"):
+        check_metrics([BatchMean("loss")], "build_metrics")
+    with pytest.raises(ValueError, match="two metrics are named 'accuracy'"):
+        check_metrics([Accuracy(), Accuracy()], "build_metrics")
+    with pytest.raises(TypeError, match="must return Metric instances"):
+        check_metrics(["accuracy"], "build_metrics")  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="mode 'up'"):
+        check_metrics([BatchMean("x", "up")], "build_metrics")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="k >= 1"):
+        TopKAccuracy(0)
+    with pytest.raises(ValueError, match="class index"):
+        F1(3, 3)
+    with pytest.raises(ValueError, match="task must be"):
+        default_metrics("ranking", None)
+    with pytest.raises(ValueError, match="num_classes must be an int >= 2, got 1"):
+        Precision(1)
+
+
+def test_merge_states_of_many_units_in_order():
+    metric = Recall(2)
+    states = [{"tp": [1, 0], "predicted": [1, 1], "true": [2, 0]}] * 3
+    assert merge_states(metric, states) == {"tp": [3, 0], "predicted": [3, 3], "true": [6, 0]}
+    assert merge_states(metric, []) is None
+    empty = {"count": 0, "mean": 0.0, "m2": 0.0, "sse": 0.0}
+    one = {"count": 1, "mean": 2.0, "m2": 0.0, "sse": 1.0}
+    assert R2().merge(empty, one) == one
+    assert LogLoss().mode == "min" and MeanAbsoluteError().mode == "min"
+
+
+def test_auc_of_half_precision_outputs_and_the_compact_state():
+    labels = torch.tensor([0, 1, 1, 0, 1])
+    logits = torch.tensor([[0.1, 0.3], [0.2, 0.9], [0.5, 0.4], [0.0, -1.0], [1.0, 1.5]])
+    metric = RocAuc(2)
+    acc = metric.init(CPU)
+    metric.update(acc, logits.to(torch.bfloat16), labels)
+    state = json.loads(json.dumps(metric.state(acc)))
+    assert all(isinstance(chunk, str) for chunk in state["scores"] + state["labels"])
+    proba = torch.softmax(logits.to(torch.bfloat16), dim=1)[:, 1].float().numpy()
+    assert metric.value(state) == pytest.approx(skm.roc_auc_score(labels.numpy(), proba))
