@@ -51,3 +51,49 @@ def test_tune_score_held_out_rows_and_save_the_model(spark, tmp_path):
     pd.testing.assert_series_equal(
         again["prediction"].reset_index(drop=True), scored["prediction"].reset_index(drop=True)
     )
+
+
+def validation_split(result):
+    """The run's validation split: (features, labels as stored), all partitions."""
+    from cerebro_spark.data import read_manifest, read_partition
+
+    uri = f"{result.store}/datasets/{result.state.dataset_id}"
+    manifest = read_manifest(uri)
+    parts = [read_partition(uri, "validation", i) for i in range(manifest.num_partitions)]
+    return np.concatenate([p.features for p in parts]), np.concatenate([p.labels for p in parts])
+
+
+@pytest.mark.parametrize(
+    ("source", "metric", "score"),
+    [
+        ("sklearn:diabetes", None, "rmse"),
+        ("sklearn:breast_cancer", "roc_auc", "roc_auc"),
+    ],
+)
+def test_reported_metrics_are_scikit_learns_on_the_best_checkpoint(tmp_path, source, metric, score):
+    from sklearn import metrics as skm
+
+    from cerebro_spark.data import load_source
+
+    table, _ = load_source(source)
+    frame = table.to_pandas()
+    tuner = cs.Tuner(
+        {**MLP, "lr": cs.Grid([0.001, 0.03])},
+        epochs=4,
+        workers=2,
+        backend="local",
+        metric=metric,
+        store=str(tmp_path),
+        progress=False,
+    )
+    result = tuner.fit(frame)
+    assert result.metric == score  # regression's default is rmse
+    best = result.best
+    model = result.load_model()  # best.pt: the best epoch of the best trial
+    features, labels = validation_split(result)
+    if score == "rmse":
+        expected = skm.mean_squared_error(labels, model.predict(features)) ** 0.5
+    else:
+        expected = skm.roc_auc_score(labels, model.predict_proba(features)[:, 1])
+    assert best.best_metrics[score] == pytest.approx(expected, rel=1e-5)
+    assert best.best_metrics == best.history[best.best_epoch - 1]
