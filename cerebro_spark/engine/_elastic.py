@@ -814,7 +814,9 @@ def _factory(session: Any, workers: int) -> Callable[[ExperimentConfig], Backend
     from cerebro_spark.backends import SparkBackend
 
     def factory(config: ExperimentConfig) -> Backend:
-        del config
+        from cerebro_spark.engine._api import ship_user_code
+
+        ship_user_code(session.sparkContext, config)  # spec modules beside the config
         return SparkBackend(workers, spark=session)
 
     return factory
