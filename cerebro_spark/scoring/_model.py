@@ -122,6 +122,8 @@ class ScoringModel(nn.Module):
         parts: list[np.ndarray] = []
         # placeholder labels for the spec's transform, typed as in training
         label_type = torch.int64 if self.classes is not None else torch.float32
+        if not features.flags.writeable:  # e.g. Arrow's buffers: torch wants writable memory
+            features = features.copy()
         with torch.no_grad():
             for first in range(0, rows, self.batch_size):
                 x = torch.from_numpy(features[first : first + self.batch_size]).to(self.device)

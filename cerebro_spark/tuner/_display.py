@@ -73,6 +73,7 @@ class ProgressDisplay(logging.Handler):
         self.plain_interval = plain_interval
         self.clock = clock
         self._last_plain: float | None = None
+        self._unwritten: str | None = None  # the newest plain line not yet written
         self._width = 0
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -89,19 +90,23 @@ class ProgressDisplay(logging.Handler):
             else:
                 now = self.clock()
                 if self._last_plain is not None and now - self._last_plain < self.plain_interval:
+                    self._unwritten = line
                     return
-                self._last_plain = now
+                self._last_plain, self._unwritten = now, None
                 self.stream.write(f"{line}\n")
             self.stream.flush()
         except Exception:
             self.handleError(record)
 
     def finish(self) -> None:
-        """End the live line so what follows starts on a line of its own."""
+        """End the display: the live line ends, and plain output shows where the run ended."""
         if self.live and self._width:
             self.stream.write("\n")
-            self.stream.flush()
             self._width = 0
+        elif self._unwritten is not None:
+            self.stream.write(f"{self._unwritten}\n")
+            self._unwritten = None
+        self.stream.flush()
 
 
 @contextlib.contextmanager

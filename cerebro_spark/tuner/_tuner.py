@@ -204,15 +204,16 @@ class Tuner:
             validation_column=validation_column,
             feature_shapes=feature_shapes,
         )
-        section = self._data if data is None else request.section(data, spark, self._store())
-        if section is None:
+        if data is None and self._data is None:
             raise ConfigError("fit needs data: this tuner's config has no data section")
-        config = parse_config(
-            {**self._raw, "backend": backend, "workers": workers, "data": section}
-        )
-        display = ProgressDisplay() if self.progress else None
-        with _spark_log_level(spark, self.spark_log_level), showing_progress(display):
-            result = run_experiment(config, experiment_id=experiment_id)
+        with _spark_log_level(spark, self.spark_log_level):  # preparing included
+            section = self._data if data is None else request.section(data, spark, self._store())
+            config = parse_config(
+                {**self._raw, "backend": backend, "workers": workers, "data": section}
+            )
+            display = ProgressDisplay() if self.progress else None
+            with showing_progress(display):
+                result = run_experiment(config, experiment_id=experiment_id)
         return TuningResult.load(config.store, result.experiment_id)
 
     def _store(self) -> Store:

@@ -67,7 +67,11 @@ def test_live_display_redraws_one_line_and_plain_display_writes_few_lines():
         for now in (0.0, 10.0, 31.0):
             clock.now = now
             logging.getLogger(PROGRESS_LOGGER).info("x", extra={"progress": snapshot()})
-    assert stream.getvalue().count("\n") == 2 and "\r" not in stream.getvalue()
+        clock.now = 35.0  # too soon for a line of its own, but the last before the end
+        logging.getLogger(PROGRESS_LOGGER).info("x", extra={"progress": snapshot(units_done=9)})
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 3 and "\r" not in stream.getvalue()
+    assert " 9/10 units" in lines[-1]  # the end of the run is always shown
 
 
 def test_the_bar_shows_without_logging_set_up_and_the_logger_is_restored(capsys):
