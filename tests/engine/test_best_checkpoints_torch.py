@@ -39,7 +39,13 @@ def config_dict(store: Path, model: str | None, **changes: Any) -> dict[str, Any
         "epochs": 3,
         "workers": 2,
         "model": model,
-        "space": {"hidden_units": {"grid": [[32], [64]]}, "lr": 0.003, "batch_size": 32},
+        # raw inputs: the jump in lr wrecks the model (standardized, it survives the jump)
+        "space": {
+            "hidden_units": {"grid": [[32], [64]]},
+            "lr": 0.003,
+            "batch_size": 32,
+            "standardize": False,
+        },
     }
     raw.update(changes)
     return {k: v for k, v in raw.items() if v is not None}
