@@ -102,6 +102,8 @@ class RoundSummary:
     epochs: Mapping[str, int]
     decisions: Mapping[str, tuple[str, int]]
     """``{trial: (decision, epoch)}`` after the round (``status`` when the log has it)."""
+    resumed: tuple[str, ...] = ()
+    """Paused trials the procedure resumed for this round (``trial_resumed``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,6 +316,7 @@ def _curves_and_rounds(
     epochs: dict[tuple[str, int], tuple[Mapping[str, float], int]] = {}
     decisions: dict[tuple[str, int], tuple[str, str | None]] = {}
     rounds: dict[int, dict[str, Any]] = {}
+    resumed: list[str] = []
     for event in events:
         kind = event["event"]
         when = float(event.get("time", origin)) - origin
@@ -334,7 +337,11 @@ def _curves_and_rounds(
                 "end": None,
                 "epochs": dict(event.get("epochs") or {t: 0 for t in event.get("trials", [])}),
                 "decisions": {},
+                "resumed": tuple(resumed),
             }
+            resumed = []
+        elif kind == "trial_resumed":
+            resumed.append(str(event["trial"]))
         elif kind == "round_end" and int(event["round"]) in rounds:
             rounds[int(event["round"])]["end"] = when
     curves: dict[str, list[EpochPoint]] = defaultdict(list)
@@ -342,7 +349,7 @@ def _curves_and_rounds(
         decision, status = decisions.get((trial, epoch), (None, None))
         curves[trial].append(EpochPoint(epoch, metrics, number, decision, status))
     summaries = [
-        RoundSummary(n, r["start"], r["end"], r["epochs"], r["decisions"])
+        RoundSummary(n, r["start"], r["end"], r["epochs"], r["decisions"], r["resumed"])
         for n, r in sorted(rounds.items())
     ]
     return dict(curves), summaries

@@ -204,7 +204,7 @@ def gantt(data: ReportData) -> go.Figure:
                 y=[workers[-1] if workers else ""] * len(cluster),
                 mode="markers+text",
                 text=[m.label for m in cluster],
-                textposition="top center",
+                textposition=[("top center", "bottom center")[i % 2] for i in range(len(cluster))],
                 name="cluster / plan",
                 marker={"symbol": "diamond", "size": 10, "color": _CLUSTER_COLOR},
                 hovertext=[m.detail or m.label for m in cluster],

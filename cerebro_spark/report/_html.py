@@ -34,12 +34,14 @@ h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 28
 .meta { color: #555; font-size: 13px; }
 table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
 th, td { border-bottom: 1px solid #ddd; padding: 4px 8px; text-align: left;
-         vertical-align: top; }
+         vertical-align: top; white-space: nowrap; }
+td.text, td.error { white-space: normal; min-width: 240px; max-width: 480px;
+                    overflow-wrap: anywhere; }
 th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .scroll { max-height: 480px; overflow: auto; }
 .status { display: inline-block; width: 10px; height: 10px; border-radius: 5px;
           margin-right: 4px; }
-.error { color: #b00020; white-space: pre-wrap; font-family: monospace; font-size: 12px; }
+.error { color: #b00020; font-family: monospace; font-size: 12px; }
 .chart { margin: 8px 0 16px 0; }
 pre { background: #f7f7f7; padding: 8px; font-size: 12px; overflow: auto; }
 """
@@ -55,7 +57,7 @@ def _cell(value: Any) -> str:
     if isinstance(value, int):
         return f'<td class="num">{value}</td>'
     if isinstance(value, dict):
-        value = json.dumps(value, sort_keys=True)
+        return f'<td class="text">{html.escape(json.dumps(value, sort_keys=True))}</td>'
     return f"<td>{html.escape(str(value))}</td>"
 
 
@@ -93,7 +95,7 @@ def _leaderboard(data: ReportData) -> str:
             _cell(row[metric]),
             _cell(row[f"last_{metric}"]),
             *(_cell(row[k]) for k in extra),
-            _cell(round(data.trial_seconds.get(trial, 0.0), 1)),
+            f'<td class="num">{data.trial_seconds.get(trial, 0.0):.1f}</td>',
         ]
         if data.trial_usd is not None:
             cells.append(_cell(data.trial_usd.get(trial, 0.0)))
@@ -144,13 +146,15 @@ def _rounds_table(data: ReportData) -> str:
                 len(r.epochs),
                 ", ".join(str(e) for e in epochs),
                 seconds,
+                " ".join(r.resumed),
                 " ".join(by.get("running", [])),
                 " ".join(by.get("paused", [])),
                 " ".join(by.get("stopped", []) + by.get("completed", [])),
                 " ".join(by.get("failed", [])),
             ]
         )
-    header = ["round", "trials", "epoch", "seconds", "continued", "paused", "stopped", "failed"]
+    header = ["round", "trials", "epoch", "seconds", "resumed", "continued", "paused", "stopped"]
+    header.append("failed")
     return _table(header, rows, scroll=True)
 
 
