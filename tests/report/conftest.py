@@ -19,10 +19,17 @@ from typing import Any
 
 import pytest
 
-from cerebro_spark.backends import LocalBackend
+from cerebro_spark.backends import Backend, LocalBackend
 from cerebro_spark.cluster import Capabilities, ClusterManager, CostMeter, Executor
 from cerebro_spark.elastic import parse_catalog
-from cerebro_spark.engine import ExperimentConfig, experiment_spec, parse_config, run_experiment
+from cerebro_spark.engine import (
+    ExperimentConfig,
+    Stage,
+    StageDirective,
+    experiment_spec,
+    parse_config,
+    run_experiment,
+)
 from cerebro_spark.engine._elastic import ElasticController, StagePlan
 
 PRICE = 36.0  # dollars per instance-hour: a cent a second
@@ -84,6 +91,8 @@ class RealRun:
     store: Path
     experiment_id: str
     config: ExperimentConfig
+    live_pages: dict[int, str]
+    """``report.html`` as it was when round ``n`` was about to start (``n`` > 0)."""
 
     @property
     def directory(self) -> Path:
@@ -128,8 +137,17 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> RealRun:
         cluster.pool = LocalBackend(c.workers)
         return cluster.pool
 
-    run_experiment(config, experiment_id="e1", backend_factory=factory, on_stage=hook)
-    return RealRun(store, "e1", config)
+    live_pages: dict[int, str] = {}
+    page = store / "experiments" / "e1" / "report.html"
+
+    def watching(stage: Stage, backend: Backend) -> StageDirective:
+        """The plan's hook; first, keep the report the last round end wrote."""
+        if stage.round > 0 and page.exists():
+            live_pages.setdefault(stage.round, page.read_text())
+        return hook(stage, backend)
+
+    run_experiment(config, experiment_id="e1", backend_factory=factory, on_stage=watching)
+    return RealRun(store, "e1", config, live_pages)
 
 
 def events_of(run: RealRun) -> list[dict[str, Any]]:

@@ -76,6 +76,14 @@ def test_the_data_is_the_log(real_run: RealRun) -> None:
     assert data.unit_failures == {"trial_error": len(failed)}
 
 
+def test_the_report_is_refreshed_at_round_ends_and_reloads_while_running(
+    real_run: RealRun,
+) -> None:
+    live = real_run.live_pages[1]  # written at the end of round 0, read before round 1
+    assert 'http-equiv="refresh"' in live and "running (round 0;" in live
+    assert "Learning curves" in live and "Workers over time" in live
+
+
 def test_the_run_wrote_its_report_and_it_is_final(real_run: RealRun) -> None:
     page = (real_run.directory / REPORT_NAME).read_text()
     assert page.startswith("<!DOCTYPE html>") and 'http-equiv="refresh"' not in page
@@ -167,3 +175,16 @@ def test_resume_of_a_finished_run_prints_the_summary(
     assert "last accuracy" in out and "seconds" in out and "dollars" in out
     assert "1 trial failed:" in out and "unit-seconds on 2 workers" in out
     assert "the search cost $" in out and f"report: {real_run.directory}/report.html" in out
+
+
+def test_the_report_command_writes_into_the_experiment_by_default(
+    real_run: RealRun, capsys: pytest.CaptureFixture[str]
+) -> None:
+    page = real_run.directory / REPORT_NAME
+    before = page.stat().st_mtime_ns
+    # The pipelines' shape: EXPERIMENT as <store>/experiments/<id>, or an id with --store.
+    assert main(["-q", "report", str(real_run.directory)]) == 0
+    assert capsys.readouterr().out == f"report: {page}\n"
+    assert page.stat().st_mtime_ns > before and "Plan vs actual" in page.read_text()
+    assert main(["-q", "report", real_run.experiment_id, "--store", str(real_run.store)]) == 0
+    assert main(["-q", "report", "no-such-id", "--store", str(real_run.store)]) == 2
