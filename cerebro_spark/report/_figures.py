@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,9 +60,11 @@ def _status_of(point_status: str | None, decision: str | None) -> str:
 
 
 def _metric_names(data: ReportData) -> list[str]:
+    """The experiment's metric, the loss, then the others that are not per class."""
     names = {name for points in data.curves.values() for p in points for name in p.metrics}
     first = [n for n in (data.metric, "loss") if n in names]
-    return first + sorted(names - set(first))
+    others = sorted(n for n in names - set(first) if not re.search(r"_class_\d+$", n))
+    return first + others
 
 
 def learning_curves(data: ReportData) -> go.Figure:

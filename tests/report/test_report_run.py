@@ -20,6 +20,7 @@ import pytest
 
 from cerebro_spark.cli import main
 from cerebro_spark.report import REPORT_NAME, build_report, load_report_data
+from cerebro_spark.tuner import TuningResult
 from tests.report.browser import Chromium, chromium_path
 from tests.report.conftest import PRICE, RealRun, events_of
 
@@ -134,7 +135,9 @@ def test_the_page_renders_in_headless_chromium(real_run: RealRun, tmp_path: Path
 
 
 def test_the_notebook_object_embeds_the_page(real_run: RealRun) -> None:
-    report = build_report(str(real_run.store), real_run.experiment_id)
+    report = TuningResult.load(str(real_run.store), real_run.experiment_id).report()
+    assert report.html.startswith("<!DOCTYPE html>")
+    assert build_report(str(real_run.store), real_run.experiment_id).experiment_id == "e1"
     shown = report._repr_html_()
     assert shown.startswith("<iframe srcdoc=") and "<script" not in shown  # escaped inside
     assert "&lt;!DOCTYPE html&gt;" in shown
