@@ -225,9 +225,14 @@ def _timeline(
     markers: list[Marker] = []
     failures: dict[str, int] = defaultdict(int)
     started: dict[tuple[Any, ...], float] = {}
+    previous = 0.0
     for event in events:
         kind = event["event"]
         when = float(event.get("time", origin)) - origin
+        if kind == "experiment_start" and started:  # the session before died mid-units
+            units += _unfinished(started, previous)
+            started = {}
+        previous = when
         if kind == "unit_start":
             started[_unit_key(event)] = when
         elif kind in ("unit_end", "unit_failed"):
@@ -261,15 +266,22 @@ def _timeline(
             )
         elif kind == "experiment_start" and event.get("resumed"):
             markers.append(Marker(when, "resumed", None, "a new driver session resumed the run"))
-    for key, begin in started.items():  # never ended: running now, or the driver died
+    units += _unfinished(started, last)  # running now, or the driver died
+    return units, markers, dict(failures)
+
+
+def _unfinished(started: Mapping[tuple[Any, ...], float], end: float) -> list[UnitBar]:
+    """Bars of units that started and never ended, drawn to ``end`` (their session's)."""
+    bars = []
+    for key, begin in started.items():
         round_, trial, epoch, _, partition, _, worker = key
-        units.append(
+        bars.append(
             UnitBar(
-                str(worker), str(trial), "unfinished", begin, last, int(round_ or 0),
+                str(worker), str(trial), "unfinished", begin, max(begin, end), int(round_ or 0),
                 int(epoch or 0), int(partition or 0),
             )
         )  # fmt: skip
-    return units, markers, dict(failures)
+    return bars
 
 
 def _bar(

@@ -148,6 +148,19 @@ def test_logs_without_unit_starts_and_group_units_are_drawn() -> None:
     ]
     assert trial_seconds(events) == {"t": 6.4} and data.trial_usd is None
     assert data.workers == ["w0", "w1"]
+    # A resumed session: the unit the dead driver left open ends with its session.
+    events += [
+        {"event": "experiment_start", "time": 200.0, "config": {}, "resumed": True},
+        unit("unit_start", 201.0, partition=3, step=3, worker="w2"),
+        unit("unit_end", 203.0, partition=3, step=3, worker="w2", seconds=1.5, rows=1,
+             metric_sums={}, checkpoint="c3", checkpoint_sha256="s3"),
+    ]  # fmt: skip
+    resumed = collect("x", CONFIG, events)
+    assert [(u.worker, u.kind, u.start, u.end) for u in resumed.units[-2:]] == [
+        ("w1", "unfinished", 7.0, 8.0),
+        ("w2", "train", 101.0, 103.0),
+    ]
+    assert ("resumed", None) in [(m.label, m.worker) for m in resumed.markers]
 
 
 def test_the_notebook_view_is_an_escaped_iframe(tmp_path: Path) -> None:
