@@ -82,7 +82,7 @@ def _leaderboard(data: ReportData) -> str:
     header += [*extra, "seconds"]
     if data.trial_usd is not None:
         header.append("dollars")
-    header += ["params", "error"]
+    header += ["error", "params"]
     body = []
     for position, row in enumerate(rows, 1):
         trial = row["trial_id"]
@@ -99,10 +99,11 @@ def _leaderboard(data: ReportData) -> str:
         ]
         if data.trial_usd is not None:
             cells.append(_cell(data.trial_usd.get(trial, 0.0)))
-        cells.append(_cell(row["params"]))
         error = row["error"]
-        shown = "-" if error is None else html.escape(error)
-        cells.append(f'<td class="error">{shown}</td>')
+        cells.append(
+            "<td>-</td>" if error is None else f'<td class="error">{html.escape(error)}</td>'
+        )
+        cells.append(_cell(row["params"]))
         body.append("<tr>" + "".join(cells) + "</tr>")
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     return (
@@ -201,7 +202,7 @@ def _cost(data: ReportData) -> str:
     if data.unit_failures:
         rows.append(
             [
-                "units retried",
+                "units that failed, by reason",
                 ", ".join(f"{n} {reason}" for reason, n in sorted(data.unit_failures.items())),
             ]
         )

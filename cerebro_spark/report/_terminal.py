@@ -129,7 +129,12 @@ def leaderboard_json(
 
 
 def failures_text(trials: Iterable[TrialState], unit_failures: Mapping[str, int]) -> str:
-    """The failed trials with their whole errors, and the units that were retried."""
+    """The failed trials with their errors, and how many units failed for which reason.
+
+    A unit fails when its trial's code raises (``trial_error``) or, to be run again, when
+    its worker is lost, its group breaks or the store fails (``worker_lost``,
+    ``group_broken``, ``io_error``).
+    """
     failed = sorted((t for t in trials if t.status == FAILED), key=lambda t: t.trial_id)
     lines = []
     if failed:
@@ -140,7 +145,7 @@ def failures_text(trials: Iterable[TrialState], unit_failures: Mapping[str, int]
             lines += [f"      {line}" for line in error[:-1][-6:]]
     if unit_failures:
         retried = ", ".join(f"{n} {reason}" for reason, n in sorted(unit_failures.items()))
-        lines.append(f"units that failed and were retried: {retried}")
+        lines.append(f"units that failed, by reason: {retried}")
     return "\n".join(lines)
 
 

@@ -149,7 +149,7 @@ def test_the_leaderboard_command(real_run: RealRun, capsys: pytest.CaptureFixtur
     table = capsys.readouterr().out
     assert "seconds" in table.splitlines()[0] and "dollars" in table.splitlines()[0]
     assert "1 trial failed:" in table and "FailsInTrainingSpec refuses" in table
-    assert "units that failed and were retried" not in table or "trial_error" in table
+    assert "units that failed, by reason: 1 trial_error" in table
 
     assert main(["-q", "leaderboard", where, "--format", "json", "--metric", "loss"]) == 0
     board = json.loads(capsys.readouterr().out)

@@ -103,7 +103,7 @@ def test_json_and_failures() -> None:
         "  t2: ValueError: boom",
         "      Traceback",
         "        line",
-        "units that failed and were retried: 2 worker_lost",
+        "units that failed, by reason: 2 worker_lost",
     ]
 
 
