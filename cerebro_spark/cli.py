@@ -60,29 +60,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
         config, _ = load_state(config.store, error.experiment_id)  # metric and mode resolved
         _out(format_table(error.trials, *config.objective))
         raise
-    config, _ = load_state(config.store, result.experiment_id)  # metric and mode resolved
-    _print_result(result, *config.objective)
+    _print_result(config.store, result)
     _print_cost(config.store, result.experiment_id)
     _out(f"experiment {result.experiment_id}: {result.url}")
     return 0
 
 
-def _print_result(result: ExperimentResult, metric: str, mode: str) -> None:
-    """The leaderboard, how many trials failed, and where the best checkpoint is."""
-    from cerebro_spark.engine import format_table
+def _print_result(store: str, result: ExperimentResult) -> None:
+    """The end-of-run summary, the best checkpoint and where the report is."""
+    from cerebro_spark.report import REPORT_NAME, load_report_data, summary_text
 
-    _out(format_table(result.trials, metric, mode))
+    data = load_report_data(store, result.experiment_id)  # metric and mode resolved
+    _out(summary_text(data))
     if result.failed:
         _out(
-            f"{len(result.failed)} of {len(result.trials)} trials failed (their errors are in "
-            "the leaderboard); the others' results stand"
+            f"{len(result.failed)} of {len(result.trials)} trials failed; the others' results stand"
         )
     best = result.best
     if best is not None:
         _out(
-            f"best: trial {best.trial_id}, epoch {best.best_epoch}, {metric} "
-            f"{best.best_metrics[metric]:.4f}: {result.best_checkpoint_url}"
+            f"best: trial {best.trial_id}, epoch {best.best_epoch}, {data.metric} "
+            f"{best.best_metrics[data.metric]:.4f}: {result.best_checkpoint_url}"
         )
+    _out(f"report: {result.url}/{REPORT_NAME}")
 
 
 def _print_cost(store: str, experiment_id: str) -> None:
@@ -115,7 +115,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     except SearchFailedError as error:
         _out(format_table(error.trials, *config.objective))
         raise
-    _print_result(result, *config.objective)
+    _print_result(store, result)
     _print_cost(store, experiment_id)
     _out(f"experiment {result.experiment_id}: {result.url}")
     return 0
@@ -139,16 +139,47 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_leaderboard(args: argparse.Namespace) -> int:
-    from cerebro_spark.engine import format_table, leaderboard_csv, load_state
+    from cerebro_spark.engine import format_table, leaderboard_csv
+    from cerebro_spark.report import (
+        check_metric,
+        failures_text,
+        leaderboard_json,
+        load_report_data,
+        metric_mode,
+        rejudge,
+    )
 
     store, experiment_id = _split_experiment(args.experiment, args.store)
-    config, state = load_state(store, experiment_id)
-    trials = state.trials.values()
+    data = load_report_data(store, experiment_id)
+    metric = args.metric or data.metric
+    trials = list(data.state.trials.values())
+    check_metric(trials, metric)
+    mode = args.mode or metric_mode(metric, data.config)
+    if (metric, mode) != (data.metric, data.mode):
+        trials = rejudge(trials, metric, mode)
     if args.format == "csv":
-        sys.stdout.write(leaderboard_csv(trials, *config.objective))
+        sys.stdout.write(leaderboard_csv(trials, metric, mode))
+    elif args.format == "json":
+        sys.stdout.write(leaderboard_json(trials, metric, mode, data.trial_seconds, data.trial_usd))
     else:
-        _out(format_table(trials, *config.objective, limit=args.limit))
+        _out(
+            format_table(
+                trials, metric, mode, limit=args.limit, seconds=data.trial_seconds,
+                usd=data.trial_usd,
+            )
+        )  # fmt: skip
+        failures = failures_text(trials, data.unit_failures)
+        if failures:
+            _out(failures)
         _print_cost(store, experiment_id)
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from cerebro_spark.report import write_report
+
+    store, experiment_id = _split_experiment(args.experiment, args.store)
+    _out(f"report: {write_report(store, experiment_id, args.output)}")
     return 0
 
 
@@ -191,9 +222,27 @@ def build_parser() -> argparse.ArgumentParser:
     board = commands.add_parser("leaderboard", help="print an experiment's leaderboard")
     board.add_argument("experiment", help="experiment directory or id")
     board.add_argument("--store", help=store_help)
-    board.add_argument("--format", choices=("table", "csv"), default="table")
-    board.add_argument("--limit", type=int, default=50)
+    board.add_argument(
+        "--metric", help="rank by this metric, each trial at its best epoch by it (default: "
+        "the experiment's)"
+    )  # fmt: skip
+    board.add_argument(
+        "--mode", choices=("max", "min"), help="whether a larger --metric is better (default: "
+        "the experiment's or the built-in metric's)"
+    )  # fmt: skip
+    board.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    board.add_argument("--limit", type=int, default=50, help="rows of the table (default: 50)")
     board.set_defaults(handler=_cmd_leaderboard)
+
+    report = commands.add_parser(
+        "report", help="write an experiment's HTML report (self-contained, opens offline)"
+    )
+    report.add_argument("experiment", help="experiment directory or id")
+    report.add_argument("--store", help=store_help)
+    report.add_argument(
+        "--output", help="a local file (default: report.html in the experiment's directory)"
+    )
+    report.set_defaults(handler=_cmd_report)
 
     from cerebro_spark.data._prepare_cli import add_prepare_arguments, run_prepare
 

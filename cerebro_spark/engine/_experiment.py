@@ -398,6 +398,9 @@ class Experiment:
             failed=len(self.state.failures),
             seconds=round(time.monotonic() - started, 3),
         )
+        from cerebro_spark.report import refresh_report  # here: the report imports the engine
+
+        refresh_report(self.store, self.experiment_id, self.config, final=True)
         self._check_outcome(ranked)
         return ranked
 
@@ -1126,6 +1129,9 @@ class Experiment:
             )
         self._emit("round_end", round=state.round, procedure_state=self.procedure.state_dict())
         self._write_leaderboard()
+        from cerebro_spark.report import refresh_report  # here: the report imports the engine
+
+        refresh_report(self.store, self.experiment_id, self.config, final=False)
 
     def _write_leaderboard(self) -> None:
         text = leaderboard_csv(self.state.trials.values(), self.metric, self.mode)

@@ -13,7 +13,7 @@ import csv
 import io
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from cerebro_spark.engine._state import FAILED, LOSS, TrialState, epoch_key
@@ -130,12 +130,21 @@ def _clip(text: str) -> str:
     return text if len(text) <= _TABLE_TEXT else text[: _TABLE_TEXT - 3] + "..."
 
 
-def format_table(trials: Iterable[TrialState], metric: str, mode: str, limit: int = 20) -> str:
+def format_table(
+    trials: Iterable[TrialState],
+    metric: str,
+    mode: str,
+    limit: int = 20,
+    *,
+    seconds: Mapping[str, float] | None = None,
+    usd: Mapping[str, float] | None = None,
+) -> str:
     """Render the leaderboard as an aligned text table for terminals.
 
     Columns: rank, trial, status, epochs, the best epoch, the metric at it and after the
     latest epoch (``last <metric>``), the loss and up to two other metrics at the best
-    epoch, the model family, and the params -- or, for a failed trial, its error.
+    epoch, the trial's unit seconds and dollars (when given, by trial id), the model
+    family, and the params -- or, for a failed trial, its error.
     """
     ranked = rank(trials, metric, mode)
     names = sorted({n for t in ranked for n in t.best_metrics if n not in (metric, LOSS)})
@@ -143,7 +152,8 @@ def format_table(trials: Iterable[TrialState], metric: str, mode: str, limit: in
         names.insert(0, LOSS)
     names = names[:_TABLE_METRICS]
     head = ["#", "trial", "status", "epochs", "best epoch", metric, f"last {metric}"]
-    rows = [[*head, *names, "model"]]
+    timing = [*(["seconds"] if seconds is not None else []), *(["dollars"] if usd else [])]
+    rows = [[*head, *names, *timing, "model"]]
     texts = ["params / error"]
     for position, trial in enumerate(ranked[:limit], start=1):
         rows.append(
@@ -156,6 +166,8 @@ def format_table(trials: Iterable[TrialState], metric: str, mode: str, limit: in
                 _number(trial.best_metrics.get(metric)),
                 _number(trial.metrics.get(metric)),
                 *(_number(trial.best_metrics.get(name)) for name in names),
+                *([f"{seconds.get(trial.trial_id, 0.0):.1f}"] if seconds is not None else []),
+                *([f"{usd.get(trial.trial_id, 0.0):.4f}"] if usd else []),
                 trial.spec.rsplit(":", 1)[-1].rsplit(".", 1)[-1],
             ]
         )

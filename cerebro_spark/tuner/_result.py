@@ -171,6 +171,16 @@ class TuningResult:
 
         return load_model(self.url)
 
+    def report(self) -> Any:
+        """The experiment's HTML report (:class:`cerebro_spark.report.Report`).
+
+        In a notebook it shows itself (an iframe holding the self-contained page);
+        ``.save(path)`` writes the file, ``.html`` is the page.
+        """
+        from cerebro_spark.report import build_report
+
+        return build_report(self.store, self.experiment_id)
+
     def __repr__(self) -> str:
         best = self.best
         summary = (

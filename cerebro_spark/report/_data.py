@@ -1,0 +1,427 @@
+"""What the report shows, extracted from an experiment's event log (no plotting here).
+
+Everything comes from ``events.jsonl`` (see :mod:`cerebro_spark.engine._events`) and the
+config: the units each worker ran and when (``unit_start`` / ``unit_end`` /
+``unit_failed``), worker joins, losses and retirements, resizes and stage boundaries, the
+procedure's decision after every epoch, the plan beside what each stage cost, and the run's
+cost summary. Times are seconds since the experiment's first event.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from cerebro_spark.engine import ExperimentConfig, ExperimentState
+
+UNIT_KINDS = ("train", "validate", "group", "failed", "unfinished")
+"""How a unit bar is drawn: a plain train or validation unit, a rank of a group unit,
+a unit that failed, a unit that never ended (running now, or its driver died)."""
+
+WORKER_EVENTS = {
+    "worker_joined": "joined",
+    "worker_ready": "ready",
+    "worker_retiring": "retiring",
+    "worker_retired": "retired",
+    "worker_lost": "lost",
+}
+"""Membership events marked on a worker's row, by the label shown."""
+
+CLUSTER_EVENTS = ("resized", "resize_failed", "replanned", "replan_failed", "search_stopped")
+"""Events marked across every row (the cluster changed or the plan did)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class UnitBar:
+    """One unit on one worker (one rank of a group unit).
+
+    Attributes:
+        worker: The worker that ran it.
+        trial: Its trial.
+        kind: One of :data:`UNIT_KINDS`.
+        start: Seconds from the experiment's first event to its ``unit_start``.
+        end: Seconds to its ``unit_end`` / ``unit_failed`` (or the log's last event).
+        round: Its round.
+        epoch: The trial's epoch it trains or validates (0-based, as logged).
+        partition: Its partition.
+        group: The group unit's id, if it is a rank of one.
+        seconds: Seconds the worker measured (``None`` if it never ended).
+        error: Why it failed.
+    """
+
+    worker: str
+    trial: str
+    kind: str
+    start: float
+    end: float
+    round: int
+    epoch: int
+    partition: int
+    group: str | None = None
+    seconds: float | None = None
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Marker:
+    """A moment worth marking on the timeline.
+
+    Attributes:
+        time: Seconds from the experiment's first event.
+        label: What happened (``joined``, ``lost``, ``resized``, ``stage 1`` ...).
+        worker: The worker it concerns, or ``None`` for the whole cluster.
+        detail: A sentence for the hover text.
+    """
+
+    time: float
+    label: str
+    worker: str | None = None
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochPoint:
+    """One validated epoch of a trial and what the procedure decided after it."""
+
+    epoch: int
+    metrics: Mapping[str, float]
+    round: int
+    decision: str | None
+    status: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundSummary:
+    """One round of the search: who trained, at which epoch, and what became of them."""
+
+    round: int
+    start: float
+    end: float | None
+    epochs: Mapping[str, int]
+    decisions: Mapping[str, tuple[str, int]]
+    """``{trial: (decision, epoch)}`` after the round (``status`` when the log has it)."""
+    resumed: tuple[str, ...] = ()
+    """Paused trials the procedure resumed for this round (``trial_resumed``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StageRow:
+    """A stage of the plan beside what it did."""
+
+    stage: int
+    planned_workers: int | None
+    workers: int | None
+    planned_seconds: float | None
+    seconds: float | None
+    planned_usd: float | None
+    usd: float | None
+    replan: int
+
+
+@dataclasses.dataclass
+class ReportData:
+    """Everything a report shows, from one experiment's config and events.
+
+    Attributes:
+        experiment_id: The experiment.
+        config: Its config (metric and mode resolved).
+        state: Its state, folded from the events.
+        origin: Time (Unix seconds) of its first event; the timeline's zero.
+        last: Seconds from ``origin`` to the last event.
+        units: Every unit bar, in log order.
+        markers: Worker, stage and cluster moments, in log order.
+        curves: Every trial's validated epochs, by trial id.
+        rounds: Every round, in order.
+        stages: The plan's stages beside what they did (empty without a plan).
+        trial_seconds: Seconds of each trial's units (the sum over its ``unit_end``
+            events, every rank of a group unit counted).
+        trial_usd: Each trial's share of the bill (its unit seconds at the run's price per
+            instance-second), or ``None`` when the run was not billed.
+        unit_failures: ``{reason: count}`` of units that failed and went back to the queue.
+    """
+
+    experiment_id: str
+    config: ExperimentConfig
+    state: ExperimentState
+    origin: float
+    last: float
+    units: list[UnitBar]
+    markers: list[Marker]
+    curves: dict[str, list[EpochPoint]]
+    rounds: list[RoundSummary]
+    stages: list[StageRow]
+    trial_seconds: dict[str, float]
+    trial_usd: dict[str, float] | None
+    unit_failures: dict[str, int]
+
+    @property
+    def metric(self) -> str:
+        """The experiment's metric."""
+        return self.config.objective[0]
+
+    @property
+    def mode(self) -> str:
+        """``"max"`` or ``"min"``."""
+        return self.config.objective[1]
+
+    @property
+    def workers(self) -> list[str]:
+        """Every worker that ran a unit or joined, in id order (numbers sort as numbers)."""
+        names = {u.worker for u in self.units} | {m.worker for m in self.markers if m.worker}
+        return sorted(names, key=_natural)
+
+
+def _natural(name: str) -> tuple[str, int, str]:
+    """``w10`` after ``w9``: the text before the trailing digits, then their value."""
+    stem = name.rstrip("0123456789")
+    digits = name[len(stem) :]
+    return (stem, int(digits) if digits else -1, name)
+
+
+def _unit_key(event: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (
+        event.get("round"),
+        event.get("trial"),
+        event.get("epoch"),
+        event.get("kind"),
+        event.get("partition"),
+        event.get("step"),
+        event.get("worker"),
+    )
+
+
+def trial_seconds(events: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Seconds of each trial's units: the sum of its ``unit_end`` seconds, in trial order."""
+    totals: dict[str, float] = defaultdict(float)
+    for event in events:
+        if event.get("event") == "unit_end":
+            totals[str(event["trial"])] += float(event.get("seconds") or 0.0)
+    return dict(sorted(totals.items()))
+
+
+def usd_per_second(state: ExperimentState) -> float | None:
+    """The run's dollars per instance-second (``elastic_summary``), or ``None``."""
+    summary = state.elastic_summary or {}
+    usd, seconds = summary.get("usd"), summary.get("instance_seconds")
+    if usd is None or not seconds:
+        return None
+    return float(usd) / float(seconds)
+
+
+def trial_usd(state: ExperimentState, seconds: Mapping[str, float]) -> dict[str, float] | None:
+    """Each trial's share of the bill: its unit seconds at the run's rate, or ``None``."""
+    rate = usd_per_second(state)
+    if rate is None:
+        return None
+    return {trial: value * rate for trial, value in seconds.items()}
+
+
+def _timeline(
+    events: Sequence[Mapping[str, Any]], origin: float, last: float
+) -> tuple[list[UnitBar], list[Marker], dict[str, int]]:
+    units: list[UnitBar] = []
+    markers: list[Marker] = []
+    failures: dict[str, int] = defaultdict(int)
+    started: dict[tuple[Any, ...], float] = {}
+    previous = 0.0
+    for event in events:
+        kind = event["event"]
+        when = float(event.get("time", origin)) - origin
+        if kind == "experiment_start" and started:  # the session before died mid-units
+            units += _unfinished(started, previous)
+            started = {}
+        previous = when
+        if kind == "unit_start":
+            started[_unit_key(event)] = when
+        elif kind in ("unit_end", "unit_failed"):
+            failed = kind == "unit_failed"
+            seconds = None if failed else float(event.get("seconds") or 0.0)
+            begin = started.pop(_unit_key(event), None)
+            if begin is None:  # no unit_start logged: the worker's own measure
+                begin = when - (seconds or 0.0)
+            if failed:
+                failures[str(event.get("reason") or "error")] += 1
+            units.append(_bar(event, "failed" if failed else None, begin, when, seconds))
+        elif kind in WORKER_EVENTS:
+            label = WORKER_EVENTS[kind]
+            detail = f"worker {event['worker']} {label}"
+            if event.get("host"):
+                detail += f" on {event['host']}"
+            if event.get("reason"):
+                detail += f": {event['reason']}"
+            markers.append(Marker(when, label, str(event["worker"]), detail))
+        elif kind in CLUSTER_EVENTS:
+            markers.append(Marker(when, kind.replace("_", " "), None, _cluster_detail(event)))
+        elif kind == "stage_actual":
+            markers.append(
+                Marker(
+                    when,
+                    f"stage {event['stage']} ended",
+                    None,
+                    f"stage {event['stage']}: {event.get('seconds', 0):.1f} s, "
+                    f"{event.get('workers')} workers, ${float(event.get('usd', 0)):.4f}",
+                )
+            )
+        elif kind == "experiment_start" and event.get("resumed"):
+            markers.append(Marker(when, "resumed", None, "a new driver session resumed the run"))
+    units += _unfinished(started, last)  # running now, or the driver died
+    return units, markers, dict(failures)
+
+
+def _unfinished(started: Mapping[tuple[Any, ...], float], end: float) -> list[UnitBar]:
+    """Bars of units that started and never ended, drawn to ``end`` (their session's)."""
+    bars = []
+    for key, begin in started.items():
+        round_, trial, epoch, _, partition, _, worker = key
+        bars.append(
+            UnitBar(
+                str(worker), str(trial), "unfinished", begin, max(begin, end), int(round_ or 0),
+                int(epoch or 0), int(partition or 0),
+            )
+        )  # fmt: skip
+    return bars
+
+
+def _bar(
+    event: Mapping[str, Any], kind: str | None, begin: float, end: float, seconds: float | None
+) -> UnitBar:
+    group = event.get("group")
+    if kind is None:
+        kind = "group" if group is not None else str(event.get("kind", "train"))
+    return UnitBar(
+        worker=str(event.get("worker")),
+        trial=str(event.get("trial")),
+        kind=kind,
+        start=begin,
+        end=max(end, begin),
+        round=int(event.get("round") or 0),
+        epoch=int(event.get("epoch") or 0),
+        partition=int(event.get("partition") or 0),
+        group=None if group is None else str(group),
+        seconds=seconds,
+        error=event.get("error"),
+    )
+
+
+def _cluster_detail(event: Mapping[str, Any]) -> str:
+    kind = event["event"]
+    if kind in ("resized", "resize_failed"):
+        text = (
+            f"stage {event.get('stage')}: {event.get('from')} -> {event.get('target')} workers "
+            f"({event.get('workers')} serve)"
+        )
+        if event.get("seconds") is not None:
+            text += f" in {float(event['seconds']):.1f} s"
+        if event.get("error"):
+            text += f"; failed: {event['error']}"
+        return text
+    if kind in ("replanned", "replan_failed"):
+        return f"from stage {event.get('stage')}: {event.get('reason') or event.get('error')}"
+    return str(event.get("reason", ""))
+
+
+def _curves_and_rounds(
+    events: Sequence[Mapping[str, Any]], origin: float
+) -> tuple[dict[str, list[EpochPoint]], list[RoundSummary]]:
+    epochs: dict[tuple[str, int], tuple[Mapping[str, float], int]] = {}
+    decisions: dict[tuple[str, int], tuple[str, str | None]] = {}
+    rounds: dict[int, dict[str, Any]] = {}
+    resumed: list[str] = []
+    for event in events:
+        kind = event["event"]
+        when = float(event.get("time", origin)) - origin
+        if kind == "trial_epoch":
+            epochs[(event["trial"], int(event["epoch"]))] = (event["metrics"], int(event["round"]))
+        elif kind == "decision":
+            key = (event["trial"], int(event["epoch"]))
+            decisions[key] = (str(event["decision"]), event.get("status"))
+            number = int(event.get("round", -1))
+            if number in rounds:
+                rounds[number]["decisions"][event["trial"]] = (
+                    str(event.get("status") or event["decision"]),
+                    int(event["epoch"]),
+                )
+        elif kind == "round_start":
+            rounds[int(event["round"])] = {
+                "start": when,
+                "end": None,
+                "epochs": dict(event.get("epochs") or {t: 0 for t in event.get("trials", [])}),
+                "decisions": {},
+                "resumed": tuple(resumed),
+            }
+            resumed = []
+        elif kind == "trial_resumed":
+            resumed.append(str(event["trial"]))
+        elif kind == "round_end" and int(event["round"]) in rounds:
+            rounds[int(event["round"])]["end"] = when
+    curves: dict[str, list[EpochPoint]] = defaultdict(list)
+    for (trial, epoch), (metrics, number) in sorted(epochs.items()):
+        decision, status = decisions.get((trial, epoch), (None, None))
+        curves[trial].append(EpochPoint(epoch, metrics, number, decision, status))
+    summaries = [
+        RoundSummary(n, r["start"], r["end"], r["epochs"], r["decisions"], r["resumed"])
+        for n, r in sorted(rounds.items())
+    ]
+    return dict(curves), summaries
+
+
+def _stages(state: ExperimentState) -> list[StageRow]:
+    rows = []
+    for index in sorted(set(state.stage_plans) | set(state.stage_actuals)):
+        plan = state.stage_plans.get(index, {})
+        actual = state.stage_actuals.get(index, {})
+        rows.append(
+            StageRow(
+                stage=index,
+                planned_workers=actual.get("planned_workers", plan.get("workers")),
+                workers=actual.get("workers"),
+                planned_seconds=actual.get("planned_seconds", _span(plan)),
+                seconds=actual.get("seconds"),
+                planned_usd=actual.get("planned_usd", plan.get("usd")),
+                usd=actual.get("usd"),
+                replan=int(plan.get("replan", 0)),
+            )
+        )
+    return rows
+
+
+def _span(plan: Mapping[str, Any]) -> float | None:
+    if "end" not in plan:
+        return None
+    return float(plan["end"]) - float(plan.get("begin", plan.get("start", 0.0)))
+
+
+def collect(
+    experiment_id: str, config: ExperimentConfig, events: Sequence[Mapping[str, Any]]
+) -> ReportData:
+    """Extract what the report shows from an experiment's config and events.
+
+    Args:
+        experiment_id: The experiment's id.
+        config: Its config, metric and mode resolved (as ``config.json`` holds it).
+        events: Its whole event log, in order (:func:`~cerebro_spark.engine.read_events`).
+    """
+    state = ExperimentState.from_events(events)
+    times = [float(e["time"]) for e in events if "time" in e]
+    origin = min(times) if times else 0.0
+    last = (max(times) - origin) if times else 0.0
+    units, markers, failures = _timeline(events, origin, last)
+    curves, rounds = _curves_and_rounds(events, origin)
+    seconds = trial_seconds(events)
+    return ReportData(
+        experiment_id=experiment_id,
+        config=config,
+        state=state,
+        origin=origin,
+        last=last,
+        units=units,
+        markers=markers,
+        curves=curves,
+        rounds=rounds,
+        stages=_stages(state),
+        trial_seconds=seconds,
+        trial_usd=trial_usd(state, seconds),
+        unit_failures=failures,
+    )

@@ -1,0 +1,296 @@
+"""The report's charts, as plotly figures built from :class:`~._data.ReportData`."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from cerebro_spark.report._data import UNIT_KINDS, ReportData
+
+STATUS_COLORS = {
+    "running": "#1f77b4",
+    "paused": "#ff7f0e",
+    "stopped": "#d62728",
+    "completed": "#2ca02c",
+    "failed": "#444444",
+}
+"""A trial's colour by what the procedure decided: continued (running), paused, stopped
+early, completed its epochs, or failed."""
+
+DECISION_LABELS = {
+    "running": "continued",
+    "paused": "paused",
+    "stopped": "stopped",
+    "completed": "completed",
+    "failed": "failed",
+}
+
+KIND_COLORS = {
+    "train": "#4c78a8",
+    "validate": "#f58518",
+    "group": "#54a24b",
+    "failed": "#e45756",
+    "unfinished": "#bab0ac",
+}
+
+MARKER_SYMBOLS = {
+    "joined": ("triangle-right", "#2ca02c"),
+    "ready": ("circle", "#2ca02c"),
+    "retiring": ("triangle-left", "#9467bd"),
+    "retired": ("square", "#9467bd"),
+    "lost": ("x", "#d62728"),
+}
+
+_CLUSTER_COLOR = "#7f7f7f"
+_LAYOUT: dict[str, Any] = {
+    "template": "plotly_white",
+    "margin": {"l": 70, "r": 30, "t": 50, "b": 50},
+    "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0},
+}
+
+
+def _status_of(point_status: str | None, decision: str | None) -> str:
+    if point_status:
+        return point_status
+    return {"continue": "running", "pause": "paused", "stop": "stopped"}.get(decision or "", "")
+
+
+def _metric_names(data: ReportData) -> list[str]:
+    """The experiment's metric, the loss, then the others that are not per class."""
+    names = {name for points in data.curves.values() for p in points for name in p.metrics}
+    first = [n for n in (data.metric, "loss") if n in names]
+    others = sorted(n for n in names - set(first) if not re.search(r"_class_\d+$", n))
+    return first + others
+
+
+def learning_curves(data: ReportData) -> go.Figure:
+    """Every trial's validation metric by epoch; points coloured by the decision after it.
+
+    A line's colour is its trial's status now; each point's colour is the decision taken
+    after that epoch (continued, paused, stopped, completed). A menu switches the metric.
+    """
+    figure = go.Figure()
+    metrics = _metric_names(data)
+    shown: set[str] = set()
+    visibility: dict[str, list[bool]] = {m: [] for m in metrics}
+    for metric in metrics:
+        for trial_id in sorted(data.curves, key=_trial_order):
+            points = [p for p in data.curves[trial_id] if metric in p.metrics]
+            if not points:
+                continue
+            trial = data.state.trials.get(trial_id)
+            status = trial.status if trial is not None else "running"
+            colors = [
+                STATUS_COLORS.get(_status_of(p.status, p.decision), "#999999") for p in points
+            ]
+            hover = [
+                f"trial {trial_id} epoch {p.epoch}<br>{metric} {p.metrics[metric]:.4f}<br>"
+                f"then: {DECISION_LABELS.get(_status_of(p.status, p.decision), 'no decision')}"
+                for p in points
+            ]
+            legend = metric == data.metric and status not in shown
+            if legend:
+                shown.add(status)
+            figure.add_trace(
+                go.Scatter(
+                    x=[p.epoch for p in points],
+                    y=[p.metrics[metric] for p in points],
+                    mode="lines+markers",
+                    name=DECISION_LABELS.get(status, status),
+                    legendgroup=status,
+                    showlegend=legend,
+                    line={"color": STATUS_COLORS.get(status, "#999999"), "width": 1.5},
+                    marker={"color": colors, "size": 9, "line": {"width": 1, "color": "white"}},
+                    hovertext=hover,
+                    hoverinfo="text",
+                    visible=metric == data.metric,
+                )
+            )
+            for name in metrics:
+                visibility[name].append(name == metric)
+    for status in ("running", "paused", "stopped", "completed"):  # what the point colours say
+        figure.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                name=f"then {DECISION_LABELS[status]}",
+                marker={"color": STATUS_COLORS[status], "size": 9},
+                hoverinfo="skip",
+            )
+        )
+        for name in metrics:
+            visibility[name].append(True)
+    buttons = [
+        {"label": name, "method": "update", "args": [{"visible": visibility[name]}]}
+        for name in metrics
+    ]
+    figure.update_layout(
+        **_LAYOUT,
+        title=f"Learning curves ({data.metric}, {data.mode}; line: status now, "
+        "point: decision after the epoch)",
+        xaxis={"title": "epoch", "dtick": 1},
+        yaxis_title="validation metric",
+        height=460,
+        updatemenus=[{"buttons": buttons, "x": 1.0, "xanchor": "right", "y": 1.15}]
+        if len(buttons) > 1
+        else [],
+    )
+    return figure
+
+
+def _trial_order(trial_id: str) -> tuple[int, str]:
+    digits = "".join(c for c in trial_id if c.isdigit())
+    return (int(digits) if digits else -1, trial_id)
+
+
+def gantt(data: ReportData) -> go.Figure:
+    """Units per worker over time (train, validation, group ranks, failed), with events.
+
+    Worker joins, readiness, retirements and losses are marked on the worker's row;
+    resizes, re-plans, stage ends and resumed sessions are vertical lines across all rows.
+    """
+    figure = go.Figure()
+    workers = data.workers
+    for kind in UNIT_KINDS:
+        bars = [u for u in data.units if u.kind == kind]
+        if not bars:
+            continue
+        hover = []
+        for u in bars:
+            text = (
+                f"{u.kind} unit, trial {u.trial}, epoch {u.epoch + 1}, partition {u.partition}"
+                f"<br>worker {u.worker}, round {u.round}<br>{u.start:.1f} s to {u.end:.1f} s"
+            )
+            if u.group:
+                text += f"<br>group {u.group}"
+            if u.error:
+                text += f"<br>error: {u.error[:200]}"
+            hover.append(text)
+        figure.add_trace(
+            go.Bar(
+                base=[u.start for u in bars],
+                x=[max(u.end - u.start, 1e-3) for u in bars],
+                y=[u.worker for u in bars],
+                orientation="h",
+                name=kind,
+                marker={"color": KIND_COLORS[kind], "line": {"width": 0.5, "color": "white"}},
+                hovertext=hover,
+                hoverinfo="text",
+            )
+        )
+    for label, (symbol, color) in MARKER_SYMBOLS.items():
+        marks = [m for m in data.markers if m.worker is not None and m.label == label]
+        if marks:
+            figure.add_trace(
+                go.Scatter(
+                    x=[m.time for m in marks],
+                    y=[m.worker for m in marks],
+                    mode="markers",
+                    name=f"worker {label}",
+                    marker={"symbol": symbol, "size": 12, "color": color},
+                    hovertext=[m.detail for m in marks],
+                    hoverinfo="text",
+                )
+            )
+    cluster = [m for m in data.markers if m.worker is None]
+    for mark in cluster:
+        figure.add_vline(x=mark.time, line={"color": _CLUSTER_COLOR, "dash": "dot", "width": 1})
+    if cluster:
+        figure.add_trace(
+            go.Scatter(
+                x=[m.time for m in cluster],
+                y=[workers[-1] if workers else ""] * len(cluster),
+                mode="markers+text",
+                text=[m.label for m in cluster],
+                textposition=[("top center", "bottom center")[i % 2] for i in range(len(cluster))],
+                name="cluster / plan",
+                marker={"symbol": "diamond", "size": 10, "color": _CLUSTER_COLOR},
+                hovertext=[m.detail or m.label for m in cluster],
+                hoverinfo="text",
+            )
+        )
+    figure.update_layout(
+        **_LAYOUT,
+        title="Units per worker over time",
+        barmode="overlay",
+        xaxis_title="seconds since the experiment started",
+        yaxis={"categoryorder": "array", "categoryarray": workers[::-1], "title": "worker"},
+        height=max(260, 90 + 48 * len(workers)),
+    )
+    return figure
+
+
+def rungs(data: ReportData) -> go.Figure:
+    """Per round, every trial that trained and what the procedure decided (rungs, brackets).
+
+    A point's colour is the decision after the round, its label the epoch the trial
+    reached.
+    """
+    figure = go.Figure()
+    trials = sorted({t for r in data.rounds for t in r.epochs}, key=_trial_order)
+    for status, color in STATUS_COLORS.items():
+        xs, ys, texts, hover = [], [], [], []
+        for summary in data.rounds:
+            for trial, (decided, epoch) in summary.decisions.items():
+                if decided != status:
+                    continue
+                xs.append(summary.round)
+                ys.append(trial)
+                texts.append(str(epoch))
+                hover.append(
+                    f"round {summary.round}: trial {trial} reached epoch {epoch}, "
+                    f"{DECISION_LABELS[status]}"
+                )
+        if xs:
+            figure.add_trace(
+                go.Scatter(
+                    x=xs,
+                    y=ys,
+                    mode="markers+text",
+                    text=texts,
+                    textposition="middle right",
+                    name=DECISION_LABELS[status],
+                    marker={"color": color, "size": 12, "symbol": "square"},
+                    hovertext=hover,
+                    hoverinfo="text",
+                )
+            )
+    figure.update_layout(
+        **_LAYOUT,
+        title="Rounds: who trained, to which epoch, and the decision after it",
+        xaxis={"title": "round", "dtick": 1},
+        yaxis={"categoryorder": "array", "categoryarray": trials[::-1], "title": "trial"},
+        height=max(260, 90 + 22 * len(trials)),
+    )
+    return figure
+
+
+def plan_vs_actual(data: ReportData) -> go.Figure:
+    """Predicted and actual seconds and dollars per stage (a run with a plan)."""
+    figure = make_subplots(rows=1, cols=2, subplot_titles=("seconds", "dollars"))
+    labels = [f"stage {s.stage}" for s in data.stages]
+    series: Sequence[tuple[str, str, str, str]] = (
+        ("planned", "planned_seconds", "planned_usd", "#9ecae1"),
+        ("actual", "seconds", "usd", "#08519c"),
+    )
+    for name, seconds, usd, color in series:
+        for column, field in ((1, seconds), (2, usd)):
+            figure.add_trace(
+                go.Bar(
+                    x=labels,
+                    y=[getattr(s, field) for s in data.stages],
+                    name=name,
+                    legendgroup=name,
+                    showlegend=column == 1,
+                    marker={"color": color},
+                ),
+                row=1,
+                col=column,
+            )
+    figure.update_layout(**_LAYOUT, title="Plan vs actual per stage", barmode="group", height=380)
+    return figure

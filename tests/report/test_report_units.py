@@ -1,0 +1,201 @@
+"""The report's parts that need neither torch nor Spark: the data of logs old and new,
+re-judging by another metric, the terminal formats, the refresh that never fails a run."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cerebro_spark.engine import ExperimentState, TrialState, parse_config
+from cerebro_spark.errors import ConfigError
+from cerebro_spark.report import (
+    REPORT_NAME,
+    Report,
+    check_metric,
+    collect,
+    failures_text,
+    leaderboard_json,
+    metric_mode,
+    refresh_report,
+    rejudge,
+    trial_seconds,
+)
+from cerebro_spark.store import open_store
+
+CONFIG = parse_config(
+    {
+        "name": "u",
+        "store": "runs",
+        "data": {"source": "sklearn:digits"},
+        "space": {"model": "cerebro_spark.training:MLPSpec"},
+        "metric": "accuracy",
+        "mode": "max",
+        "epochs": 2,
+    }
+)
+
+
+def trial(trial_id: str, history: list[dict[str, float]], **fields: Any) -> TrialState:
+    state = TrialState(trial_id, {"lr": 0.1}, 1, "m:S", epochs=len(history), history=history)
+    for name, value in fields.items():
+        setattr(state, name, value)
+    return state
+
+
+def test_rejudge_picks_each_trials_best_epoch_by_the_other_metric() -> None:
+    history = [
+        {"accuracy": 0.9, "loss": 0.5, "f1": 0.2},
+        {"accuracy": 0.8, "loss": 0.3, "f1": 0.7},
+        {"accuracy": 0.7, "loss": 0.4, "f1": 0.6},
+    ]
+    t = trial("t1", history, best_epoch=1, best_metrics=history[0], best_checkpoint="b1",
+              checkpoint="c3", best_checkpoint_sha256="s1", checkpoint_sha256="s3")  # fmt: skip
+    (by_loss,) = rejudge([t], "loss", "min")
+    assert by_loss.best_epoch == 2 and by_loss.best_metrics["loss"] == 0.3
+    assert by_loss.best_checkpoint is None  # epoch 2 was neither kept checkpoint
+    (by_accuracy,) = rejudge([t], "accuracy", "max")
+    assert (by_accuracy.best_epoch, by_accuracy.best_checkpoint) == (1, "b1")
+    (by_last,) = rejudge([t], "loss", "max")  # the worst loss is the latest's... epoch 1
+    assert by_last.best_epoch == 1
+    t.history[2] = {"accuracy": 0.7, "loss": 0.1, "f1": 0.6}
+    (latest,) = rejudge([t], "loss", "min")
+    assert (latest.best_epoch, latest.best_checkpoint, latest.best_checkpoint_sha256) == (
+        3,
+        "c3",
+        "s3",
+    )
+    assert t.best_epoch == 1  # the originals are untouched
+
+
+def test_an_unreported_metric_and_an_unknown_mode_are_clear_errors() -> None:
+    trials = [trial("t1", [{"accuracy": 0.5, "loss": 1.0}])]
+    with pytest.raises(ConfigError, match=r"no trial reported metric 'f2'.*\['accuracy', 'loss'\]"):
+        check_metric(trials, "f2")
+    assert metric_mode("accuracy", CONFIG) == "max"
+    assert metric_mode("rmse", CONFIG) == "min" and metric_mode("log_loss", CONFIG) == "min"
+    assert metric_mode("f1_class_3", CONFIG) == "max"
+    assert metric_mode("top3_accuracy", CONFIG) == "max"
+    with pytest.raises(ConfigError, match=r"'my_score' is not a built-in metric.*--mode"):
+        metric_mode("my_score", CONFIG)
+
+
+def test_json_and_failures() -> None:
+    trials = [
+        trial("t1", [{"accuracy": 0.5, "loss": float("nan")}], best_epoch=1,
+              best_metrics={"accuracy": 0.5, "loss": float("nan")}),
+        trial("t2", [], status="failed", error="Traceback\n  line\nValueError: boom"),
+    ]  # fmt: skip
+    board = json.loads(leaderboard_json(trials, "accuracy", "max", {"t1": 2.5}, {"t1": 0.01}))
+    assert board["metric"] == "accuracy" and [r["trial_id"] for r in board["trials"]] == [
+        "t1",
+        "t2",
+    ]
+    first = board["trials"][0]
+    assert first["rank"] == 1 and first["loss"] is None and first["seconds"] == 2.5
+    assert first["usd"] == 0.01 and board["trials"][1]["error"].endswith("boom")
+    text = failures_text(trials, {"worker_lost": 2})
+    assert text.splitlines() == [
+        "1 trial failed:",
+        "  t2: ValueError: boom",
+        "      Traceback",
+        "        line",
+        "units that failed, by reason: 2 worker_lost",
+    ]
+
+
+def unit(kind: str, time: float, **fields: Any) -> dict[str, Any]:
+    base = {"round": 0, "trial": "t", "epoch": 0, "kind": "train", "partition": 0, "step": 0,
+            "worker": "w0"}  # fmt: skip
+    return {"event": kind, "time": time, **base, **fields}
+
+
+def test_logs_without_unit_starts_and_group_units_are_drawn() -> None:
+    """Old logs have no ``unit_start``: a bar ends at its ``unit_end`` and lasts its seconds."""
+    events = [
+        {"event": "experiment_start", "time": 100.0, "config": {}, "resumed": False},
+        {"event": "trial_added", "time": 100.0, "trial": "t", "params": {}, "seed": 1,
+         "spec": "m:S", "clone_from": None},
+        {"event": "round_start", "time": 101.0, "round": 0, "trials": ["t"], "epochs": {"t": 0},
+         "visit_orders": None, "procedure_state": {}},
+        unit("unit_end", 104.0, seconds=2.0, rows=1, metric_sums={}, checkpoint="c",
+             checkpoint_sha256="s"),
+        unit("unit_start", 104.0, partition=1, step=1, worker="w0", group="g"),
+        unit("unit_start", 104.0, partition=2, step=2, worker="w1", group="g"),
+        unit("unit_end", 106.0, partition=1, step=1, worker="w0", group="g",
+             group_partitions=[1, 2], seconds=2.0, rows=1, metric_sums={}, checkpoint="c2",
+             checkpoint_sha256="s2"),
+        unit("unit_end", 106.5, partition=2, step=2, worker="w1", group="g",
+             group_partitions=[1, 2], seconds=2.4, rows=1, metric_sums={}, checkpoint="c2",
+             checkpoint_sha256="s2"),
+        unit("unit_start", 107.0, partition=3, step=3, worker="w1"),
+        {"event": "worker_lost", "time": 108.0, "worker": "w1", "reason": "executor died",
+         "bytes_read": 0, "unit": None},
+    ]  # fmt: skip
+    data = collect("x", CONFIG, events)
+    bars = [(u.worker, u.kind, u.start, u.end, u.group) for u in data.units]
+    assert bars == [
+        ("w0", "train", 2.0, 4.0, None),
+        ("w0", "group", 4.0, 6.0, "g"),
+        ("w1", "group", 4.0, 6.5, "g"),
+        ("w1", "unfinished", 7.0, 8.0, None),  # never ended: drawn to the log's last event
+    ]
+    assert [(m.label, m.worker, m.detail) for m in data.markers] == [
+        ("lost", "w1", "worker w1 lost: executor died")
+    ]
+    assert trial_seconds(events) == {"t": 6.4} and data.trial_usd is None
+    assert data.workers == ["w0", "w1"]
+    # A resumed session: the unit the dead driver left open ends with its session.
+    events += [
+        {"event": "experiment_start", "time": 200.0, "config": {}, "resumed": True},
+        unit("unit_start", 201.0, partition=3, step=3, worker="w2"),
+        unit("unit_end", 203.0, partition=3, step=3, worker="w2", seconds=1.5, rows=1,
+             metric_sums={}, checkpoint="c3", checkpoint_sha256="s3"),
+    ]  # fmt: skip
+    resumed = collect("x", CONFIG, events)
+    assert [(u.worker, u.kind, u.start, u.end) for u in resumed.units[-2:]] == [
+        ("w1", "unfinished", 7.0, 8.0),
+        ("w2", "train", 101.0, 103.0),
+    ]
+    assert ("resumed", None) in [(m.label, m.worker) for m in resumed.markers]
+
+
+def test_the_notebook_view_is_an_escaped_iframe(tmp_path: Path) -> None:
+    report = Report("x", '<html><body><p title="a">&</p></body></html>')
+    shown = report._repr_html_()
+    assert shown.startswith('<iframe srcdoc="&lt;html&gt;')
+    assert "&quot;a&quot;" in shown and "&gt;&amp;&lt;/p" in shown
+    assert report.save(tmp_path / "sub" / "r.html").read_text() == report.html
+
+
+def test_a_refresh_never_fails_the_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = open_store(str(tmp_path)).child("experiments/x")
+    store.put("events.jsonl", b"not json\n{}\n")  # a damaged log: the report cannot be built
+    with caplog.at_level(logging.WARNING):
+        refresh_report(store, "x", CONFIG, final=True)
+    assert "could not write the report" in caplog.text and not store.exists(REPORT_NAME)
+
+
+def test_a_refresh_writes_the_report_and_is_throttled(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path)).child("experiments/y")
+    start = {"event": "experiment_start", "time": 1.0, "config": {}, "resumed": False}
+    store.put("events.jsonl", (json.dumps(start) + "\n").encode())
+    refresh_report(store, "y", CONFIG, final=False)
+    first = store.get(REPORT_NAME)
+    assert b'http-equiv="refresh"' in first  # not finished: the page reloads itself
+    store.delete(REPORT_NAME)
+    refresh_report(store, "y", CONFIG, final=False)  # right after: skipped
+    assert not store.exists(REPORT_NAME)
+    refresh_report(store, "y", CONFIG, final=True)  # the end of a run: always written
+    assert store.exists(REPORT_NAME)
+
+
+def test_state_fields_the_report_reads_exist() -> None:
+    """The report reads these from the engine's state; a rename must break here first."""
+    state = ExperimentState()
+    for name in ("stage_plans", "stage_actuals", "elastic_summary", "finished", "stopped",
+                 "sessions", "experiment_seconds", "dataset_id", "round"):  # fmt: skip
+        assert hasattr(state, name), name
