@@ -23,7 +23,12 @@ MODEL_ARTIFACT = "model"
 _MAX_PARAM = 6000
 _MAX_TAG = 8000
 _STATUS = {"completed": "FINISHED", "stopped": "FINISHED", "failed": "FAILED"}
-_ELASTIC_EVENTS = ("plan", "stage_plan", "stage_actual", "elastic_summary")
+_ELASTIC_EVENTS = {  # event kind -> the prefix of its metrics
+    "elastic_plan": "plan",
+    "stage_plan": "stage_plan",
+    "stage_actual": "stage_actual",
+    "elastic_summary": "cost",
+}
 
 
 def flatten(value: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -46,7 +51,8 @@ class MlflowTracker(Tracker):
       keys) and as ``config.json``, the dataset's id and manifest summary, the procedure
       and seed as tags, the plan and the stages' predicted and actual seconds and dollars
       of an elastic run as metrics (``plan.*``, ``stage_plan.*``, ``stage_actual.*`` with
-      the stage as step, ``cost.*``) and as ``elastic/*.json``, and at the end
+      the stage as step, ``cost.*``) and as ``elastic/*.json``, why the search was stopped
+      (tag ``cerebro.stopped``, a budget), and at the end
       ``leaderboard.csv``, ``seconds`` (experiment time over all sessions), ``usd`` (when
       metered) and ``best.*`` metrics.
     * A **nested run** per trial has its params, seed and spec; each validation metric per
@@ -234,12 +240,15 @@ class MlflowTracker(Tracker):
         self.client.set_tag(run, "cerebro.error", str(event.get("error"))[:_MAX_TAG])
         self._end(run, "FAILED")
 
+    def _on_search_stopped(self, event: Mapping[str, Any]) -> None:
+        self.client.set_tag(self.runs[None], "cerebro.stopped", str(event.get("reason"))[:_MAX_TAG])
+
     def _on_elastic(self, event: Mapping[str, Any]) -> None:
         run = self.runs[None]
         kind = event["event"]
         fields = {k: v for k, v in event.items() if k not in ("event", "time")}
         self._elastic.setdefault(kind, []).append(fields)
-        prefix = {"elastic_summary": "cost"}.get(kind, kind)
+        prefix = _ELASTIC_EVENTS[kind]
         numbers = {
             f"{prefix}.{k}": v
             for k, v in fields.items()

@@ -53,8 +53,10 @@ def make_trackers(context: TrackingContext) -> list[Tracker]:
     """The trackers ``context.config`` asks for (none when tracking is off).
 
     Raises:
-        ConfigError: A tracker's package is not installed (``pip install
-            'cerebro-spark[tracking]'``), or MLflow is asked for without a URI.
+        ConfigError: The config asks for a tracker whose package is not installed
+            (``pip install 'cerebro-spark[tracking]'``; MLflow turned on by
+            ``MLFLOW_TRACKING_URI`` alone is skipped with a warning instead), or for
+            MLflow without a URI.
     """
     trackers: list[Tracker] = []
     config = context.config
@@ -63,12 +65,20 @@ def make_trackers(context: TrackingContext) -> list[Tracker]:
         try:
             from cerebro_spark.tracking._mlflow import MlflowTracker
         except ImportError as error:
-            raise ConfigError(
-                f"MLflow tracking is on ({mlflow[0]}) but mlflow is not installed ({error}): "
-                "pip install 'cerebro-spark[tracking]'"
-                + ("" if config.tracking.mlflow else f", or unset {URI_VARIABLE}")
-            ) from None
-        trackers.append(MlflowTracker(context, *mlflow))
+            if config.tracking.mlflow is None:  # only the environment asked: not an error
+                logger.warning(
+                    "%s is set but mlflow is not installed (%s): the run is not tracked in "
+                    "MLflow (pip install 'cerebro-spark[tracking]')",
+                    URI_VARIABLE,
+                    error,
+                )
+            else:
+                raise ConfigError(
+                    f"tracking.mlflow is set but mlflow is not installed ({error}): "
+                    "pip install 'cerebro-spark[tracking]'"
+                ) from None
+        else:
+            trackers.append(MlflowTracker(context, *mlflow))
     if config.tracking.tensorboard is not None:
         try:
             from cerebro_spark.tracking._tensorboard import TensorBoardTracker

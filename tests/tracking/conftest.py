@@ -94,7 +94,7 @@ def mlflow_server(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         try:
-            process.wait(timeout=20)
+            process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()

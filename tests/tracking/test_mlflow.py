@@ -200,3 +200,96 @@ def test_a_server_that_is_down_neither_fails_nor_slows_the_run(tmp_path, caplog)
     assert not [e for e in events if e["event"] == "tracking"]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(uri in w and "does not answer" in w for w in warnings), warnings
+
+
+def test_a_logged_run_replays_into_mlflow_with_its_plan_cost_and_a_registered_model(run):
+    """The tracker only needs the log: a finished run's events (with an elastic run's plan,
+    stages and cost added) tracked into a new MLflow experiment, the best model registered."""
+    from cerebro_spark.engine._api import load_experiment_config
+    from cerebro_spark.tracking import MlflowTracker, TrackingContext
+
+    store, client = run["store"], run["client"]
+    recorded = []
+    context = TrackingContext(
+        ID,
+        load_experiment_config(store, ID),
+        store,
+        f"experiments/{ID}",
+        lambda **fields: recorded.append(fields),
+    )
+    tracker = MlflowTracker(context, run["uri"], "cerebro-replayed", register_model="best-digits")
+    events = [e for e in run["events"] if e["event"] != "tracking"]
+    at = next(i for i, e in enumerate(events) if e["event"] == "dataset") + 1
+    now = events[at - 1]["time"]
+    stages = [
+        {
+            "event": "elastic_plan",
+            "time": now,
+            "deadline": 600,
+            "budget": 1.0,
+            "seconds": 400.0,
+            "usd": 0.5,
+            "workers": [2, 1],
+        },
+        *[
+            {
+                "event": "stage_plan",
+                "time": now,
+                "stage": s,
+                "trials": 2,
+                "epochs": 1,
+                "workers": 2 - s,
+                "start": 200.0 * s,
+                "end": 200.0 * (s + 1),
+                "usd": 0.25,
+                "begin": 200.0 * s,
+                "replan": 0,
+            }
+            for s in (0, 1)
+        ],
+        *[
+            {
+                "event": "stage_actual",
+                "time": now,
+                "stage": s,
+                "seconds": 210.0 + s,
+                "planned_seconds": 200.0,
+                "usd": 0.3 + s / 100,
+                "planned_usd": 0.25,
+            }
+            for s in (0, 1)
+        ],
+    ]
+    summary = {
+        "event": "elastic_summary",
+        "time": now,
+        "seconds": 421.0,
+        "planned_seconds": 400.0,
+        "usd": 0.61,
+        "planned_usd": 0.5,
+        "stopped": None,
+    }
+    end = next(i for i, e in enumerate(events) if e["event"] == "experiment_end")
+    tracker.catch_up([])
+    for event in [*events[:at], *stages, *events[at:end], summary, *events[end:]]:
+        tracker.handle(event)
+    tracker.close(None)
+
+    assert sorted(str(r["trial"]) for r in recorded) == ["None", "t0000", "t0001"]
+    parent = client.get_run(next(r["run_id"] for r in recorded if r["trial"] is None))
+    history = client.get_metric_history(parent.info.run_id, "stage_actual.seconds")
+    assert sorted((m.step, m.value) for m in history) == [(0, 210.0), (1, 211.0)]
+    assert parent.data.metrics["stage_plan.usd"] == 0.25
+    assert parent.data.metrics["plan.usd"] == 0.5
+    assert parent.data.metrics["cost.usd"] == 0.61
+    assert parent.data.metrics["usd"] == 0.61
+    assert parent.data.metrics["planned_usd"] == 0.5
+    files = {a.path for a in client.list_artifacts(parent.info.run_id, "elastic")}
+    assert files == {
+        f"elastic/{k}.json"
+        for k in ("elastic_plan", "stage_plan", "stage_actual", "elastic_summary")
+    }
+    assert parent.data.tags["cerebro.registered_model"] == "best-digits/1"
+    version = client.get_model_version("best-digits", "1")
+    best_run = next(r["run_id"] for r in recorded if r["trial"] == run["result"].best.trial_id)
+    assert version.run_id == best_run
