@@ -117,17 +117,22 @@ class TrackingThread:
         self.log.listeners.append(self._on_event)
         self._thread.start()
 
-    def close(self, error: BaseException | None = None) -> bool:
-        """Stop following the log and wait (up to the flush timeout) for the trackers.
+    def close(self, error: BaseException | None = None, timeout: float | None = None) -> bool:
+        """Stop following the log and wait for the trackers.
+
+        Args:
+            error: What the run raised, if it did (trackers mark their runs failed).
+            timeout: Seconds to wait at most (default: the flush timeout).
 
         Returns:
             Whether every queued event was handled in time.
         """
         if self._on_event in self.log.listeners:
             self.log.listeners.remove(self._on_event)
-        deadline = time.monotonic() + self.flush_timeout
+        timeout = self.flush_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         try:
-            self._queue.put(("close", error), timeout=self.flush_timeout)
+            self._queue.put(("close", error), timeout=timeout)
             self._queue.put(_STOP, timeout=max(0.0, deadline - time.monotonic()))
         except queue.Full:
             pass
@@ -145,7 +150,7 @@ class TrackingThread:
             logger.warning(
                 "tracking did not finish within %.0f s (tracking.flush_timeout); about %d "
                 "events were not tracked (the run itself is complete: see its event log)",
-                self.flush_timeout,
+                timeout,
                 self._queue.qsize(),
             )
         if self._dropped:

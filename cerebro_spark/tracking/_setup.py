@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 URI_VARIABLE = "MLFLOW_TRACKING_URI"
+INTERRUPT_FLUSH_SECONDS = 3.0
+"""Seconds an interrupted run waits for tracking in flight (not the flush timeout)."""
 
 
 def mlflow_settings(
@@ -133,6 +135,11 @@ def track_experiment(experiment: Experiment) -> Iterator[TrackingThread | None]:
     try:
         yield thread
     except BaseException as error:
-        thread.close(error)
+        # Interrupted (Ctrl-C): the user wants out, do not make them wait long.
+        interrupted = isinstance(error, KeyboardInterrupt)
+        thread.close(
+            error,
+            min(INTERRUPT_FLUSH_SECONDS, thread.flush_timeout) if interrupted else None,
+        )
         raise
     thread.close()

@@ -204,20 +204,24 @@ def test_a_server_that_is_down_neither_fails_nor_slows_the_run(tmp_path, caplog)
 
 def test_a_logged_run_replays_into_mlflow_with_its_plan_cost_and_a_registered_model(run):
     """The tracker only needs the log: a finished run's events (with an elastic run's plan,
-    stages and cost added) tracked into a new MLflow experiment, the best model registered."""
+    stages and cost added) tracked into a new MLflow experiment by two sessions, the first
+    dying before it sent all it saw (its driver was killed), the best model registered."""
     from cerebro_spark.engine._api import load_experiment_config
     from cerebro_spark.tracking import MlflowTracker, TrackingContext
 
     store, client = run["store"], run["client"]
-    recorded = []
-    context = TrackingContext(
-        ID,
-        load_experiment_config(store, ID),
-        store,
-        f"experiments/{ID}",
-        lambda **fields: recorded.append(fields),
-    )
-    tracker = MlflowTracker(context, run["uri"], "cerebro-replayed", register_model="best-digits")
+    recorded: list[dict] = []
+
+    def tracker():
+        context = TrackingContext(
+            ID,
+            load_experiment_config(store, ID),
+            store,
+            f"experiments/{ID}",
+            lambda **fields: recorded.append({"event": "tracking", **fields}),
+        )
+        return MlflowTracker(context, run["uri"], "cerebro-replayed", register_model="best-digits")
+
     events = [e for e in run["events"] if e["event"] != "tracking"]
     at = next(i for i, e in enumerate(events) if e["event"] == "dataset") + 1
     now = events[at - 1]["time"]
@@ -270,15 +274,33 @@ def test_a_logged_run_replays_into_mlflow_with_its_plan_cost_and_a_registered_mo
         "stopped": None,
     }
     end = next(i for i, e in enumerate(events) if e["event"] == "experiment_end")
-    tracker.catch_up([])
-    for event in [*events[:at], *stages, *events[at:end], summary, *events[end:]]:
-        tracker.handle(event)
-    tracker.close(None)
+    sequence = [*events[:at], *stages, *events[at:end], summary, *events[end:]]
+    # session 1 saw the log up to the first round's end but sent only up to t0001's epoch 1
+    seen = next(i for i, e in enumerate(sequence) if e["event"] == "round_end") + 1
+    sent = next(
+        i for i, e in enumerate(sequence) if e["event"] == "trial_epoch" and e["trial"] == "t0001"
+    )
+    first = tracker()
+    first.catch_up([])
+    for event in sequence[:sent]:
+        first.handle(event)
+    opened = list(recorded)
+    second = tracker()  # the resumed session
+    second.catch_up([*sequence[:seen], *opened])
+    for event in sequence[seen:]:
+        second.handle(event)
+    second.close(None)
 
+    assert recorded == opened  # the resumed session opened no run
     assert sorted(str(r["trial"]) for r in recorded) == ["None", "t0000", "t0001"]
+    for trial in ("t0000", "t0001"):
+        trial_run = next(r["run_id"] for r in recorded if r["trial"] == trial)
+        history = client.get_metric_history(trial_run, "accuracy")
+        assert sorted(m.step for m in history) == [1, 2]  # the missed epoch 1 once, no repeat
     parent = client.get_run(next(r["run_id"] for r in recorded if r["trial"] is None))
     history = client.get_metric_history(parent.info.run_id, "stage_actual.seconds")
     assert sorted((m.step, m.value) for m in history) == [(0, 210.0), (1, 211.0)]
+    assert parent.info.status == "FINISHED"
     assert parent.data.metrics["stage_plan.usd"] == 0.25
     assert parent.data.metrics["plan.usd"] == 0.5
     assert parent.data.metrics["cost.usd"] == 0.61
