@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,6 +22,8 @@ MODEL_ARTIFACT = "model"
 """Artifact path of the best trial's model (register ``runs:/<run id>/model``)."""
 
 _MAX_PARAM = 6000
+_MAX_KEY = 250
+_KEY_REFUSED = re.compile(r"[^\w\-. /]")
 _MAX_TAG = 8000
 _STATUS = {"completed": "FINISHED", "stopped": "FINISHED", "failed": "FAILED"}
 _ELASTIC_EVENTS = {  # event kind -> the prefix of its metrics
@@ -32,10 +35,13 @@ _ELASTIC_EVENTS = {  # event kind -> the prefix of its metrics
 
 
 def flatten(value: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """Nested mappings as dotted keys, other values as JSON (MLflow params are strings)."""
+    """Nested mappings as dotted keys, other values as JSON (MLflow params are strings).
+
+    Characters MLflow refuses in a key become ``_``.
+    """
     out: dict[str, str] = {}
     for key, item in value.items():
-        name = f"{prefix}{key}"
+        name = _KEY_REFUSED.sub("_", f"{prefix}{key}")[:_MAX_KEY]
         if isinstance(item, Mapping) and item:
             out.update(flatten(item, f"{name}."))
         else:

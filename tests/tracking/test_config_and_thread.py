@@ -221,3 +221,14 @@ def test_a_listener_that_raises_does_not_fail_the_append(log, caplog):
     assert record["event"] == "round_start"
     assert [e["event"] for e in log.read()] == ["round_start"]
     assert any("boom" in r.getMessage() for r in caplog.records)
+
+
+def test_params_flatten_to_dotted_keys_mlflow_accepts():
+    from cerebro_spark.tracking._mlflow import flatten
+
+    assert flatten({"procedure": {"name": "asha", "eta": 3}, "space": {"lr:x": [1, 2]}}) == {
+        "procedure.name": "asha",
+        "procedure.eta": "3",
+        "space.lr_x": "[1, 2]",
+    }
+    assert flatten({"long": "v" * 7000})["long"] == "v" * 6000
