@@ -105,6 +105,7 @@ class MlflowTracker(Tracker):
         self._decisions: dict[str, list[dict[str, Any]]] = {}
         self._elastic: dict[str, list[dict[str, Any]]] = {}
         self._ended: dict[str, str] = {}  # run id -> the status it was ended with
+        self._trials_ended: set[str] = set()  # trials whose artifacts are logged
 
     # -- Tracker ----------------------------------------------------------------------------
 
@@ -231,14 +232,15 @@ class MlflowTracker(Tracker):
         status = self.state.trials[trial].status
         self.client.set_tag(run, "cerebro.decisions", text[-_MAX_TAG:])
         self.client.set_tag(run, "cerebro.status", status)
-        if status in _STATUS:
-            self._end(run, _STATUS[status])
+        if status in _STATUS:  # its artifacts now, spread over the run, not all at the end
+            self._end_trial(self.state.trials[trial])
 
     def _on_trial_resumed(self, event: Mapping[str, Any]) -> None:
         run = self._trial_run(event["trial"])
         self.client.set_tag(run, "cerebro.status", "running")
         self.client.update_run(run, status="RUNNING")
         self._ended.pop(run, None)
+        self._trials_ended.discard(event["trial"])
 
     def _on_trial_failed(self, event: Mapping[str, Any]) -> None:
         run = self._trial_run(event["trial"])
@@ -268,7 +270,8 @@ class MlflowTracker(Tracker):
         state = self.state
         trials = rank(state.trials.values(), self.metric, self.mode)
         for trial in trials:
-            self._end_trial(trial)
+            if trial.trial_id not in self._trials_ended:
+                self._end_trial(trial)
         totals: dict[str, float] = {
             "seconds": round(state.experiment_seconds, 3),
             "trials": float(len(trials)),
@@ -387,6 +390,8 @@ class MlflowTracker(Tracker):
             self.client.log_artifact(run, str(local), folder or None)
 
     def _end_trial(self, trial: TrialState) -> None:
+        """Log a trial's final tags, decisions and best checkpoint, and end its run."""
+        self._trials_ended.add(trial.trial_id)
         run = self._trial_run(trial.trial_id)
         self.client.set_tag(run, "cerebro.status", trial.status)
         if trial.best_epoch is not None:
