@@ -114,7 +114,8 @@ class MlflowConfig:
             ``MLFLOW_TRACKING_URI`` is set.
         uri: Tracking URI (``http://host:5000``, ``databricks`` ...); ``None``: the
             ``MLFLOW_TRACKING_URI`` environment variable.
-        experiment: MLflow experiment name; ``None``: the config's ``name``.
+        experiment: MLflow experiment name; ``None``: ``MLFLOW_EXPERIMENT_NAME``, else the
+            config's ``name`` (on Databricks a workspace path: ``/Users/<you>/<name>``).
         register_model: Register the best trial's model under this name at the end of
             the run (``None``: it is logged, ready to register, but not registered).
     """

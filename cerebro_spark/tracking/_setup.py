@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 URI_VARIABLE = "MLFLOW_TRACKING_URI"
+EXPERIMENT_VARIABLE = "MLFLOW_EXPERIMENT_NAME"
 INTERRUPT_FLUSH_SECONDS = 3.0
 """Seconds an interrupted run waits for tracking in flight (not the flush timeout)."""
 
@@ -28,8 +29,9 @@ def mlflow_settings(
     """``(uri, experiment name, registered model name)`` of MLflow tracking, or ``None``.
 
     ``tracking.mlflow`` given: its ``uri`` (else ``MLFLOW_TRACKING_URI``) and its
-    ``experiment`` (else the config's name). Not given: on exactly when
-    ``MLFLOW_TRACKING_URI`` is set. ``mlflow: false``: off.
+    ``experiment`` (else ``MLFLOW_EXPERIMENT_NAME``, else the config's name). Not given: on
+    exactly when ``MLFLOW_TRACKING_URI`` is set. ``mlflow: false``: off. (On Databricks an
+    experiment name is a workspace path such as ``/Users/me@example.com/digits``.)
 
     Raises:
         ConfigError: ``tracking.mlflow`` is given without a ``uri`` and
@@ -47,7 +49,11 @@ def mlflow_settings(
             f"tracking.mlflow has no uri and {URI_VARIABLE} is not set: give "
             "tracking.mlflow.uri (e.g. http://127.0.0.1:5000) or set the variable"
         )
-    experiment = (section.experiment if section is not None else None) or config.name
+    experiment = (
+        (section.experiment if section is not None else None)
+        or environ.get(EXPERIMENT_VARIABLE)
+        or config.name
+    )
     return uri, experiment, section.register_model if section is not None else None
 
 

@@ -80,6 +80,9 @@ def test_mlflow_follows_the_environment_variable_unless_told_otherwise():
         None,
     )
     assert mlflow_settings(config(mlflow={"uri": "http://h"}), env) == ("http://h", "n", None)
+    named = {**env, "MLFLOW_EXPERIMENT_NAME": "/Shared/x"}
+    assert mlflow_settings(config(), named) == ("databricks", "/Shared/x", None)
+    assert mlflow_settings(config(mlflow={"experiment": "y"}), named) == ("databricks", "y", None)
     with pytest.raises(ConfigError, match=r"tracking.mlflow has no uri and MLFLOW_TRACKING_URI"):
         mlflow_settings(config(mlflow={}), {})
 
