@@ -196,7 +196,7 @@ def run_experiment(
             on_stage=on_stage,
             preflight=checked,
         )
-        return ExperimentResult(experiment_id, store, experiment.run())
+        return ExperimentResult(experiment_id, store, _run_tracked(experiment))
 
 
 def load_experiment_config(store: Store, experiment_id: str) -> ExperimentConfig:
@@ -225,7 +225,15 @@ def resume_experiment(
     store = open_store(store_uri)
     config = load_experiment_config(store, experiment_id)
     experiment = Experiment(config, store, experiment_id, backend_factory, on_stage=on_stage)
-    return ExperimentResult(experiment_id, store, experiment.run())
+    return ExperimentResult(experiment_id, store, _run_tracked(experiment))
+
+
+def _run_tracked(experiment: Experiment) -> list[TrialState]:
+    """Run ``experiment`` followed by the trackers its config asks for (``tracking:``)."""
+    from cerebro_spark.tracking import track_experiment
+
+    with track_experiment(experiment):
+        return experiment.run()
 
 
 def logged_visit_orders(store: Store, experiment_id: str) -> dict[int, dict[str, list[int]]]:

@@ -106,6 +106,51 @@ class ElasticConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class MlflowConfig:
+    """Where an experiment is tracked in MLflow (``tracking.mlflow``).
+
+    Attributes:
+        enabled: ``False`` (``mlflow: false``) turns MLflow tracking off even when
+            ``MLFLOW_TRACKING_URI`` is set.
+        uri: Tracking URI (``http://host:5000``, ``databricks`` ...); ``None``: the
+            ``MLFLOW_TRACKING_URI`` environment variable.
+        experiment: MLflow experiment name; ``None``: ``MLFLOW_EXPERIMENT_NAME``, else the
+            config's ``name`` (on Databricks a workspace path: ``/Users/<you>/<name>``).
+        register_model: Register the best trial's model under this name at the end of
+            the run (``None``: it is logged, ready to register, but not registered).
+    """
+
+    enabled: bool = True
+    uri: str | None = None
+    experiment: str | None = None
+    register_model: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TrackingConfig:
+    """Where a run is watched from besides its event log (``tracking:``).
+
+    With no ``tracking.mlflow`` section, MLflow tracking is on exactly when the
+    ``MLFLOW_TRACKING_URI`` environment variable is set (a Databricks notebook sets it),
+    into the MLflow experiment named like the config; ``mlflow: false`` turns it off.
+
+    Attributes:
+        mlflow: The MLflow section (``None``: follow ``MLFLOW_TRACKING_URI``).
+        tensorboard: Directory of TensorBoard event files (one sub-directory per
+            experiment, one below it per trial); ``None``: no TensorBoard files.
+        flush_timeout: Seconds the end of a run waits for tracking still in flight
+            before it gives up on it (with a warning).
+        queue_size: Events held for the tracking thread; beyond that they are dropped
+            (with a warning) rather than slow the search down.
+    """
+
+    mlflow: MlflowConfig | None = None
+    tensorboard: str | None = None
+    flush_timeout: float = 30.0
+    queue_size: int = 10000
+
+
+@dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     """A whole model-selection experiment.
 
@@ -137,6 +182,7 @@ class ExperimentConfig:
         torch_threads: Intra-op threads of each worker.
         elastic: Plan workers per stage for a deadline and a budget and resize the
             cluster between stages (``None``: a fixed cluster of ``workers``).
+        tracking: MLflow and TensorBoard tracking (:class:`TrackingConfig`).
     """
 
     name: str
@@ -157,6 +203,7 @@ class ExperimentConfig:
     visit_order: VisitOrder = "seeded"
     torch_threads: int = 1
     elastic: ElasticConfig | None = None
+    tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the config as plain JSON values (the inverse of :func:`parse_config`)."""
@@ -178,6 +225,11 @@ class ExperimentConfig:
             )
             elastic.pop("options", None)
             out["elastic"] = {k: v for k, v in elastic.items() if v is not None}
+        tracking = _tracking_dict(self.tracking)
+        if tracking:
+            out["tracking"] = tracking
+        else:
+            del out["tracking"]
         return out
 
     @property
@@ -311,6 +363,7 @@ def parse_config(raw: Any, *, stored: bool = False) -> ExperimentConfig:
         visit_order=top.take_choice("visit_order", ("seeded", "dynamic"), "seeded"),  # type: ignore[arg-type]
         torch_threads=top.take_int("torch_threads", 1, minimum=1),
         elastic=_parse_elastic(top.take("elastic", dict, None)),
+        tracking=_parse_tracking(top.take("tracking", dict, {})),
     )
     top.finish()
     return config
@@ -457,6 +510,56 @@ def _parse_elastic(raw: Mapping[str, Any] | None) -> ElasticConfig | None:
     )
     section.finish()
     return config
+
+
+def _parse_tracking(raw: Mapping[str, Any]) -> TrackingConfig:
+    section = _Section(raw, "tracking.")
+    mlflow_raw = section.take("mlflow", (dict, bool), None)
+    if mlflow_raw is True:
+        mlflow_raw = {}
+    mlflow = MlflowConfig(enabled=False) if mlflow_raw is False else None
+    if isinstance(mlflow_raw, dict):
+        inner = _Section(mlflow_raw, "tracking.mlflow.")
+        mlflow = MlflowConfig(
+            uri=inner.take("uri", str, None),
+            experiment=inner.take("experiment", str, None),
+            register_model=inner.take("register_model", str, None),
+        )
+        inner.finish()
+        for key in ("uri", "experiment", "register_model"):
+            if getattr(mlflow, key) == "":
+                raise ConfigError(f"tracking.mlflow.{key} must not be empty")
+    tensorboard = section.take("tensorboard", str, None)
+    if tensorboard == "":
+        raise ConfigError("tracking.tensorboard must be a directory, got ''")
+    queue_size = section.take_int("queue_size", 10000, minimum=1)
+    config = TrackingConfig(
+        mlflow=mlflow,
+        tensorboard=tensorboard,
+        flush_timeout=section.take_number("flush_timeout", 30.0, positive=True),
+        queue_size=queue_size,
+    )
+    section.finish()
+    return config
+
+
+def _tracking_dict(tracking: TrackingConfig) -> dict[str, Any]:
+    """``tracking`` as :func:`parse_config` reads it, defaults left out."""
+    out: dict[str, Any] = {}
+    if tracking.mlflow is not None:
+        if not tracking.mlflow.enabled:
+            out["mlflow"] = False
+        else:
+            fields = dataclasses.asdict(tracking.mlflow)
+            del fields["enabled"]
+            out["mlflow"] = {k: v for k, v in fields.items() if v is not None}
+    if tracking.tensorboard is not None:
+        out["tensorboard"] = tracking.tensorboard
+    defaults = TrackingConfig()
+    for key in ("flush_timeout", "queue_size"):
+        if getattr(tracking, key) != getattr(defaults, key):
+            out[key] = getattr(tracking, key)
+    return out
 
 
 _MISSING = object()

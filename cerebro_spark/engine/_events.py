@@ -52,6 +52,10 @@ Event kinds and their fields:
 * ``experiment_end``: ``best_trial``, ``best_epoch``, ``best_checkpoint``,
   ``best_checkpoint_sha256`` (what ``best.pt`` was copied from), ``failed`` (trials that
   failed), ``seconds``
+* ``tracking``: ``backend`` (``mlflow``), ``trial`` (null for the experiment's own run),
+  ``run_id`` and ``experiment`` (the MLflow experiment id), ``uri``: where a tracker
+  logs this experiment, so that a resumed run continues the same runs
+  (:mod:`cerebro_spark.tracking`)
 """
 
 from __future__ import annotations
@@ -59,13 +63,16 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from cerebro_spark.errors import EventLogError
 from cerebro_spark.store import Store
 
 logger = logging.getLogger(__name__)
+
+EventListener = Callable[[dict[str, Any]], None]
+"""Called with each event appended, after it is written (:attr:`EventLog.listeners`)."""
 
 EVENTS_NAME = "events.jsonl"
 
@@ -76,12 +83,17 @@ class EventLog:
     A driver killed in the middle of an append can leave a torn last line (no newline at
     its end). The first append of a session repairs that tail (:meth:`repair`) before it
     writes, so an event never lands behind half a line.
+
+    Attributes:
+        listeners: Called with each event once it is written (trackers follow the run
+            this way). A listener that raises is logged and does not fail the append.
     """
 
     def __init__(self, store: Store, key: str = EVENTS_NAME) -> None:
         self.store = store
         self.key = key
         self._repaired = False
+        self.listeners: list[EventListener] = []
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one event and return it."""
@@ -90,6 +102,11 @@ class EventLog:
         record = {"event": event, "time": round(time.time(), 6), **fields}
         line = json.dumps(record, separators=(",", ":")) + "\n"
         self.store.append(self.key, line.encode())
+        for listener in list(self.listeners):
+            try:
+                listener(record)
+            except Exception as error:  # a listener must never fail the run
+                logger.warning("event listener %r failed on %s: %s", listener, event, error)
         return record
 
     def read(self) -> list[dict[str, Any]]:

@@ -1,0 +1,52 @@
+"""Tracking: follow a run in MLflow and TensorBoard (``tracking:`` in the config).
+
+The event log is the source of truth; trackers follow it from a background thread
+(:class:`TrackingThread`) so that tracking never fails or slows the search:
+
+* :class:`MlflowTracker`: a parent run per experiment, a nested run per trial, the best
+  trial's model logged as a pyfunc model (:class:`CheckpointModel`) ready to register;
+* :class:`TensorBoardTracker`: an event-file directory per trial, scalars per epoch and
+  HParams.
+
+``run_experiment`` and ``resume_experiment`` use :func:`track_experiment`. MLflow and
+TensorBoard come with ``pip install 'cerebro-spark[tracking]'``.
+"""
+
+from cerebro_spark.tracking._base import (
+    Tracker,
+    TrackerUnavailable,
+    TrackingContext,
+    TrackingThread,
+)
+from cerebro_spark.tracking._setup import make_trackers, mlflow_settings, track_experiment
+
+__all__ = [
+    "CheckpointModel",
+    "MlflowTracker",
+    "TensorBoardTracker",
+    "Tracker",
+    "TrackerUnavailable",
+    "TrackingContext",
+    "TrackingThread",
+    "make_trackers",
+    "mlflow_settings",
+    "save_pyfunc",
+    "track_experiment",
+]
+
+
+def __getattr__(name: str) -> object:
+    """The names that need MLflow or TensorBoard import them when first used."""
+    if name in ("CheckpointModel", "save_pyfunc"):
+        from cerebro_spark.tracking import _pyfunc
+
+        return getattr(_pyfunc, name)
+    if name == "MlflowTracker":
+        from cerebro_spark.tracking._mlflow import MlflowTracker
+
+        return MlflowTracker
+    if name == "TensorBoardTracker":
+        from cerebro_spark.tracking._tensorboard import TensorBoardTracker
+
+        return TensorBoardTracker
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
