@@ -22,9 +22,9 @@ BIN = Path(sys.executable).parent
 DATASET = "nightly-test"
 
 
-def write_config(directory: Path) -> Path:
+def write_config(directory: Path, **changes: object) -> Path:
     """A two-trial, one-epoch experiment on the dataset the pipeline names."""
-    config = {
+    config: dict[str, object] = {
         "name": "nightly",
         "seed": 0,
         "store": str(directory / "unused-store"),  # the pipelines pass --store
@@ -40,6 +40,7 @@ def write_config(directory: Path) -> Path:
             "batch_size": 16,
         },
     }
+    config.update(changes)
     path = directory / "nightly.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -71,7 +72,7 @@ def pipeline_env(directory: Path, **overrides: str) -> dict[str, str]:
     return env
 
 
-def check_outputs(directory: Path, experiment_id: str) -> None:
+def check_outputs(directory: Path, experiment_id: str, epochs: int = 1) -> None:
     """Every step left its mark: the table, the named dataset, the search, report, scores."""
     from cerebro_spark.data import read_dataset_name
     from cerebro_spark.engine import load_state
@@ -84,7 +85,7 @@ def check_outputs(directory: Path, experiment_id: str) -> None:
     assert read_dataset_name(store, DATASET).dataset_id  # prepare --name
     _, state = load_state(store, experiment_id)
     assert len(state.trials) == 2
-    assert all(trial.epochs == 1 for trial in state.trials.values())
+    assert all(trial.epochs == epochs for trial in state.trials.values())
     experiment = directory / "store" / "experiments" / experiment_id
     assert (experiment / "best.pt").stat().st_size > 0
     assert (experiment / "report.html").stat().st_size > 0
