@@ -19,9 +19,16 @@ import time
 from pathlib import Path
 
 import pytest
-from pipeline_helpers import BIN, ROOT, check_outputs, pipeline_env, write_config
+from pipeline_helpers import (
+    BIN,
+    ROOT,
+    check_outputs,
+    pipeline_env,
+    requires_report,
+    write_config,
+)
 
-pytestmark = [pytest.mark.spark, pytest.mark.torch, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.torch, pytest.mark.slow, requires_report]
 
 AIRFLOW_VERSION = "3.3.2"
 DAG_FILE = ROOT / "schedulers" / "airflow" / "cerebro_nightly.py"

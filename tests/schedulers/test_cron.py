@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from pipeline_helpers import ROOT, check_outputs, pipeline_env
+from pipeline_helpers import ROOT, check_outputs, pipeline_env, requires_report
 
 SCRIPT = ROOT / "schedulers" / "cron" / "nightly.sh"
 STEPS = ROOT / "schedulers" / "steps.sh"
@@ -30,6 +30,7 @@ def _wait_for_lock_holder(lock: Path, process: subprocess.Popen[str], timeout: f
 @pytest.mark.spark
 @pytest.mark.torch
 @pytest.mark.slow
+@requires_report
 def test_two_nights_at_once_one_runs_the_pipeline_the_other_exits_75(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()

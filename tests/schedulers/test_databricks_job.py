@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import tomllib
 import yaml
+from pipeline_helpers import requires_report
 
 from cerebro_spark.cli import build_parser
 from cerebro_spark.cli import main as cerebro_spark_main
@@ -148,6 +149,7 @@ def test_job_settings_load_with_the_sdk_and_name_real_commands() -> None:
 
 @pytest.mark.spark
 @pytest.mark.torch
+@requires_report
 def test_every_task_runs_locally_in_order(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
