@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from cerebro_spark import __version__
-from cerebro_spark.errors import CerebroError, SearchFailedError
+from cerebro_spark.errors import CerebroError, ConfigError, SearchFailedError
 
 if TYPE_CHECKING:
     from cerebro_spark.engine import ExperimentResult
@@ -39,6 +39,14 @@ def _split_experiment(reference: str, store: str | None) -> tuple[str, str]:
     return store or "runs", cleaned
 
 
+def _experiment_started(store_uri: str, experiment_id: str) -> bool:
+    """Whether ``run`` already wrote the experiment's config (so ``resume`` can go on)."""
+    from cerebro_spark.engine._experiment import CONFIG_NAME, experiment_prefix
+    from cerebro_spark.store import open_store
+
+    return open_store(store_uri).exists(f"{experiment_prefix(experiment_id)}/{CONFIG_NAME}")
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from cerebro_spark.engine import format_table, load_config, load_state, run_experiment
 
@@ -49,6 +57,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if v is not None
     }
     config = config.replace(**changes)
+    if args.if_exists == "resume":
+        if args.experiment_id is None:
+            raise ConfigError("--if-exists resume needs --experiment-id (the id to find)")
+        if _experiment_started(config.store, args.experiment_id):
+            logger.info("experiment %s already started: resuming it", args.experiment_id)
+            args.experiment, args.store = args.experiment_id, config.store
+            return _cmd_resume(args)
     if args.master is not None:
         spark = dataclasses.replace(config.spark, master=args.master)
         config = config.replace(backend="spark", spark=spark)
@@ -204,6 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", choices=("spark", "local"), help="override the config's backend")
     run.add_argument(
         "--master", help="Spark master URL (local[2], spark://host:7077, yarn ...); implies spark"
+    )
+    run.add_argument(
+        "--if-exists",
+        choices=("error", "resume"),
+        default="error",
+        help="when --experiment-id already exists: refuse (default) or resume it (a retry)",
     )
     run.set_defaults(handler=_cmd_run)
 
