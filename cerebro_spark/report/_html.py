@@ -150,12 +150,13 @@ def _rounds_table(data: ReportData) -> str:
                 " ".join(r.resumed),
                 " ".join(by.get("running", [])),
                 " ".join(by.get("paused", [])),
-                " ".join(by.get("stopped", []) + by.get("completed", [])),
+                " ".join(by.get("stopped", [])),
+                " ".join(by.get("completed", [])),
                 " ".join(by.get("failed", [])),
             ]
         )
-    header = ["round", "trials", "epoch", "seconds", "resumed", "continued", "paused", "stopped"]
-    header.append("failed")
+    header = ["round", "trials", "epoch", "seconds", "resumed", "continued", "paused"]
+    header += ["stopped", "completed", "failed"]
     return _table(header, rows, scroll=True)
 
 
