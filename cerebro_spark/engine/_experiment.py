@@ -687,12 +687,12 @@ class Experiment:
         sizes: dict[str, int] = {}
         plans: dict[str, list[int]] | None = None
         if state.round_group_plans is not None:
-            plans = {t: p for t, p in state.round_group_plans.items() if t in live}
+            plans = {t: p for t, p in state.round_group_plans.items() if t in alive}
         else:
-            sizes = {t: k for t, k in state.round_resources.items() if t in live and k > 1}
+            sizes = {t: k for t, k in state.round_resources.items() if t in alive and k > 1}
         orders = state.visit_orders
         if orders is not None:  # a resumed round: trials that failed in it are out
-            orders = {t: order for t, order in orders.items() if t in live}
+            orders = {t: order for t, order in orders.items() if t in alive}
         scheduler = MopScheduler(
             trials=live,
             partitions=partitions,
