@@ -21,6 +21,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+_MERGE = 64
+"""Up to this many tied candidates over several partitions are merged, not searched."""
+
 
 class Offers:
     """Trial positions offering a unit on each partition, bucketed by the trial's key."""
@@ -101,8 +104,12 @@ class Offers:
         if len(lists) == 1:
             partition, bucket = lists[0]
             return bucket[index], partition
+        if count <= _MERGE:  # few: merge them in candidate order
+            merged = sorted((position, p) for p, bucket in lists for position in bucket)
+            return merged[index]
         # The smallest position whose offers (and those before it) cover ``index``.
-        low, high = 0, max(bucket[-1] for _, bucket in lists)
+        low = min(bucket[0] for _, bucket in lists)
+        high = max(bucket[-1] for _, bucket in lists)
         while low < high:
             middle = (low + high) // 2
             if sum(bisect.bisect_right(bucket, middle) for _, bucket in lists) > index:
