@@ -36,11 +36,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import logging
+import queue
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -54,6 +57,7 @@ from cerebro_spark.engine._leaderboard import (
     best_trial,
     leaderboard_csv,
     rank,
+    rank_key,
 )
 from cerebro_spark.engine._preflight import Preflight
 from cerebro_spark.engine._preflight import preflight as run_preflight
@@ -273,7 +277,10 @@ class Experiment:
         self.procedure = self._make_procedure()
         self.progress = Progress(epochs=config.epochs)
         self.manifest: Manifest | None = None
-        self._running: list[_Running] = []
+        self._running: dict[int, _Running] = {}  # by submission number
+        self._submissions = itertools.count()
+        self._top: str | None = None  # the best trial so far (progress), once known
+        self._top_known = False
         self._departing: set[str] = set()
         self._unit_seconds: dict[tuple[str, UnitKind], float] = {}
         self._unit_counts: dict[tuple[str, UnitKind], int] = {}
@@ -306,12 +313,14 @@ class Experiment:
     def _rule(self) -> SchedulingRule:
         if self.config.rule == "randomized":
             return RandomizedRule()
-        return WorkAwareRule(self._estimate_unit_seconds)
+        # Per trial and kind, the same on every worker: the scheduler indexes trials by
+        # their work left (O(log |S|) a decision); it reads a trial's estimates again
+        # after each of its units, so the means _measure updates are seen.
+        return WorkAwareRule.per_trial(self._estimate_unit_seconds)
 
-    def _estimate_unit_seconds(self, unit: Unit, worker: str) -> float:
+    def _estimate_unit_seconds(self, trial: str, kind: UnitKind) -> float:
         """Mean measured seconds of the trial's units of this kind (1.0 before any)."""
-        del worker
-        return self._unit_seconds.get((unit.trial, unit.kind), 1.0)
+        return self._unit_seconds.get((trial, kind), 1.0)
 
     def _measure(self, unit: Unit, seconds: float) -> None:
         key = (unit.trial, unit.kind)
@@ -676,16 +685,17 @@ class Experiment:
         state = self.state
         live = [t for t in state.round_trials if state.trials[t].status == RUNNING]
         partitions = range(self.manifest.num_partitions)
-        done = [Unit(u.trial, u.partition, u.kind) for u in state.done_units if u.trial in live]
+        alive = set(live)
+        done = [Unit(u.trial, u.partition, u.kind) for u in state.done_units if u.trial in alive]
         sizes: dict[str, int] = {}
         plans: dict[str, list[int]] | None = None
         if state.round_group_plans is not None:
-            plans = {t: p for t, p in state.round_group_plans.items() if t in live}
+            plans = {t: p for t, p in state.round_group_plans.items() if t in alive}
         else:
-            sizes = {t: k for t, k in state.round_resources.items() if t in live and k > 1}
+            sizes = {t: k for t, k in state.round_resources.items() if t in alive and k > 1}
         orders = state.visit_orders
         if orders is not None:  # a resumed round: trials that failed in it are out
-            orders = {t: order for t, order in orders.items() if t in live}
+            orders = {t: order for t, order in orders.items() if t in alive}
         scheduler = MopScheduler(
             trials=live,
             partitions=partitions,
@@ -703,7 +713,8 @@ class Experiment:
         self.progress.start_round(state.round, 2 * len(live) * len(partitions), len(done), epoch)
         for trial_id in live:
             self._maybe_finish_epoch(trial_id)
-        running = self._running = []
+        running = self._running = {}
+        finished: queue.SimpleQueue[_Running] = queue.SimpleQueue()  # all ranks reported
         self._departing = set()
         while not scheduler.finished:
             requeued = False
@@ -712,7 +723,8 @@ class Experiment:
                 if started is None:
                     requeued = True
                 else:
-                    running.append(started)
+                    running[started.number] = started
+                    started.watch(finished)
             if not running:
                 if requeued:
                     continue  # a worker left since the last sync: assign again now
@@ -724,14 +736,11 @@ class Experiment:
                 time.sleep(_WAIT_SECONDS)
                 self._sync_membership(backend, scheduler)
                 continue
-            ready = [r for r in running if r.done()]
-            if not ready:
-                waiting = [f for r in running for f in r.futures.values() if not f.done()]
-                wait(waiting, timeout=_WAIT_SECONDS, return_when=FIRST_COMPLETED)
-                ready = [r for r in running if r.done()]
+            ready = _drain(finished, block=False) or _drain(finished, block=True)
+            ready.sort(key=lambda r: r.number)  # in submission order, as they were started
             self._sync_membership(backend, scheduler)  # the workers of `ready` still count
             for item in ready:
-                running.remove(item)
+                del running[item.number]
                 if item.assignment.size == 1:
                     self._handle(item, scheduler)
                 else:
@@ -814,7 +823,7 @@ class Experiment:
             return None
         for index in range(assignment.size):
             self.log.append("unit_start", **self._where(assignment, index, group))
-        return _Running(assignment, futures, group)
+        return _Running(assignment, futures, group, next(self._submissions))
 
     def _group_id(self, assignment: Assignment) -> str:
         """A group id unique to this attempt, also across resumed driver sessions."""
@@ -979,9 +988,7 @@ class Experiment:
         """Emit a trial's epoch metrics once all its validation units are in."""
         assert self.manifest is not None  # ok: set in run() before any round
         state = self.state
-        validated = sum(
-            1 for u in state.done_units if u.trial == trial_id and u.kind is UnitKind.VALIDATE
-        )
+        validated = state.validation_units.get(trial_id, 0)  # of the open round
         trial = state.trials[trial_id]
         if validated < self.manifest.num_partitions or trial_id in state.reported:
             return
@@ -998,7 +1005,7 @@ class Experiment:
             **self._best_fields(trial, metrics),
         )
         self._drop_checkpoint(previous_best, trial_id)  # once logged: no longer the best
-        self._update_best()
+        self._update_best(trial_id)
 
     def _family(self, spec: str) -> Mapping[str, Metric]:
         """The metrics of a spec's trials (from the pre-flight, else built now)."""
@@ -1031,13 +1038,43 @@ class Experiment:
             "best_checkpoint_sha256": trial.best_checkpoint_sha256,
         }
 
-    def _update_best(self) -> None:
-        top = best_trial(rank(self.state.trials.values(), self.metric, self.mode))
+    def _update_best(self, reported: str) -> None:
+        """Show the best trial so far (:func:`best_trial` of the leaderboard's ranking).
+
+        Only the trial that ``reported`` an epoch changed its rank since the last call
+        (a rank only improves), so it is compared with the best so far; the whole field
+        is ranked again only at the first call, when the best itself reported, or when
+        the best has failed since.
+        """
+        trials = self.state.trials
+        top = None if self._top is None else trials[self._top]
+        if (
+            not self._top_known
+            or reported == self._top
+            or (top is not None and top.status == FAILED)
+        ):
+            eligible = [
+                t for t in trials.values() if t.status != FAILED and t.best_epoch is not None
+            ]
+            top = min(eligible, key=self._rank_key, default=None)
+        else:
+            trial = trials[reported]
+            if (
+                trial.status != FAILED
+                and trial.best_epoch is not None
+                and (top is None or self._rank_key(trial) < self._rank_key(top))
+            ):
+                top = trial
+        self._top_known = True
+        self._top = None if top is None else top.trial_id
         if top is not None:
             value = top.best_metrics[self.metric]
             self.progress.best = (
                 f"{self.metric} {value:.4f} ({top.trial_id}, epoch {top.best_epoch})"
             )
+
+    def _rank_key(self, trial: TrialState) -> tuple[int, float, float, str]:
+        return rank_key(trial, self.metric, self.mode)
 
     # -- workers --------------------------------------------------------------------------
 
@@ -1088,7 +1125,7 @@ class Experiment:
     def _leave(self, worker: str, scheduler: MopScheduler | None) -> None:
         if scheduler is None or worker not in scheduler.workers:
             return
-        if any(worker in item.assignment.workers for item in self._running):
+        if any(worker in item.assignment.workers for item in self._running.values()):
             self._departing.add(worker)
         else:
             scheduler.remove_worker(worker)
@@ -1145,10 +1182,52 @@ class _Running:
     assignment: Assignment
     futures: Mapping[str, Future[UnitResult]]
     group: str | None = None
+    number: int = 0
+    """Submission number (the order the driver handles finished assignments in)."""
 
     def done(self) -> bool:
         """Whether every rank has reported."""
         return all(future.done() for future in self.futures.values())
+
+    def watch(self, finished: queue.SimpleQueue[_Running]) -> None:
+        """Put this assignment on ``finished`` once every rank has reported.
+
+        The driver then waits on one queue instead of polling every running future.
+        """
+        if len(self.futures) == 1:  # an ordinary unit: no count to keep
+            (future,) = self.futures.values()
+            future.add_done_callback(lambda _: finished.put(self))
+            return
+        left = [len(self.futures)]
+        lock = threading.Lock()
+
+        def reported(_: Future[UnitResult]) -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                finished.put(self)
+
+        for future in self.futures.values():
+            future.add_done_callback(reported)
+
+
+def _drain(finished: queue.SimpleQueue[_Running], *, block: bool) -> list[_Running]:
+    """Every finished assignment on the queue (with ``block``: waits for the first).
+
+    A blocking drain waits up to ``_WAIT_SECONDS``; if none finished by then, it is empty.
+    """
+    ready: list[_Running] = []
+    if block:
+        try:
+            ready.append(finished.get(timeout=_WAIT_SECONDS))
+        except queue.Empty:
+            return ready
+    while True:
+        try:
+            ready.append(finished.get_nowait())
+        except queue.Empty:
+            return ready
 
 
 def _short(key: str, folder: str) -> str:

@@ -25,16 +25,17 @@ _TABLE_TEXT = 80
 """Characters of params or error the terminal table shows."""
 
 
+def rank_key(trial: TrialState, metric: str, mode: str) -> tuple[int, float, float, str]:
+    """A trial's place in :func:`rank`: smaller is better, unique (ends with its id)."""
+    best = epoch_key(trial.best_metrics, metric, mode)
+    group = 2 if trial.status == FAILED else 0 if best is not None else 1
+    value, loss = best if best is not None else (math.inf, math.inf)
+    return (group, value, loss, trial.trial_id)
+
+
 def rank(trials: Iterable[TrialState], metric: str, mode: str) -> list[TrialState]:
     """Return trials best first by their best epoch's ``metric`` (see the module docstring)."""
-
-    def key(trial: TrialState) -> tuple[int, float, float, str]:
-        best = epoch_key(trial.best_metrics, metric, mode)
-        group = 2 if trial.status == FAILED else 0 if best is not None else 1
-        value, loss = best if best is not None else (math.inf, math.inf)
-        return (group, value, loss, trial.trial_id)
-
-    return sorted(trials, key=key)
+    return sorted(trials, key=lambda trial: rank_key(trial, metric, mode))
 
 
 def best_trial(ranked: Sequence[TrialState]) -> TrialState | None:

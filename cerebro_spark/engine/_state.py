@@ -209,6 +209,7 @@ class ExperimentState:
     failures: list[str] = dataclasses.field(default_factory=list)
     _open_groups: dict[str, dict[int, Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
     _derived_best: set[str] = dataclasses.field(default_factory=set)
+    _clones: list[str] = dataclasses.field(default_factory=list)
 
     @classmethod
     def from_events(cls, events: Iterable[Mapping[str, Any]]) -> ExperimentState:
@@ -250,8 +251,18 @@ class ExperimentState:
         return {w: s.partitions for w, s in sorted(self.workers.items()) if s.status == READY}
 
     def needs_checkpoint(self, key: str) -> bool:
-        """Whether any trial's latest or best checkpoint is ``key``."""
-        return any(trial.needs(key) for trial in self.trials.values())
+        """Whether any trial's latest or best checkpoint is ``key``.
+
+        A checkpoint is written into the folder of the trial it trains
+        (``.../checkpoints/<trial>/...``); only that trial and clones (``clone_from``,
+        which start from another trial's checkpoint) can refer to it, so only they are
+        asked. A key of another shape asks every trial.
+        """
+        _, marker, rest = key.rpartition("/checkpoints/")
+        owner = self.trials.get(rest.rpartition("/")[0]) if marker else None
+        if owner is None:
+            return any(trial.needs(key) for trial in self.trials.values())
+        return owner.needs(key) or any(self.trials[t].needs(key) for t in self._clones)
 
     def _on_experiment_start(self, event: Mapping[str, Any]) -> None:
         self.sessions += 1
@@ -266,6 +277,7 @@ class ExperimentState:
         trial = TrialState(event["trial"], event["params"], event["seed"], event["spec"])
         source = event.get("clone_from")
         if source is not None:
+            self._clones.append(trial.trial_id)
             parent = self.trials[source]
             trial.checkpoint = parent.checkpoint
             trial.checkpoint_sha256 = parent.checkpoint_sha256

@@ -21,7 +21,8 @@ import numpy as np
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.mop._base import Assignment, SchedulingRule, Unit
 from cerebro_spark.mop._matching import Matcher
-from cerebro_spark.mop._rules import RandomizedRule
+from cerebro_spark.mop._offers import Offers
+from cerebro_spark.mop._rules import RandomizedRule, WorkAwareRule
 from cerebro_spark.units import UnitKind
 
 _Group = tuple[tuple[int, ...], int]
@@ -80,6 +81,14 @@ class MopScheduler:
     start in this epoch, since every unit ends (non-preemption) and all workers are then
     idle together; there is at most one waiting group, so two groups never wait on each
     other's workers.
+
+    *Cost.* With :class:`RandomizedRule` or :meth:`WorkAwareRule.per_trial`, no group
+    trial, and partitions (and validation partitions) given in ascending order, the
+    scheduler keeps the idle trials' units in an index by partition and rank
+    (:mod:`cerebro_spark.mop._offers`): a decision costs ``O(log |S|)`` per partition the
+    worker holds, and a trial's rank is recomputed only when its queue changed. The
+    choices, and the draws from ``rng``, are those of the rule on the full candidate
+    list. Otherwise (another rule, groups) every decision lists the candidates.
 
     Args:
         trials: Ids of the trials trained this epoch (unique).
@@ -173,6 +182,16 @@ class MopScheduler:
         for unit in completed:
             self._take_completed(unit)
         self._check_resume_state()
+        self._queued = sum(len(units) for units in self._queue.values())  # |Q|
+        self._positions = {t: i for i, t in enumerate(self._trials)}
+        self._worker_order: list[str] | None = None  # sorted live workers, cached
+        self._held_order = {w: tuple(sorted(held)) for w, held in self._held.items()}
+        self._grouping = self._group_trials()
+        self._offers: Offers | None = None
+        self._dirty: set[str] = set()  # trials whose offers must be recomputed
+        if self._indexable():
+            self._offers = Offers()
+            self._dirty = set(self._trials)
 
     # ---------------------------------------------------------------- state
 
@@ -204,7 +223,7 @@ class MopScheduler:
     @property
     def finished(self) -> bool:
         """Whether every unit of the epoch is complete (Q and Q' are empty)."""
-        return not self._running and not any(self._queue.values())
+        return not self._running and not self._queued
 
     @property
     def stalled(self) -> bool:
@@ -241,8 +260,10 @@ class MopScheduler:
         Raises:
             ConfigError: The rule returned a unit that was not a candidate.
         """
+        if self._offers is not None:
+            return self._assign_indexed(self._offers)
         made: list[Assignment] = []
-        idle = [w for w in sorted(self._held) if w not in self._running]
+        idle = [w for w in self._workers_sorted() if w not in self._running]
         taken: set[str] = set()  # idle workers given work in this pass
         groups = self._next_groups()
         if self._waiting is not None:
@@ -296,6 +317,7 @@ class MopScheduler:
         """
         assignment = self._release(unit, worker, "complete")
         self._steps[unit.trial, unit.kind] += assignment.size
+        self._dirty.add(unit.trial)
 
     def fail(self, unit: Unit, *, worker: str | None = None) -> None:
         """Record that a running unit must be retried (§5.6): it moves from Q' back to Q.
@@ -313,6 +335,7 @@ class MopScheduler:
         """
         assignment = self._release(unit, worker, "fail")
         self._requeue(assignment.units)
+        self._dirty.add(unit.trial)
 
     def remove_trial(self, trial: str) -> None:
         """Drop a trial from the epoch (its user code failed, or the search stopped it).
@@ -331,7 +354,22 @@ class MopScheduler:
         if self._waiting == trial:
             self._waiting = None
         for kind in UnitKind:
+            self._queued -= len(self._queue[trial, kind])
             self._queue[trial, kind] = {}
+        self._dirty.add(trial)
+
+    def refresh_estimates(self, trials: Iterable[str] | None = None) -> None:
+        """Read the rule's estimates of ``trials`` (default: all) again at the next assign.
+
+        Needed only by an indexed rule (:meth:`WorkAwareRule.per_trial`) whose estimate
+        of a trial changed while its queue did not (a trial's estimates are read again
+        whenever one of its units starts, completes or fails).
+
+        Raises:
+            ConfigError: A trial is unknown.
+        """
+        for trial in self._trials if trials is None else trials:
+            self._dirty.add(self._check_trial(trial, "refresh_estimates"))
 
     def set_group_size(self, trial: str, size: int) -> None:
         """Set ``trial``'s group size from its next group on (a running group runs on).
@@ -345,6 +383,9 @@ class MopScheduler:
         self._check_trial(trial, "set_group_size")
         self._sizes[trial] = _group_size(trial, size)
         self._plan_ends.pop(trial, None)
+        self._grouping = self._group_trials()
+        if self._grouping:
+            self._offers = None  # group units: every decision lists the candidates
 
     # ---------------------------------------------------------------- elasticity
 
@@ -357,6 +398,8 @@ class MopScheduler:
         if worker in self._held:
             raise ConfigError(f"worker {worker!r} is already registered")
         self._held[worker] = self._check_held(worker, partitions)
+        self._held_order[worker] = tuple(sorted(self._held[worker]))
+        self._worker_order = None
 
     def remove_worker(self, worker: str) -> Unit | None:
         """Forget a worker that left or died; its running work moves back to Q (§5.6).
@@ -375,6 +418,8 @@ class MopScheduler:
         if assignment is not None:
             self.fail(assignment.unit)
         del self._held[worker]
+        del self._held_order[worker]
+        self._worker_order = None
         return None if assignment is None else assignment.unit_of(worker)
 
     def set_partitions(self, worker: str, partitions: Collection[int]) -> None:
@@ -385,6 +430,63 @@ class MopScheduler:
         """
         self._check_worker(worker)
         self._held[worker] = self._check_held(worker, partitions)
+        self._held_order[worker] = tuple(sorted(self._held[worker]))
+
+    # ---------------------------------------------------------------- the index
+
+    def _indexable(self) -> bool:
+        """Whether decisions can come from the index (see *Cost* in the class docstring).
+
+        Exact rule types only: a subclass may choose differently. Ascending partitions
+        make the candidates' order within a trial the partition order either way.
+        """
+        rule = self._rule
+        indexed = type(rule) is RandomizedRule or (type(rule) is WorkAwareRule and rule.indexable)
+        return (
+            indexed
+            and not self._grouping
+            and list(self._partitions) == sorted(self._partitions)
+            and list(self._val_partitions) == sorted(self._val_partitions)
+        )
+
+    def _assign_indexed(self, offers: Offers) -> list[Assignment]:
+        """:meth:`assign` without groups, each decision drawn from the index."""
+        rule = self._rule
+        assert type(rule) is RandomizedRule or type(rule) is WorkAwareRule  # ok: _indexable
+        for trial in self._dirty:
+            position = self._positions[trial]
+            offers.drop(position)
+            train = self._queue[trial, UnitKind.TRAIN]
+            validate = self._queue[trial, UnitKind.VALIDATE]
+            if trial in self._busy or not (train or validate):
+                continue
+            if train:
+                partitions = (next(iter(train)),) if self._ordered else tuple(train)
+            else:
+                partitions = tuple(validate)
+            offers.put(position, rule.trial_key(trial, len(train), len(validate)), partitions)
+        self._dirty.clear()
+        made: list[Assignment] = []
+        for worker in self._workers_sorted():
+            if worker in self._running:
+                continue
+            picked = offers.pick(self._held_order[worker], self._rng)
+            if picked is None:
+                continue
+            position, partition = picked
+            trial = self._trials[position]
+            queue = self._queue[trial, UnitKind.TRAIN] or self._queue[trial, UnitKind.VALIDATE]
+            made.append(self._start(worker, queue[partition]))
+        return made
+
+    def _workers_sorted(self) -> list[str]:
+        if self._worker_order is None:
+            self._worker_order = sorted(self._held)
+        return self._worker_order
+
+    def _group_trials(self) -> tuple[str, ...]:
+        """Trials whose train units may form groups (group size or plan), in trial order."""
+        return tuple(t for t in self._trials if self._sizes[t] > 1 or t in self._plan_ends)
 
     # ---------------------------------------------------------------- internals
 
@@ -435,8 +537,8 @@ class MopScheduler:
         group's partitions themselves, by rank; without, every remaining train partition.
         """
         groups: dict[str, _Group] = {}
-        workers = sorted(self._held)
-        for trial in self._trials:
+        workers = self._workers_sorted()
+        for trial in self._grouping:
             train = self._queue[trial, UnitKind.TRAIN]
             if trial in self._busy or not train:
                 continue
@@ -497,6 +599,9 @@ class MopScheduler:
 
     def _start(self, worker: str, unit: Unit) -> Assignment:
         del self._queue[unit.trial, unit.kind][unit.partition]
+        self._queued -= 1
+        if self._offers is not None:
+            self._offers.drop(self._positions[unit.trial])
         assignment = Assignment(unit, worker, self._steps[unit.trial, unit.kind])
         self._running[worker] = assignment
         self._busy[unit.trial] = assignment
@@ -510,6 +615,7 @@ class MopScheduler:
         pairs = sorted(((matcher.left[w], w) for w in workers), key=lambda pw: rank[pw[0]])
         for partition, _ in pairs:
             del train[partition]
+        self._queued -= len(pairs)
         assignment = Assignment(
             Unit(trial, pairs[0][0]),
             pairs[0][1],
@@ -540,6 +646,7 @@ class MopScheduler:
         first = units[0]
         queue = self._queue[first.trial, first.kind]
         back = {unit.partition: unit for unit in units}
+        self._queued += len(back)
         self._queue[first.trial, first.kind] = {
             p: queue[p] if p in queue else back[p]
             for p in self._canonical(first.trial, first.kind)

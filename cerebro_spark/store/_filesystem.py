@@ -309,8 +309,12 @@ class FileSystemStore(Store):
         """Append ``data`` to ``key`` (local: in place and flushed; else: rewrite)."""
         path = self.path(key)
         if self._local:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+            try:  # the folder exists but for the first append: no makedirs per event
+                fd = os.open(path, flags, 0o666)
+            except FileNotFoundError:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                fd = os.open(path, flags, 0o666)
             try:
                 view = memoryview(data)
                 while view:

@@ -1,0 +1,247 @@
+"""Driver CPU per unit against the number of trials, on the real engine (issue 13).
+
+Runs :class:`~cerebro_spark.engine.Experiment` -- the real driver loop, MOP scheduler
+(default rule: work-aware), event log, state fold, checkpoint bookkeeping, leaderboard --
+on a backend whose units finish at once, so all the CPU the process spends is the
+driver's. Units report heterogeneous times (each trial's cost drawn from Cerebro's CNN
+table, each worker's speed from its GPU table, §5.4), so the work-aware rule ranks trials
+by unequal, changing estimates. For each number of workers p and trials |S| it prints the
+driver's CPU time per unit of one epoch of grid search: the process CPU time
+(``time.process_time``) of ``Experiment.run`` less the CPU spent inside the backend's
+``submit`` (which stands for the workers; shown apart), the wall time, and the CPU time
+``ExperimentState.from_events`` (what ``resume`` and ``leaderboard`` do) takes per event
+on the log the run wrote.
+
+P partitions (default 16, for every p): with ``p > P`` each partition is held by ``p / P``
+workers (replicas, §5.5), with ``p < P`` each worker holds several. One epoch of |S|
+trials is ``2 |S| P`` units (train and validation), so |S| = 10,000 is 320,000 units; the
+issue's p = 64 case with 64 partitions: ``--workers 64 --partitions 64``.
+
+    python benchmarks/driver_scale.py            # p in {2, 64, 256}, |S| in {64, 1024, 10000}
+    python benchmarks/driver_scale.py --quick    # p in {2, 64}, |S| in {64, 256}
+    python benchmarks/driver_scale.py --out benchmarks/results/driver_scale.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import itertools
+import logging
+import tempfile
+import time
+import zlib
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from cerebro_spark.backends import Backend, Membership, WorkerChange, WorkerInfo, WorkerJob
+from cerebro_spark.data import read_manifest
+from cerebro_spark.engine import ExperimentConfig, parse_config, read_events
+from cerebro_spark.engine._experiment import Experiment, experiment_prefix
+from cerebro_spark.engine._preflight import preflight
+from cerebro_spark.engine._state import ExperimentState
+from cerebro_spark.mop import CNN_MFLOPS, GPU_TFLOPS
+from cerebro_spark.store import Store, open_store
+from cerebro_spark.units import UnitKind, UnitResult, UnitTask
+
+COSTS = sorted(CNN_MFLOPS.values())
+SPEEDS = sorted(GPU_TFLOPS.values())
+ROWS = 100
+
+
+class InstantBackend(Backend):
+    """``p`` workers whose units finish at once, reporting heterogeneous unit times.
+
+    Worker ``i`` holds partitions ``i, i + p, ...`` (``p <= P``) or ``i mod P``. A unit
+    of trial ``t`` on worker ``w`` takes ``cost(t) / speed(w)`` (ms; validation a
+    quarter of that); a train unit's checkpoint is written only at the trial's last step
+    of the epoch (the one ``best.pt`` may be copied from), so no checkpoint I/O is timed.
+    """
+
+    def __init__(self, num_workers: int) -> None:
+        self.num_workers = num_workers
+        self.held: dict[str, frozenset[int]] = {}
+        self.changed: list[WorkerChange] = []
+        self.store: Store | None = None
+        self.speeds = {
+            f"w{i}": SPEEDS[zlib.crc32(f"w{i}".encode()) % len(SPEEDS)] for i in range(num_workers)
+        }
+        self.costs: dict[str, float] = {}
+        self.cpu = 0.0
+        """Process CPU seconds spent in :meth:`submit` (the workers' part, not the driver's)."""
+
+    def start(self, job: WorkerJob, **placement: Any) -> None:
+        self.store = job.store
+        count = read_manifest(job.dataset_uri).num_partitions
+        n = self.num_workers
+        for i in range(n):
+            held = frozenset(range(i, count, n)) if n <= count else frozenset({i % count})
+            worker = f"w{i}"
+            self.held[worker] = held
+            self.changed.append(WorkerChange(Membership.JOINED, WorkerInfo(worker, frozenset())))
+            self.changed.append(WorkerChange(Membership.READY, WorkerInfo(worker, held)))
+
+    def workers(self) -> dict[str, WorkerInfo]:
+        return {w: WorkerInfo(w, held) for w, held in self.held.items()}
+
+    def changes(self) -> list[WorkerChange]:
+        changed, self.changed = self.changed, []
+        return changed
+
+    def retire(self, worker_id: str) -> Future[None]:
+        raise ValueError("the instant backend retires nobody")
+
+    def submit(self, worker_id: str, task: UnitTask) -> Future[UnitResult]:
+        started = time.process_time()
+        try:
+            return self._submit(worker_id, task)
+        finally:
+            self.cpu += time.process_time() - started
+
+    def _submit(self, worker_id: str, task: UnitTask) -> Future[UnitResult]:
+        if task.partition not in self.held.get(worker_id, ()):
+            raise ValueError(f"worker {worker_id} lacks partition {task.partition}")
+        cost = self.costs.get(task.trial_id)
+        if cost is None:
+            cost = self.costs[task.trial_id] = COSTS[zlib.crc32(task.trial_id.encode()) % 35]
+        seconds = cost / self.speeds[worker_id] / 1000.0
+        sha = None
+        if task.kind is UnitKind.TRAIN:
+            if task.step == task.epoch_units - 1 and task.checkpoint_out is not None:
+                assert self.store is not None
+                blob = f"{task.trial_id}:{task.epoch}".encode()
+                path = Path(self.store.path(task.checkpoint_out))  # type: ignore[attr-defined]
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(blob)  # not Store.put: its fsync is the workers' cost
+                sha = hashlib.sha256(blob).hexdigest()
+        else:
+            seconds /= 4
+        loss = cost / 1000.0 * (1 + task.epoch)
+        future: Future[UnitResult] = Future()
+        future.set_result(
+            UnitResult(
+                task=task,
+                worker_id=worker_id,
+                rows=ROWS,
+                seconds=seconds,
+                metric_sums={"loss": loss * ROWS},
+                checkpoint_bytes=len(task.trial_id) if sha else 0,
+                checkpoint_sha256=sha,
+            )
+        )
+        return future
+
+    def submit_group(self, assignments: Mapping[str, UnitTask]) -> dict[str, Future[UnitResult]]:
+        raise ValueError("the instant backend runs no group units")
+
+    def close(self) -> None:
+        pass
+
+
+def config(root: Path, workers: int, trials: int, partitions: int, epochs: int) -> ExperimentConfig:
+    return parse_config(
+        {
+            "name": "driver-scale",
+            "seed": 13,
+            "store": str(root),
+            "data": {"source": "sklearn:digits", "partitions": partitions},
+            "procedure": "grid",
+            "epochs": epochs,
+            "metric": "loss",
+            "mode": "min",
+            "workers": workers,
+            "model": "cerebro_spark.training:MLPSpec",
+            "space": {"lr": {"grid": [round(1e-4 * (i + 1), 6) for i in range(trials)]}},
+        }
+    )
+
+
+def measure(
+    root: Path, workers: int, trials: int, partitions: int, epochs: int
+) -> dict[str, float]:
+    """Run one case; return its units, CPU and wall per unit, and the fold per event."""
+    cfg = config(root, workers, trials, partitions, epochs)
+    store = open_store(cfg.store)
+    checked = preflight(cfg, store)  # dataset and model family: not the driver loop
+    name = f"p{workers}-s{trials}-P{partitions}-e{epochs}"
+    backend = InstantBackend(workers)
+    experiment = Experiment(checked.config, store, name, lambda c: backend, preflight=checked)
+    gc.collect()
+    cpu, wall = time.process_time(), time.perf_counter()
+    experiment.run()
+    cpu, wall = time.process_time() - cpu - backend.cpu, time.perf_counter() - wall
+    events = read_events(store.child(experiment_prefix(name)))
+    units = sum(1 for e in events if e["event"] == "unit_end")
+    assert units == 2 * trials * partitions * epochs, (units, trials, partitions)
+    gc.collect()
+    fold = time.process_time()
+    state = ExperimentState.from_events(events)
+    fold = time.process_time() - fold
+    assert state.finished and len(state.trials) == trials
+    return {
+        "units": units,
+        "cpu_ms": cpu / units * 1e3,
+        "wall_ms": wall / units * 1e3,
+        "cpu_s": cpu,
+        "backend_ms": backend.cpu / units * 1e3,
+        "events": len(events),
+        "fold_us": fold / len(events) * 1e6,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small cases (CI-sized)")
+    parser.add_argument("--workers", type=int, nargs="*", help="values of p")
+    parser.add_argument("--trials", type=int, nargs="*", help="values of |S|")
+    parser.add_argument("--partitions", type=int, default=16, help="P (default 16)")
+    parser.add_argument("--epochs", type=int, default=1, help="epochs per trial (default 1)")
+    parser.add_argument("--out", type=Path, help="also write the table to this file")
+    args = parser.parse_args(argv)
+    workers = args.workers or ([2, 64] if args.quick else [2, 64, 256])
+    trials = args.trials or ([64, 256] if args.quick else [64, 1024, 10000])
+    logging.getLogger("cerebro_spark").setLevel(logging.WARNING)
+    lines = [
+        "Driver CPU per unit (process CPU time / units) of one epoch of grid search on the",
+        "real engine with an instant backend; work-aware rule, heterogeneous unit times.",
+        "",
+        "|   p |    |S| |   P |     units | driver CPU ms/unit | backend CPU ms/unit "
+        "| wall ms/unit | driver CPU s | fold CPU µs/event |",
+        "|----:|-------:|----:|----------:|-------------------:|--------------------:"
+        "|-------------:|-------------:|------------------:|",
+    ]
+    print("\n".join(lines), flush=True)
+    rows: dict[tuple[int, int], dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="driver-scale-") as tmp:
+        for p, s in itertools.product(workers, trials):
+            partitions = args.partitions
+            r = rows[p, s] = measure(Path(tmp), p, s, partitions, args.epochs)
+            line = (
+                f"| {p:>3} | {s:>6} | {partitions:>3} | {r['units']:>9,.0f} | "
+                f"{r['cpu_ms']:>18.4f} | {r['backend_ms']:>19.4f} | {r['wall_ms']:>12.4f} | "
+                f"{r['cpu_s']:>12.1f} | {r['fold_us']:>17.2f} |"
+            )
+            lines.append(line)
+            print(line, flush=True)
+    lines.append("")
+    for p in workers:
+        first, last = rows[p, trials[0]], rows[p, trials[-1]]
+        ratio = last["cpu_ms"] / first["cpu_ms"]
+        lines.append(
+            f"p = {p}: CPU per unit at |S| = {trials[-1]} is {ratio:.2f}x that at "
+            f"|S| = {trials[0]}; fold per event {last['fold_us'] / first['fold_us']:.2f}x"
+        )
+    worst = max(r["cpu_ms"] for r in rows.values())
+    lines.append(f"worst driver CPU per unit: {worst:.4f} ms")
+    text = "\n".join(lines) + "\n"
+    print("\n".join(lines[-len(workers) - 1 :]))
+    if args.out is not None:
+        args.out.write_text(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,687 @@
+"""The MOP scheduler as it was before the candidate index: the reference for equality tests.
+
+A verbatim copy of ``cerebro_spark/mop/_scheduler.py`` at commit 2407f74 (only this
+paragraph and the class name differ): it lists every candidate on every decision. The
+property tests in ``test_scheduler_index.py`` drive it and the package's scheduler in
+lockstep and require the same assignments and the same draws from the generator.
+
+The original docstring follows.
+
+The MOP scheduler: Cerebro's Alg. 1-2 with replica awareness and Q/Q' fault tolerance.
+
+Pure: no I/O, threads, clock or global state. The engine calls :meth:`MopScheduler.assign`
+whenever a worker may have become idle and reports what happened with
+:meth:`~MopScheduler.complete`, :meth:`~MopScheduler.fail` and the membership calls.
+
+Group units (Cerebro §5.7, the "Horovod hybrid"; SEER's resources per trial): a trial
+may be given ``k > 1`` workers that train ``k`` of its partitions at once, data-parallel
+(:mod:`cerebro_spark.training._group`). The scheduler then hands out *group
+assignments*; the policy that forms them is in :class:`MopScheduler`'s docstring.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from cerebro_spark.errors import ConfigError
+from cerebro_spark.mop._base import Assignment, SchedulingRule, Unit
+from cerebro_spark.mop._matching import Matcher
+from cerebro_spark.mop._rules import RandomizedRule
+from cerebro_spark.units import UnitKind
+
+_Group = tuple[tuple[int, ...], int]
+"""A trial's next group: the partitions it draws from, and its size ``s``."""
+
+
+class ReferenceScheduler:
+    """Schedules one epoch of model hopper parallelism (Cerebro §3.1, §5.2-§5.7).
+
+    Every trial has one TRAIN unit per partition. Q holds the units not yet started, Q'
+    (:attr:`running`) the units running, one per worker. An idle worker is offered the
+    units of idle trials on partitions it holds (§5.5: the availability map, worker to
+    partitions, replaces Alg. 1's ``j' = j``) and the rule picks one (Alg. 1); it moves
+    from Q to Q'. On completion it leaves Q' and its trial and worker are idle again
+    (Alg. 2). If its worker fails or leaves, it moves back from Q' to Q (§5.6) and runs
+    later on a worker holding its partition; workers may join, leave and be re-homed, and
+    a trial whose user code failed may be dropped (:meth:`remove_trial`).
+    The invariants of §3.1 hold throughout: each trial trains on each partition exactly
+    once per epoch (completeness), two units of a trial never run at once (isolation), a
+    worker runs one unit at a time (exclusivity), and a unit runs to its end or fails
+    (non-preemption).
+
+    With ``validate``, a trial's VALIDATE units (one per validation partition) become
+    eligible once all its train units are complete; validation partition ``i`` is held by
+    the workers holding partition ``i``, and a trial runs one validate unit at a time too.
+
+    **Groups** (§5.7). A trial with group size ``k > 1`` (``group_sizes``) trains in
+    *group assignments*: ``s`` of its train units at once on ``s`` distinct workers, each
+    holding its rank's partition, as one data-parallel group unit. Validate units stay
+    ordinary. A group's units move from Q to Q' together, complete together and go back
+    to Q together when one member fails or leaves (§5.6 extended to groups); meanwhile the
+    trial runs nowhere else, so the invariants hold with "unit" read as "assignment".
+
+    *Group size.* Let ``d`` be the trial's train units completed this epoch and ``L =
+    min(k, P - d)`` (with ``group_plans``: up to the end of the planned group containing
+    position ``d``). With visit orders, the next group is the *longest prefix* of the
+    next ``L`` partitions of the visit order that can be matched to distinct live workers
+    holding them (a bipartite matching over the availability map); rank ``r`` trains the
+    ``r``-th of them. Without, it is any ``s = min(L, M)`` remaining partitions, ``M`` the
+    size of a maximum matching of the remaining partitions to live workers, ranked in the
+    order of ``partitions``. ``s`` depends on the availability map only, never on which
+    workers happen to be idle, so a replay that imposes the logged visit order on the same
+    map forms the same groups. A group of one is an ordinary assignment.
+
+    *Formation.* :meth:`assign` serves idle workers in sorted order; a group trial's units
+    are candidates of the workers that hold one of its next group's partitions. When the
+    rule picks such a unit for worker ``w``, the group is gathered from ``w`` and the other
+    idle workers not yet served in this pass (a matching; ``w`` first, then sorted order)
+    and starts if it is complete. If it is not, the worker is left for other trials (the
+    rule is asked again without that trial's units), and the trial becomes the *waiting
+    group* unless one is already waiting. Idle workers are never held back for a group:
+    holding them costs idle time that the other trials could use. Instead the waiting
+    group is served first at the start of every later :meth:`assign`, before the rule
+    sees any worker: as soon as the idle workers can complete it, it starts. A waiting
+    group therefore starts at the latest when the other trials have no units left to
+    start in this epoch, since every unit ends (non-preemption) and all workers are then
+    idle together; there is at most one waiting group, so two groups never wait on each
+    other's workers.
+
+    Args:
+        trials: Ids of the trials trained this epoch (unique).
+        partitions: Indices of the train partitions (unique, at least one).
+        workers: The availability map: live worker id to the partition indices it holds.
+        rng: Randomness for the rule; nothing else draws from it.
+        rule: Picks among an idle worker's candidates; :class:`RandomizedRule` if None.
+        visit_orders: If given, trial ``t``'s ``k``-th train unit is on partition
+            ``visit_orders[t][k]`` (a permutation of ``partitions``), so replays train
+            identical weights (§3.1 "Reproducibility"). If None, any remaining partition
+            of an idle trial may go to an idle worker holding it (Alg. 1).
+        validate: Whether the epoch ends with validate units.
+        validation_partitions: Indices of the validation partitions; default
+            ``partitions``. Only with ``validate``.
+        completed: Units already complete this epoch (resume after a driver crash); with
+            ``visit_orders``, a trial's completed train units must be a prefix of its order.
+        group_sizes: Trial id to its group size ``k >= 1`` (default 1: ordinary units).
+        group_plans: Trial id to the sizes of its successive groups along its visit order
+            (positive, summing to the number of partitions), e.g. the groups a logged run
+            formed, imposed on its replay; overrides ``group_sizes`` for that trial. A
+            planned group still shrinks to what the availability map can match. Only with
+            ``visit_orders``.
+
+    Raises:
+        ConfigError: An argument breaks the rules above (the message names the value).
+    """
+
+    def __init__(
+        self,
+        *,
+        trials: Sequence[str],
+        partitions: Sequence[int],
+        workers: Mapping[str, Collection[int]],
+        rng: np.random.Generator,
+        rule: SchedulingRule | None = None,
+        visit_orders: Mapping[str, Sequence[int]] | None = None,
+        validate: bool = True,
+        validation_partitions: Sequence[int] | None = None,
+        completed: Iterable[Unit] = (),
+        group_sizes: Mapping[str, int] | None = None,
+        group_plans: Mapping[str, Sequence[int]] | None = None,
+    ) -> None:
+        if len(set(trials)) != len(trials):
+            raise ConfigError(f"trials {list(trials)!r} has duplicates; trial ids must be unique")
+        self._trials = tuple(trials)
+        self._partitions = _indices("partitions", partitions)
+        if validation_partitions is not None and not validate:
+            raise ConfigError(
+                f"validation_partitions={list(validation_partitions)!r} given with "
+                "validate=False; pass validate=True or leave them out"
+            )
+        if not validate:
+            self._val_partitions: tuple[int, ...] = ()
+        elif validation_partitions is None:
+            self._val_partitions = self._partitions
+        else:
+            self._val_partitions = _indices("validation_partitions", validation_partitions)
+        self._known = frozenset(self._partitions) | frozenset(self._val_partitions)
+        self._rng = rng
+        self._rule: SchedulingRule = RandomizedRule() if rule is None else rule
+        self._ordered = visit_orders is not None
+        self._orders = {t: self._partitions for t in self._trials}
+        if visit_orders is not None:
+            self._orders = _check_orders(visit_orders, self._trials, self._partitions)
+        self._sizes = {t: 1 for t in self._trials}
+        for trial, size in (group_sizes or {}).items():
+            self._sizes[self._check_trial(trial, "group_sizes")] = _group_size(trial, size)
+        self._plan_ends: dict[str, tuple[int, ...]] = {}
+        if group_plans is not None:
+            if not self._ordered:
+                raise ConfigError(
+                    "group_plans need visit_orders: a plan sizes the groups along a "
+                    "trial's visit order"
+                )
+            for trial, plan in group_plans.items():
+                self._check_trial(trial, "group_plans")
+                self._plan_ends[trial] = _plan_ends(trial, plan, len(self._partitions))
+        self._held: dict[str, frozenset[int]] = {}
+        for worker, held in workers.items():
+            self._held[worker] = self._check_held(worker, held)
+        # Q, per trial and kind, in canonical order (visit order, else partition order).
+        self._queue = {
+            (t, kind): {p: Unit(t, p, kind) for p in self._canonical(t, kind)}
+            for t in self._trials
+            for kind in UnitKind
+        }
+        self._steps = {(t, kind): 0 for t in self._trials for kind in UnitKind}
+        self._running: dict[str, Assignment] = {}  # Q', by worker (each member of a group)
+        self._busy: dict[str, Assignment] = {}  # trial -> its running assignment
+        self._waiting: str | None = None  # the waiting group's trial
+        for unit in completed:
+            self._take_completed(unit)
+        self._check_resume_state()
+
+    # ---------------------------------------------------------------- state
+
+    @property
+    def running(self) -> Mapping[str, Assignment]:
+        """Q': the running assignments, by worker (a group under each of its workers)."""
+        return dict(self._running)
+
+    @property
+    def remaining(self) -> Mapping[str, Sequence[Unit]]:
+        """Q: every trial of the epoch to its units not yet started (train first)."""
+        return dict(_QueueView(self._trials, self._queue))
+
+    @property
+    def workers(self) -> Mapping[str, frozenset[int]]:
+        """The availability map: live worker id to the partitions it holds."""
+        return dict(self._held)
+
+    @property
+    def group_sizes(self) -> Mapping[str, int]:
+        """Every trial's group size ``k`` (1: ordinary units); see ``group_plans`` too."""
+        return dict(self._sizes)
+
+    @property
+    def waiting_group(self) -> str | None:
+        """The trial of the waiting group (served first by :meth:`assign`), if any."""
+        return self._waiting
+
+    @property
+    def finished(self) -> bool:
+        """Whether every unit of the epoch is complete (Q and Q' are empty)."""
+        return not self._running and not any(self._queue.values())
+
+    @property
+    def stalled(self) -> bool:
+        """Whether units remain, none runs, and no live worker can take any of them.
+
+        The engine must then re-home partitions (:meth:`set_partitions`, :meth:`add_worker`;
+        see :attr:`unheld_partitions`) or give up.
+        """
+        if self.finished or self._running:
+            return False
+        groups = self._next_groups()
+        return not any(self._candidates(worker, groups, ()) for worker in self._held)
+
+    @property
+    def unheld_partitions(self) -> frozenset[int]:
+        """Partitions of units in Q that no live worker holds."""
+        held = frozenset[int]().union(*self._held.values())
+        return frozenset(p for units in self._queue.values() for p in units if p not in held)
+
+    # ---------------------------------------------------------------- Alg. 1-2
+
+    def assign(self) -> list[Assignment]:
+        """Hand work to every idle worker that can get some (Alg. 1, one pass; §5.7).
+
+        The waiting group, if any, starts first if the idle workers can complete it (see
+        the class docstring). Then idle workers are served in sorted id order; for each,
+        the rule picks among the units of idle trials on partitions it holds, and a pick
+        of a group trial gathers the rest of its group from the idle workers not yet
+        served. The units move from Q to Q'.
+
+        Returns:
+            The new assignments, in the order they were made.
+
+        Raises:
+            ConfigError: The rule returned a unit that was not a candidate.
+        """
+        made: list[Assignment] = []
+        idle = [w for w in sorted(self._held) if w not in self._running]
+        taken: set[str] = set()  # idle workers given work in this pass
+        groups = self._next_groups()
+        if self._waiting is not None:
+            started = self._serve_waiting(idle, groups, taken)
+            if started is not None:
+                made.append(started)
+        for worker in idle:
+            if worker in taken:
+                continue
+            excluded = {self._waiting} if self._waiting is not None else set()
+            while True:
+                candidates = self._candidates(worker, groups, excluded)
+                if not candidates:
+                    break
+                view = _QueueView(self._trials, self._queue)
+                unit = self._rule.choose(worker, candidates, view, self._rng)
+                if unit not in candidates:
+                    raise ConfigError(
+                        f"rule {self._rule!r} chose {unit!r} for worker {worker!r}, which is "
+                        f"not one of its candidates {list(candidates)!r}"
+                    )
+                group = groups.get(unit.trial) if unit.kind is UnitKind.TRAIN else None
+                if group is None or group[1] < 2:
+                    made.append(self._start(worker, unit))
+                    taken.add(worker)
+                    break
+                free = [w for w in idle if w not in taken and w != worker]
+                chosen, matcher = self._gather(group, [worker], free)
+                if len(chosen) == group[1]:
+                    made.append(self._start_group(unit.trial, chosen, matcher))
+                    taken.update(chosen)
+                    break
+                if self._waiting is None:
+                    self._waiting = unit.trial
+                excluded.add(unit.trial)  # it cannot start now: serve another trial
+        return made
+
+    def complete(self, unit: Unit, *, worker: str | None = None) -> None:
+        """Record that a running unit finished (Alg. 2): it leaves Q' for good.
+
+        For a group assignment, ``unit`` may be any of its units: the whole group
+        completes, and the trial's next train unit is at ``step + size``.
+
+        Args:
+            unit: The unit.
+            worker: If given, the worker that reports it; must be one running it, so a
+                stale report from a worker the unit was taken from is refused.
+
+        Raises:
+            ConfigError: ``unit`` is not running (on ``worker``).
+        """
+        assignment = self._release(unit, worker, "complete")
+        self._steps[unit.trial, unit.kind] += assignment.size
+
+    def fail(self, unit: Unit, *, worker: str | None = None) -> None:
+        """Record that a running unit must be retried (§5.6): it moves from Q' back to Q.
+
+        Its trial and worker are idle again; the worker stays live. For a group
+        assignment, ``unit`` may be any of its units: all of them go back to Q and all its
+        workers are idle again.
+
+        Args:
+            unit: The unit.
+            worker: If given, must be a worker running it.
+
+        Raises:
+            ConfigError: ``unit`` is not running (on ``worker``).
+        """
+        assignment = self._release(unit, worker, "fail")
+        self._requeue(assignment.units)
+
+    def remove_trial(self, trial: str) -> None:
+        """Drop a trial from the epoch (its user code failed, or the search stopped it).
+
+        Its units leave Q, and Q' if it is running (its workers are idle again); units it
+        completed stay complete. Completeness then holds for the other trials only.
+
+        Raises:
+            ConfigError: ``trial`` is not a trial of this epoch.
+        """
+        self._check_trial(trial)
+        assignment = self._busy.pop(trial, None)
+        if assignment is not None:
+            for worker in assignment.workers:
+                del self._running[worker]
+        if self._waiting == trial:
+            self._waiting = None
+        for kind in UnitKind:
+            self._queue[trial, kind] = {}
+
+    def set_group_size(self, trial: str, size: int) -> None:
+        """Set ``trial``'s group size from its next group on (a running group runs on).
+
+        It replaces the trial's plan, if it had one; e.g. ``1`` when the backend cannot
+        run group units.
+
+        Raises:
+            ConfigError: ``trial`` is unknown or ``size`` is not an integer ``>= 1``.
+        """
+        self._check_trial(trial, "set_group_size")
+        self._sizes[trial] = _group_size(trial, size)
+        self._plan_ends.pop(trial, None)
+
+    # ---------------------------------------------------------------- elasticity
+
+    def add_worker(self, worker: str, partitions: Collection[int]) -> None:
+        """Register a new live worker holding ``partitions`` (§5.6 scale-out).
+
+        Raises:
+            ConfigError: ``worker`` is already live, or holds an unknown partition.
+        """
+        if worker in self._held:
+            raise ConfigError(f"worker {worker!r} is already registered")
+        self._held[worker] = self._check_held(worker, partitions)
+
+    def remove_worker(self, worker: str) -> Unit | None:
+        """Forget a worker that left or died; its running work moves back to Q (§5.6).
+
+        If it was a member of a group assignment, the whole group goes back to Q and the
+        other members are idle again.
+
+        Returns:
+            The unit it was running (its own rank's unit of a group), if any.
+
+        Raises:
+            ConfigError: ``worker`` is not live.
+        """
+        self._check_worker(worker)
+        assignment = self._running.get(worker)
+        if assignment is not None:
+            self.fail(assignment.unit)
+        del self._held[worker]
+        return None if assignment is None else assignment.unit_of(worker)
+
+    def set_partitions(self, worker: str, partitions: Collection[int]) -> None:
+        """Re-home: ``worker`` now holds ``partitions``. A running unit runs on.
+
+        Raises:
+            ConfigError: ``worker`` is not live, or a partition is unknown.
+        """
+        self._check_worker(worker)
+        self._held[worker] = self._check_held(worker, partitions)
+
+    # ---------------------------------------------------------------- internals
+
+    def _canonical(self, trial: str, kind: UnitKind) -> tuple[int, ...]:
+        return self._orders[trial] if kind is UnitKind.TRAIN else self._val_partitions
+
+    def _candidates(
+        self, worker: str, groups: Mapping[str, _Group], excluded: Collection[str | None]
+    ) -> list[Unit]:
+        """Units of idle trials that ``worker`` may run (Alg. 1 line 10, §5.5, §5.7)."""
+        held = self._held[worker]
+        in_order = sorted(held)
+        found: list[Unit] = []
+        for trial in self._trials:
+            if trial in self._busy or trial in excluded:
+                continue
+            train = self._queue[trial, UnitKind.TRAIN]
+            queue = train or self._queue[trial, UnitKind.VALIDATE]
+            if not queue:
+                continue
+            group = groups.get(trial) if queue is train else None
+            if group is not None and group[1] >= 2:
+                found.extend(train[p] for p in group[0] if p in held)
+            elif self._ordered and queue is train:
+                first = next(iter(train.values()))
+                if first.partition in held:
+                    found.append(first)
+            elif len(held) < len(queue):
+                found.extend(queue[p] for p in in_order if p in queue)
+            else:
+                found.extend(unit for p, unit in queue.items() if p in held)
+        return found
+
+    def _limit(self, trial: str) -> int:
+        """Most train units the idle ``trial``'s next group may cover (``L``)."""
+        left = len(self._queue[trial, UnitKind.TRAIN])
+        ends = self._plan_ends.get(trial)
+        if ends is None:
+            return min(self._sizes[trial], left)
+        done = self._steps[trial, UnitKind.TRAIN]
+        end = next((e for e in ends if e > done), done + 1)
+        return min(end - done, left)
+
+    def _next_groups(self) -> dict[str, _Group]:
+        """The next group of every idle trial whose next train units may be grouped.
+
+        Each is ``(partitions the group draws from, its size s)``: with visit orders the
+        group's partitions themselves, by rank; without, every remaining train partition.
+        """
+        groups: dict[str, _Group] = {}
+        workers = sorted(self._held)
+        for trial in self._trials:
+            train = self._queue[trial, UnitKind.TRAIN]
+            if trial in self._busy or not train:
+                continue
+            limit = self._limit(trial)
+            if limit < 2:
+                continue
+            matcher: Matcher[int, str] = Matcher(
+                lambda p: [w for w in workers if p in self._held[w]]
+            )
+            if self._ordered:
+                prefix = list(itertools.takewhile(matcher.add, list(train)[:limit]))
+                groups[trial] = (tuple(prefix), len(prefix))
+            else:
+                size = 0
+                for partition in train:
+                    size += matcher.add(partition)
+                    if size == limit:
+                        break
+                groups[trial] = (tuple(train), size)
+        return groups
+
+    def _gather(
+        self, group: _Group, first: Sequence[str], rest: Sequence[str]
+    ) -> tuple[list[str], Matcher[str, int]]:
+        """Pick up to ``s`` workers, ``first`` then ``rest``, matchable to the partitions.
+
+        Greedy on the (transversal) matroid of worker sets that can be matched to distinct
+        partitions of the group: a worker joins if the matching grows.
+        """
+        partitions, size = group
+        matcher: Matcher[str, int] = Matcher(
+            lambda w: [p for p in partitions if p in self._held[w]]
+        )
+        chosen: list[str] = []
+        for worker in itertools.chain(first, rest):
+            if len(chosen) == size:
+                break
+            if worker not in chosen and matcher.add(worker):
+                chosen.append(worker)
+        return chosen, matcher
+
+    def _serve_waiting(
+        self, idle: Sequence[str], groups: Mapping[str, _Group], taken: set[str]
+    ) -> Assignment | None:
+        """Start the waiting group if the idle workers can complete it."""
+        trial = self._waiting
+        assert trial is not None  # ok: only called with a waiting group
+        group = groups.get(trial)
+        if group is None or group[1] < 2:  # the map changed: it no longer needs a group
+            self._waiting = None
+            return None
+        chosen, matcher = self._gather(group, (), idle)
+        if len(chosen) < group[1]:
+            return None
+        self._waiting = None
+        taken.update(chosen)
+        return self._start_group(trial, chosen, matcher)
+
+    def _start(self, worker: str, unit: Unit) -> Assignment:
+        del self._queue[unit.trial, unit.kind][unit.partition]
+        assignment = Assignment(unit, worker, self._steps[unit.trial, unit.kind])
+        self._running[worker] = assignment
+        self._busy[unit.trial] = assignment
+        return assignment
+
+    def _start_group(
+        self, trial: str, workers: Sequence[str], matcher: Matcher[str, int]
+    ) -> Assignment:
+        train = self._queue[trial, UnitKind.TRAIN]
+        rank = {p: i for i, p in enumerate(train)}  # queue order: visit or partition order
+        pairs = sorted(((matcher.left[w], w) for w in workers), key=lambda pw: rank[pw[0]])
+        for partition, _ in pairs:
+            del train[partition]
+        assignment = Assignment(
+            Unit(trial, pairs[0][0]),
+            pairs[0][1],
+            self._steps[trial, UnitKind.TRAIN],
+            workers=tuple(w for _, w in pairs),
+            partitions=tuple(p for p, _ in pairs),
+        )
+        for worker in assignment.workers:
+            self._running[worker] = assignment
+        self._busy[trial] = assignment
+        return assignment
+
+    def _release(self, unit: Unit, worker: str | None, verb: str) -> Assignment:
+        assignment = self._busy.get(unit.trial)
+        if assignment is None or unit not in assignment.units:
+            raise ConfigError(f"cannot {verb} {unit!r}: it is not running")
+        if worker is not None and worker not in assignment.workers:
+            runs_on = " and ".join(repr(w) for w in assignment.workers)
+            raise ConfigError(
+                f"cannot {verb} {unit!r} for worker {worker!r}: it runs on worker {runs_on}"
+            )
+        del self._busy[unit.trial]
+        for member in assignment.workers:
+            del self._running[member]
+        return assignment
+
+    def _requeue(self, units: Sequence[Unit]) -> None:
+        first = units[0]
+        queue = self._queue[first.trial, first.kind]
+        back = {unit.partition: unit for unit in units}
+        self._queue[first.trial, first.kind] = {
+            p: queue[p] if p in queue else back[p]
+            for p in self._canonical(first.trial, first.kind)
+            if p in queue or p in back
+        }
+
+    def _check_trial(self, trial: str, what: str | None = None) -> str:
+        if trial not in self._orders:
+            where = "unknown trial" if what is None else f"{what} names unknown trial"
+            raise ConfigError(f"{where} {trial!r}; trials of this epoch: {list(self._trials)}")
+        return trial
+
+    def _check_worker(self, worker: str) -> None:
+        if worker not in self._held:
+            raise ConfigError(f"unknown worker {worker!r}; live workers: {sorted(self._held)}")
+
+    def _check_held(self, worker: str, partitions: Collection[int]) -> frozenset[int]:
+        held = frozenset(_ints(f"partitions of worker {worker!r}", partitions))
+        unknown = sorted(held - self._known)
+        if unknown:
+            raise ConfigError(
+                f"worker {worker!r} holds unknown partitions {unknown}; known partitions: "
+                f"{sorted(self._known)}"
+            )
+        return held
+
+    def _take_completed(self, unit: Unit) -> None:
+        if unit.trial not in self._orders:
+            raise ConfigError(f"completed unit {unit!r} has an unknown trial {unit.trial!r}")
+        queue = self._queue[unit.trial, unit.kind]
+        if unit.partition not in self._canonical(unit.trial, unit.kind):
+            raise ConfigError(
+                f"completed unit {unit!r} has partition {unit.partition!r}, which is not a "
+                f"{unit.kind.value} partition of this epoch"
+            )
+        if unit.partition not in queue:
+            raise ConfigError(f"completed unit {unit!r} appears twice in completed")
+        del queue[unit.partition]
+        self._steps[unit.trial, unit.kind] += 1
+
+    def _check_resume_state(self) -> None:
+        for trial in self._trials:
+            train = self._queue[trial, UnitKind.TRAIN]
+            done = self._steps[trial, UnitKind.TRAIN]
+            if self._ordered and tuple(train) != self._orders[trial][done:]:
+                raise ConfigError(
+                    f"completed train units of trial {trial!r} are not the first {done} "
+                    f"partitions of its visit order {list(self._orders[trial])!r}"
+                )
+            if train and self._steps[trial, UnitKind.VALIDATE]:
+                raise ConfigError(
+                    f"completed has validate units of trial {trial!r} but its train "
+                    f"partitions {list(train)} are not complete"
+                )
+
+
+class _QueueView(Mapping[str, Sequence[Unit]]):
+    """Read-only view of Q by trial, train units before validate units."""
+
+    def __init__(
+        self, trials: Sequence[str], queue: Mapping[tuple[str, UnitKind], Mapping[int, Unit]]
+    ) -> None:
+        self._trials = trials
+        self._queue = queue
+
+    def __getitem__(self, trial: str) -> tuple[Unit, ...]:
+        return (
+            *self._queue[trial, UnitKind.TRAIN].values(),
+            *self._queue[trial, UnitKind.VALIDATE].values(),
+        )
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._trials)
+
+    def __len__(self) -> int:
+        return len(self._trials)
+
+
+def _ints(name: str, values: Iterable[int]) -> tuple[int, ...]:
+    """Convert to Python ints, refusing anything that is not an integer."""
+    values = list(values)
+    try:
+        return tuple(operator.index(v) for v in values)
+    except TypeError:
+        raise ConfigError(f"{name} {values!r} must be integers") from None
+
+
+def _indices(name: str, values: Sequence[int]) -> tuple[int, ...]:
+    """Validate a non-empty sequence of unique non-negative partition indices."""
+    indices = _ints(name, values)
+    if not indices or len(set(indices)) != len(indices) or min(indices) < 0:
+        raise ConfigError(
+            f"{name} {list(indices)!r} must be non-empty, unique and non-negative integers"
+        )
+    return indices
+
+
+def _check_orders(
+    visit_orders: Mapping[str, Sequence[int]], trials: Sequence[str], partitions: Sequence[int]
+) -> dict[str, tuple[int, ...]]:
+    """Validate visit orders: one per trial, each a permutation of ``partitions``."""
+    extra = sorted(set(visit_orders) - set(trials))
+    missing = [t for t in trials if t not in visit_orders]
+    if extra or missing:
+        raise ConfigError(
+            f"visit_orders must have exactly one order per trial; missing {missing}, "
+            f"unknown {extra}"
+        )
+    orders = {}
+    for trial in trials:
+        order = _ints(f"visit_orders[{trial!r}]", visit_orders[trial])
+        if sorted(order) != sorted(partitions):
+            raise ConfigError(
+                f"visit_orders[{trial!r}] = {list(order)!r} is not a permutation of the "
+                f"partitions {list(partitions)!r}"
+            )
+        orders[trial] = order
+    return orders
+
+
+def _group_size(trial: str, size: int) -> int:
+    """Validate a group size: an integer ``>= 1``."""
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+        raise ConfigError(f"group size of trial {trial!r} must be an integer >= 1, got {size!r}")
+    return int(size)
+
+
+def _plan_ends(trial: str, plan: Sequence[int], num_partitions: int) -> tuple[int, ...]:
+    """Validate a group plan; return the positions where its groups end."""
+    sizes = _ints(f"group_plans[{trial!r}]", plan)
+    if not sizes or min(sizes) < 1 or sum(sizes) != num_partitions:
+        raise ConfigError(
+            f"group_plans[{trial!r}] = {list(sizes)!r} must be positive group sizes summing "
+            f"to the number of partitions {num_partitions}"
+        )
+    return tuple(itertools.accumulate(sizes))
