@@ -13,7 +13,7 @@ from cerebro_spark import __version__
 from cerebro_spark.errors import CerebroError, ConfigError, SearchFailedError
 
 if TYPE_CHECKING:
-    from cerebro_spark.engine import ExperimentResult
+    from cerebro_spark.engine import ExperimentResult, ExperimentState
 
 logger = logging.getLogger("cerebro_spark.cli")
 
@@ -76,13 +76,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _out(format_table(error.trials, *config.objective))
         raise
     _print_result(config.store, result)
-    _print_cost(config.store, result.experiment_id)
     _out(f"experiment {result.experiment_id}: {result.url}")
     return 0
 
 
 def _print_result(store: str, result: ExperimentResult) -> None:
-    """The end-of-run summary, the best checkpoint and where the report is."""
+    """The end-of-run summary, the best checkpoint, the cost and where the report is."""
     from cerebro_spark.report import REPORT_NAME, load_report_data, summary_text
 
     data = load_report_data(store, result.experiment_id)  # metric and mode resolved
@@ -98,14 +97,13 @@ def _print_result(store: str, result: ExperimentResult) -> None:
             f"{best.best_metrics[data.metric]:.4f}: {result.best_checkpoint_url}"
         )
     _out(f"report: {result.url}/{REPORT_NAME}")
+    _print_cost(data.state)
 
 
-def _print_cost(store: str, experiment_id: str) -> None:
+def _print_cost(state: ExperimentState) -> None:
     """Predicted vs actual seconds and dollars of an elastic run, and what it cost."""
-    from cerebro_spark.engine import load_state
     from cerebro_spark.engine._elastic import cost_table
 
-    _, state = load_state(store, experiment_id)
     table = cost_table(state)
     if table is None:
         return
@@ -131,7 +129,6 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         _out(format_table(error.trials, *config.objective))
         raise
     _print_result(store, result)
-    _print_cost(store, experiment_id)
     _out(f"experiment {result.experiment_id}: {result.url}")
     return 0
 
@@ -186,7 +183,7 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
         failures = failures_text(trials, data.unit_failures)
         if failures:
             _out(failures)
-        _print_cost(store, experiment_id)
+        _print_cost(data.state)
     return 0
 
 
