@@ -144,11 +144,16 @@ def format_table(
 
     Columns: rank, trial, status, epochs, the best epoch, the metric at it and after the
     latest epoch (``last <metric>``), the loss and up to two other metrics at the best
-    epoch, the trial's unit seconds and dollars (when given, by trial id), the model
-    family, and the params -- or, for a failed trial, its error.
+    epoch (by name, per-class ones last), the trial's unit seconds and dollars (when
+    given, by trial id), the model family, and the params -- or, for a failed trial, its
+    error.
     """
     ranked = rank(trials, metric, mode)
-    names = sorted({n for t in ranked for n in t.best_metrics if n not in (metric, LOSS)})
+    # a trial-wide metric (f1_macro) says more in one column than one class's (f1_class_0)
+    names = sorted(
+        {n for t in ranked for n in t.best_metrics if n not in (metric, LOSS)},
+        key=lambda n: ("_class_" in n, n),
+    )
     if any(LOSS in t.best_metrics for t in ranked) and metric != LOSS:
         names.insert(0, LOSS)
     names = names[:_TABLE_METRICS]
