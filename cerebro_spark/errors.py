@@ -26,6 +26,36 @@ class StoreError(CerebroError, OSError):
     """A store operation failed (the message names the URI)."""
 
 
+class CheckpointCorruptError(StoreError):
+    """Checkpoint bytes differ from those the event log recorded (a storage fault).
+
+    Raised when a checkpoint's SHA-256 is not the one logged when it was written: another
+    file copied over it, a truncated or partly overwritten file, a flipped byte. It is an
+    I/O fault, never blamed on the trial's code: the unit is retried, and a trial whose
+    checkpoint itself is bad is reported failed with ``"checkpoint corrupt: <url>"``.
+
+    Attributes:
+        where: The checkpoint's key or URI.
+        expected: The SHA-256 the log recorded.
+        actual: The SHA-256 of the bytes read.
+        size: The number of bytes read.
+    """
+
+    def __init__(self, where: str, expected: str, actual: str, size: int) -> None:
+        super().__init__(
+            f"checkpoint corrupt: {where} has SHA-256 {actual} ({size} bytes), but the event "
+            f"log recorded {expected} for it (truncated, overwritten or changed after it was "
+            "written)"
+        )
+        self.where = where
+        self.expected = expected
+        self.actual = actual
+        self.size = size
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (CheckpointCorruptError, (self.where, self.expected, self.actual, self.size))
+
+
 class WorkerLostError(CerebroError, RuntimeError):
     """A worker died or left while it ran a unit; the unit goes back to the queue."""
 

@@ -135,6 +135,10 @@ class UnitTask:
             ordinary unit. In a group unit ``step`` counts the trial's partitions already
             trained this epoch, and the unit ends the epoch when
             ``step + group.size == epoch_units``.
+        checkpoint_in_sha256: SHA-256 the event log recorded for ``checkpoint_in``; the
+            worker refuses other bytes with
+            :class:`~cerebro_spark.errors.CheckpointCorruptError`. ``None`` (tasks of
+            older drivers, or a checkpoint logged without a digest) reads unchecked.
     """
 
     kind: UnitKind
@@ -149,13 +153,15 @@ class UnitTask:
     checkpoint_in: str | None = None
     checkpoint_out: str | None = None
     group: GroupSpec | None = None
+    checkpoint_in_sha256: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Return a JSON-serialisable dict (the inverse of :meth:`from_json`).
 
-        ``"group"`` is present only for a rank of a group unit. ``params`` is copied one
-        level deep (its values are JSON values, read only). Built field by field: this
-        runs for every unit on both sides of the wire, and ``dataclasses.asdict`` deep-copies.
+        ``"group"`` and ``"checkpoint_in_sha256"`` are present only when set. ``params``
+        is copied one level deep (its values are JSON values, read only). Built field by
+        field: this runs for every unit on both sides of the wire, and
+        ``dataclasses.asdict`` deep-copies.
         """
         out = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         out["kind"] = self.kind.value
@@ -164,6 +170,8 @@ class UnitTask:
             del out["group"]
         else:
             out["group"] = self.group.to_json()
+        if self.checkpoint_in_sha256 is None:
+            del out["checkpoint_in_sha256"]
         return out
 
     @classmethod
@@ -196,6 +204,11 @@ class UnitResult:
             :mod:`cerebro_spark.metrics`) by name, ``"loss"`` included: merging the states
             of a split's units gives the metric over the whole split exactly. Empty in
             results of older workers.
+        checkpoint_bytes_read: Checkpoint bytes this unit read from the store (0 when the
+            worker's checkpoint cache held them, or nothing was read).
+        checkpoint_bytes_written: Checkpoint bytes this unit wrote to the store.
+        checkpoint_cache_hits: Checkpoints this unit took from the worker's cache instead
+            of the store (verified by digest). The three are 0 in results of older workers.
     """
 
     task: UnitTask
@@ -207,6 +220,9 @@ class UnitResult:
     checkpoint_sha256: str | None = None
     io_seconds: float = 0.0
     metric_states: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    checkpoint_bytes_read: int = 0
+    checkpoint_bytes_written: int = 0
+    checkpoint_cache_hits: int = 0
 
     def metrics(self) -> dict[str, float]:
         """Return each metric's value over this unit's rows (:attr:`metric_sums` / rows)."""
@@ -226,6 +242,9 @@ class UnitResult:
             "checkpoint_sha256": self.checkpoint_sha256,
             "io_seconds": _finite_or_text(self.io_seconds),
             "metric_states": {name: _json_state(v) for name, v in self.metric_states.items()},
+            "checkpoint_bytes_read": self.checkpoint_bytes_read,
+            "checkpoint_bytes_written": self.checkpoint_bytes_written,
+            "checkpoint_cache_hits": self.checkpoint_cache_hits,
         }
 
     @classmethod
@@ -252,6 +271,9 @@ class UnitResult:
                     str(k): _state_from_json(v)
                     for k, v in dict(data.get("metric_states") or {}).items()
                 },
+                checkpoint_bytes_read=int(data.get("checkpoint_bytes_read", 0)),
+                checkpoint_bytes_written=int(data.get("checkpoint_bytes_written", 0)),
+                checkpoint_cache_hits=int(data.get("checkpoint_cache_hits", 0)),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed unit result {dict(data)!r}: {exc!r}") from None

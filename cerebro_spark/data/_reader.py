@@ -185,3 +185,43 @@ def read_partition(
     labels = _labels(table, manifest)
     logger.debug("read %s partition %d: %d rows, %d bytes", split, index, rows, len(data))
     return PartitionData(split, index, features, labels, bytes_read=len(data))
+
+
+def damaged_partitions(dataset: Store, manifest: Manifest, *, verify: bool = False) -> list[str]:
+    """Return the partition files of a dataset that must be written again, sorted.
+
+    A file is damaged when it is missing or its size differs from the manifest's (a
+    writer or a copy cut short: a truncated Parquet file); with ``verify`` also when its
+    SHA-256 differs (each file is then read whole). A complete dataset gives ``[]``;
+    preparing the same data again rewrites it when anything is listed.
+
+    Args:
+        dataset: The dataset directory's store.
+        manifest: Its manifest.
+        verify: Also compare every file's SHA-256 with the manifest's.
+
+    Returns:
+        The damaged files' paths relative to ``dataset``.
+    """
+    listed = set(dataset.list())
+    damaged = {part.path for part in manifest.partitions if part.path not in listed}
+    present = [part for part in manifest.partitions if part.path not in damaged]
+    filesystem = getattr(dataset, "filesystem", None)
+    path_of = getattr(dataset, "path", None)
+    if filesystem is not None and path_of is not None and present:
+        infos = filesystem.get_file_info([path_of(part.path) for part in present])
+        damaged |= {
+            part.path for part, info in zip(present, infos, strict=True) if info.size != part.bytes
+        }
+    elif present:  # a store without file sizes: read the files to size them
+        verify = True
+    if verify:
+        for part in present:
+            if part.path in damaged:
+                continue
+            data = dataset.get(part.path)
+            if len(data) != part.bytes or hashlib.sha256(data).hexdigest() != part.sha256:
+                damaged.add(part.path)
+    for path in sorted(damaged):
+        logger.warning("partition file %s is missing or damaged", dataset.url(path))
+    return sorted(damaged)

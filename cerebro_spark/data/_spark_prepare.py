@@ -985,7 +985,7 @@ def _sort_key(row: Any) -> tuple[str, int, int, int]:
 
 def _complete(target: FileSystemStore, dataset_id: str) -> Manifest | None:
     """The manifest of a complete dataset ``dataset_id`` at ``target``, else ``None``."""
-    from cerebro_spark.data._reader import read_manifest
+    from cerebro_spark.data._reader import damaged_partitions, read_manifest
 
     if not target.exists(MANIFEST_NAME):
         return None
@@ -995,10 +995,10 @@ def _complete(target: FileSystemStore, dataset_id: str) -> Manifest | None:
             f"{target.url(MANIFEST_NAME)} describes dataset {manifest.dataset_id}, "
             f"not {dataset_id}; remove the directory to prepare the data again"
         )
-    missing = {part.path for part in manifest.partitions} - set(target.list())
+    missing = damaged_partitions(target, manifest)  # missing, or truncated
     if missing:
         logger.warning(
-            "dataset %s at %s lacks %d partition files; writing it again",
+            "dataset %s at %s lacks %d whole partition files; writing it again",
             dataset_id,
             target.uri,
             len(missing),

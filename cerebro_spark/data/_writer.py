@@ -685,7 +685,7 @@ def prepare_dataset(
     Returns:
         The manifest of the (new or reused) dataset.
     """
-    from cerebro_spark.data._reader import read_manifest
+    from cerebro_spark.data._reader import damaged_partitions, read_manifest
 
     norm = _normalize(
         data,
@@ -707,14 +707,14 @@ def prepare_dataset(
                 f"{target.url(MANIFEST_NAME)} describes dataset {manifest.dataset_id}, "
                 f"not {norm.dataset_id}; remove the directory to prepare the data again"
             )
-        missing = {part.path for part in manifest.partitions} - set(target.list())
+        missing = damaged_partitions(target, manifest)  # missing, or truncated
         if not missing:
             logger.info(
                 "dataset %s already prepared at %s; reusing it", norm.dataset_id, target.uri
             )
             return manifest
         logger.warning(
-            "dataset %s at %s lacks %d partition files; writing it again",
+            "dataset %s at %s lacks %d whole partition files; writing it again",
             norm.dataset_id,
             target.uri,
             len(missing),

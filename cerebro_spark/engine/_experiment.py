@@ -76,6 +76,7 @@ from cerebro_spark.engine._state import (
 )
 from cerebro_spark.errors import (
     CerebroError,
+    CheckpointCorruptError,
     ConfigError,
     SearchFailedError,
     StoreError,
@@ -488,10 +489,7 @@ class Experiment:
         data = self.root.get(key)
         actual = hashlib.sha256(data).hexdigest()
         if sha256 is not None and actual != sha256:
-            raise StoreError(
-                f"checkpoint {self.root.url(key)} has SHA-256 {actual}, but the event log "
-                f"recorded {sha256} for it: it was changed after it was written"
-            )
+            raise CheckpointCorruptError(self.root.url(key), sha256, actual, len(data))
         self.store.put(BEST_CHECKPOINT_NAME, data)
         logger.info(
             "%s: trial %s, epoch %s (%s %s), from %s",
@@ -772,6 +770,7 @@ class Experiment:
             epoch_units=self.manifest.num_partitions if self.manifest else 1,
             checkpoint_in=trial.checkpoint,
             checkpoint_out=checkpoint_out,
+            checkpoint_in_sha256=trial.checkpoint_sha256 if trial.checkpoint else None,
         )
 
     def _where(self, assignment: Assignment, index: int, group: str | None) -> dict[str, Any]:
@@ -846,6 +845,11 @@ class Experiment:
             scheduler.fail(unit, worker=assignment.worker)
             return
         except StoreError as error:
+            corrupt = self._corrupt_checkpoint_in(unit.trial, [error])
+            if corrupt is not None:
+                self._emit("unit_failed", **where, reason="checkpoint_corrupt", error=str(error))
+                self._fail_trial(unit.trial, corrupt, scheduler)
+                return
             self._emit("unit_failed", **where, reason="io_error", error=str(error))
             self._count_retry(unit, error)
             scheduler.fail(unit, worker=assignment.worker)
@@ -865,6 +869,7 @@ class Experiment:
             checkpoint=result.task.checkpoint_out,
             checkpoint_bytes=result.checkpoint_bytes,
             checkpoint_sha256=result.checkpoint_sha256,
+            **_traffic(result),
             **_states(result),
         )
         scheduler.complete(unit, worker=assignment.worker)
@@ -893,6 +898,10 @@ class Experiment:
             self._finish_group(item, results, scheduler)
             return
         reason = _group_failure(failed.values())
+        corrupt = None
+        if reason != "trial_error":  # a corrupt read on one rank breaks the others' group
+            corrupt = self._corrupt_checkpoint_in(trial_id, failed.values())
+            reason = "checkpoint_corrupt" if corrupt is not None else reason
         for index, worker in enumerate(assignment.workers):
             error = failed.get(worker)
             text = str(error) if error is not None else f"another rank failed ({reason})"
@@ -901,6 +910,8 @@ class Experiment:
         if reason == "trial_error":
             first = next(e for e in failed.values() if isinstance(e, TrialError))
             self._fail_trial(trial_id, first, scheduler)
+        elif corrupt is not None:
+            self._fail_trial(trial_id, corrupt, scheduler)
         else:
             if reason == "io_error":
                 first_io = next(e for e in failed.values() if isinstance(e, StoreError))
@@ -929,6 +940,7 @@ class Experiment:
                 checkpoint=lead.task.checkpoint_out,
                 checkpoint_bytes=lead.checkpoint_bytes,
                 checkpoint_sha256=lead.checkpoint_sha256,
+                **_traffic(result),
             )
         scheduler.complete(assignment.unit, worker=assignment.worker)
         wall = max(result.seconds for result in results)
@@ -963,7 +975,41 @@ class Experiment:
             ) from error
         logger.warning("retrying %s after an I/O error: %s", unit, error)
 
-    def _fail_trial(self, trial_id: str, error: TrialError, scheduler: MopScheduler) -> None:
+    def _corrupt_checkpoint_in(
+        self, trial_id: str, errors: Iterable[BaseException]
+    ) -> CheckpointCorruptError | None:
+        """The driver's own check of a trial's latest checkpoint after a worker found it corrupt.
+
+        A worker that reads checkpoint bytes other than those the log recorded raises
+        :class:`CheckpointCorruptError`; it reaches the driver as a
+        :class:`StoreError` naming that type. The driver then reads the checkpoint and
+        compares its SHA-256 itself: bytes that differ make the trial fail with
+        ``"checkpoint corrupt: <url> ..."`` (rolling back to an earlier checkpoint would
+        repeat training the log already counts, and the earlier ones are deleted once
+        superseded). Bytes that match (the fault was in transit) or a store the driver
+        cannot read either give ``None``: the unit is retried like after any I/O error.
+        """
+        if not any(
+            isinstance(e, CheckpointCorruptError) or CheckpointCorruptError.__name__ in str(e)
+            for e in errors
+        ):
+            return None
+        trial = self.state.trials[trial_id]
+        key, expected = trial.checkpoint, trial.checkpoint_sha256
+        if key is None or expected is None:
+            return None
+        try:
+            data = self.root.get(key)
+        except (OSError, StoreError) as error:
+            logger.warning("cannot re-read checkpoint %s to verify it: %s", key, error)
+            return None
+        actual = hashlib.sha256(data).hexdigest()
+        if actual == expected:
+            logger.warning("checkpoint %s verifies on the driver; retrying the unit", key)
+            return None
+        return CheckpointCorruptError(self.root.url(key), expected, actual, len(data))
+
+    def _fail_trial(self, trial_id: str, error: CerebroError, scheduler: MopScheduler) -> None:
         scheduler.remove_trial(trial_id)
         self._emit("trial_failed", trial=trial_id, error=str(error))
         self.procedure.on_trial_failed(trial_id)
@@ -1233,6 +1279,19 @@ def _drain(finished: queue.SimpleQueue[_Running], *, block: bool) -> list[_Runni
 def _short(key: str, folder: str) -> str:
     """A checkpoint key relative to the experiment's checkpoint folder, for logs."""
     return key[len(folder) :] if key.startswith(folder) else key
+
+
+def _traffic(result: UnitResult) -> dict[str, int]:
+    """A unit's checkpoint traffic for its ``unit_end`` event (readers default them to 0).
+
+    ``checkpoint_bytes_read``/``checkpoint_bytes_written``: bytes this rank moved from and
+    to the store; ``checkpoint_cache_hits``: checkpoints its worker's cache answered.
+    """
+    return {
+        "checkpoint_bytes_read": result.checkpoint_bytes_read,
+        "checkpoint_bytes_written": result.checkpoint_bytes_written,
+        "checkpoint_cache_hits": result.checkpoint_cache_hits,
+    }
 
 
 def _states(result: UnitResult) -> dict[str, Any]:

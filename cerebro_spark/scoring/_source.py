@@ -3,23 +3,35 @@
 Every form is read through the package's store layer (:func:`~cerebro_spark.store.open_store`,
 :func:`~cerebro_spark.store.resolve_filesystem`): local paths, ``file://``, ``s3://``
 (with pyarrow options in the query string) and any URI pyarrow understands.
+
+A checkpoint read from an experiment (its ``best.pt``, or a trial's checkpoint under its
+``checkpoints/`` folder) is verified against the SHA-256 the experiment's event log
+recorded for it: other bytes raise :class:`~cerebro_spark.errors.CheckpointCorruptError`
+instead of scoring with a model nobody trained. Checkpoints outside an experiment, and
+those its log records no digest for, are read unchecked.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import logging
 import os
 import urllib.parse
 from typing import TypeAlias
 
 import pyarrow.fs as pafs
 
-from cerebro_spark.errors import ConfigError
+from cerebro_spark.errors import CheckpointCorruptError, ConfigError
 from cerebro_spark.store import Store, open_store, resolve_filesystem
 
 #: The name of an experiment's best checkpoint (``<store>/experiments/<id>/best.pt``).
 BEST_CHECKPOINT = "best.pt"
 _EXPERIMENTS = "experiments"
+_CHECKPOINTS = "checkpoints"
+_EVENTS = "events.jsonl"
+
+logger = logging.getLogger(__name__)
 
 Source: TypeAlias = "str | os.PathLike[str] | bytes | bytearray | memoryview"
 """A checkpoint path or URI, an experiment directory URI, or checkpoint bytes."""
@@ -34,11 +46,14 @@ class CheckpointSource:
         where: The URI read (``"<bytes>"`` for bytes given directly), for messages.
         experiment: The experiment directory's store when the source named an experiment
             (used to find the dataset of a checkpoint without metadata), else ``None``.
+        sha256: The SHA-256 of ``data``, checked against the experiment's event log when
+            it recorded one (``None`` for bytes given directly).
     """
 
     data: bytes
     where: str
     experiment: Store | None = None
+    sha256: str | None = None
 
 
 def best_checkpoint_uri(store_uri: str | Store, experiment_id: str) -> str:
@@ -89,6 +104,8 @@ def read_source(source: Source, store: str | Store | None = None) -> CheckpointS
     Raises:
         ConfigError: ``source`` is of the wrong type or empty.
         FileNotFoundError: Nothing readable there (the message says what was tried).
+        CheckpointCorruptError: The bytes are not those the experiment's event log
+            recorded for the checkpoint (see the module docstring).
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
         return CheckpointSource(bytes(source), "<bytes>")
@@ -105,7 +122,14 @@ def read_source(source: Source, store: str | Store | None = None) -> CheckpointS
     kind = filesystem.get_file_info(path).type
     if kind == pafs.FileType.File:
         with filesystem.open_input_file(path) as stream:
-            return CheckpointSource(stream.read(), source)
+            data = stream.read()
+        head, _, name = source.rstrip("/").rpartition("/")
+        if name == BEST_CHECKPOINT and head:
+            return _verified(data, source, _logged(_open_dir(head), BEST_CHECKPOINT))
+        before, marker, rest = source.rpartition(f"/{_CHECKPOINTS}/")
+        if marker and before:
+            return _verified(data, source, _logged(_open_dir(before), f"{_CHECKPOINTS}/{rest}"))
+        return CheckpointSource(data, source, sha256=hashlib.sha256(data).hexdigest())
     if kind == pafs.FileType.Directory:
         return _experiment(open_store(source))
     raise FileNotFoundError(f"no checkpoint file or experiment directory at {source}")
@@ -116,7 +140,13 @@ def _from_store(root: Store, source: str) -> CheckpointSource:
     if key.endswith(".pt"):
         if not root.exists(key):
             raise FileNotFoundError(f"no checkpoint at {root.url(key)}")
-        return CheckpointSource(root.get(key), root.url(key))
+        data = root.get(key)
+        head, marker, rest = key.partition(f"/{_CHECKPOINTS}/")
+        if not marker:
+            head, _, rest = key.rpartition("/")
+        relative = f"{_CHECKPOINTS}/{rest}" if marker else rest
+        expected = _logged(root.child(head), relative) if head else None
+        return _verified(data, root.url(key), expected)
     prefix = key if key.startswith(f"{_EXPERIMENTS}/") else f"{_EXPERIMENTS}/{key}"
     return _experiment(root.child(prefix))
 
@@ -125,9 +155,56 @@ def _experiment(experiment: Store) -> CheckpointSource:
     if not experiment.exists(BEST_CHECKPOINT):
         parent, name = _split(experiment.uri)
         raise FileNotFoundError(_no_best(open_store(parent), name))
-    return CheckpointSource(
-        experiment.get(BEST_CHECKPOINT), experiment.url(BEST_CHECKPOINT), experiment
-    )
+    data = experiment.get(BEST_CHECKPOINT)
+    where = experiment.url(BEST_CHECKPOINT)
+    return _verified(data, where, _logged(experiment, BEST_CHECKPOINT), experiment)
+
+
+def _open_dir(uri: str) -> Store | None:
+    try:
+        return open_store(uri)
+    except (OSError, ValueError):
+        return None
+
+
+def _logged(experiment: Store | None, key: str) -> str | None:
+    """The SHA-256 an experiment's event log recorded for ``key`` (relative to it), if any.
+
+    ``best.pt``: the last ``experiment_end``'s ``best_checkpoint_sha256``; a trial's
+    checkpoint: the last ``unit_end`` that wrote it. Not an experiment (no event log), or
+    a log that records no digest for it: ``None``.
+    """
+    if experiment is None or not experiment.exists(_EVENTS):
+        return None
+    from cerebro_spark.engine._events import read_events  # here: the engine imports scoring
+
+    recorded = None
+    if key == BEST_CHECKPOINT:
+        for event in read_events(experiment):
+            if event.get("event") == "experiment_end":
+                recorded = event.get("best_checkpoint_sha256")
+        return recorded if isinstance(recorded, str) else None
+    full = f"{_experiment_key(experiment)}/{key}"
+    for event in read_events(experiment):
+        if event.get("event") == "unit_end" and event.get("checkpoint") in (full, key):
+            recorded = event.get("checkpoint_sha256")
+    return recorded if isinstance(recorded, str) else None
+
+
+def _experiment_key(experiment: Store) -> str:
+    """``experiments/<id>``: the prefix an experiment's checkpoint keys start with."""
+    return f"{_EXPERIMENTS}/{experiment.uri.split('?', 1)[0].rstrip('/').rpartition('/')[2]}"
+
+
+def _verified(
+    data: bytes, where: str, expected: str | None, experiment: Store | None = None
+) -> CheckpointSource:
+    actual = hashlib.sha256(data).hexdigest()
+    if expected is not None and actual != expected:
+        raise CheckpointCorruptError(where, expected, actual, len(data))
+    if expected is None:
+        logger.debug("no logged SHA-256 for %s: read unchecked", where)
+    return CheckpointSource(data, where, experiment, actual)
 
 
 def _split(uri: str) -> tuple[str, str]:

@@ -39,9 +39,10 @@ import torch
 from torch import nn
 
 from cerebro_spark.data import DatasetInfo, PartitionData
-from cerebro_spark.errors import ConfigError, DataError, TrialError
+from cerebro_spark.errors import CheckpointCorruptError, ConfigError, DataError, TrialError
 from cerebro_spark.metrics import State
 from cerebro_spark.store import Store
+from cerebro_spark.training._cache import worker_cache
 from cerebro_spark.training._checkpoint import (
     Checkpoint,
     decode_checkpoint,
@@ -106,6 +107,8 @@ def run_unit(
         DataError: If ``data`` does not match ``task`` or ``info``.
         TrialError: If the spec or user code raised, the checkpoint cannot be decoded or
             restored, or the training loss is not finite (the original error is chained).
+        CheckpointCorruptError: If the checkpoint read is not the one the log recorded
+            (``task.checkpoint_in_sha256``): a storage fault, not the trial's.
         OSError: If the store fails (not the trial's fault; the unit can be retried).
     """
     _check_task(task, data, info)
@@ -234,15 +237,61 @@ def _key(task: UnitTask, key: str | None, name: str) -> str:
     return key
 
 
+@dataclasses.dataclass(frozen=True)
+class _CheckpointRead:
+    """A checkpoint read for a unit, and what reading it cost."""
+
+    checkpoint: Checkpoint
+    size: int
+    seconds: float
+    store_bytes: int  # read from the store: 0 on a cache hit
+    cache_hit: bool
+
+
+def _load_checkpoint(store: Store, task: UnitTask, key: str, dev: torch.device) -> _CheckpointRead:
+    """Read and decode checkpoint ``key``, verified against the digest the log recorded.
+
+    The worker's cache answers when it holds ``key`` with the task's
+    ``checkpoint_in_sha256``; otherwise the store is read and the bytes' SHA-256 compared
+    with it before anything is decoded.
+
+    Raises:
+        CheckpointCorruptError: The bytes read are not those the log recorded (a storage
+            fault: the engine retries the unit or reports the checkpoint corrupt).
+        OSError: The store failed.
+        TrialError: Verified bytes (or bytes with no digest to check) cannot be decoded.
+    """
+    started = time.perf_counter()
+    expected = task.checkpoint_in_sha256 if key == task.checkpoint_in else None
+    cache = worker_cache()
+    blob = cache.get(key, expected)
+    hit = blob is not None
+    if blob is None:
+        blob = store.get(key)
+        actual = hashlib.sha256(blob).hexdigest()
+        if expected is not None and actual != expected:
+            raise CheckpointCorruptError(store.url(key), expected, actual, len(blob))
+        cache.put(key, actual, blob)
+    with _user_code(task, f"decoding checkpoint {key!r}"):
+        checkpoint = decode_checkpoint(blob, map_location=dev)
+    seconds = time.perf_counter() - started
+    return _CheckpointRead(checkpoint, len(blob), seconds, 0 if hit else len(blob), hit)
+
+
 def _read_checkpoint(
     store: Store, task: UnitTask, key: str, dev: torch.device
 ) -> tuple[Checkpoint, int, float]:
-    """Return (checkpoint, its size, seconds spent reading and decoding)."""
-    started = time.perf_counter()
-    blob = store.get(key)
-    with _user_code(task, f"decoding checkpoint {key!r}"):
-        checkpoint = decode_checkpoint(blob, map_location=dev)
-    return checkpoint, len(blob), time.perf_counter() - started
+    """Return (checkpoint, its size, seconds reading it): :func:`_load_checkpoint`."""
+    read = _load_checkpoint(store, task, key, dev)
+    return read.checkpoint, read.size, read.seconds
+
+
+def _write_checkpoint(store: Store, key: str, blob: bytes) -> str:
+    """Write ``blob`` durably to ``key``, keep it in the worker's cache; return its SHA-256."""
+    store.put(key, blob)
+    sha256 = hashlib.sha256(blob).hexdigest()
+    worker_cache().put(key, sha256, blob)
+    return sha256
 
 
 def _build_model(
@@ -393,15 +442,17 @@ def _train(
 ) -> UnitResult:
     io_seconds = 0.0
     checkpoint = None
+    read = None
     if task.checkpoint_in is not None:
-        checkpoint, _, io_seconds = _read_checkpoint(store, task, task.checkpoint_in, dev)
+        read = _load_checkpoint(store, task, task.checkpoint_in, dev)
+        checkpoint, io_seconds = read.checkpoint, read.seconds
     state = _open_state(spec, task, info, dev, checkpoint)
     metrics, rows = _train_pass(spec, state, task, data, info, dev)
     states, sums = _report(metrics, task)
     _end_unit(state, task)
     written = time.perf_counter()
     blob = encode_checkpoint(with_dataset(_snapshot(state, task), info))
-    store.put(_key(task, task.checkpoint_out, "checkpoint_out"), blob)
+    sha256 = _write_checkpoint(store, _key(task, task.checkpoint_out, "checkpoint_out"), blob)
     io_seconds += time.perf_counter() - written
     return UnitResult(
         task=task,
@@ -411,8 +462,11 @@ def _train(
         metric_sums=sums,
         metric_states=states,
         checkpoint_bytes=len(blob),
-        checkpoint_sha256=hashlib.sha256(blob).hexdigest(),
+        checkpoint_sha256=sha256,
         io_seconds=io_seconds,
+        checkpoint_bytes_read=read.store_bytes if read is not None else 0,
+        checkpoint_bytes_written=len(blob),
+        checkpoint_cache_hits=int(read is not None and read.cache_hit),
     )
 
 
@@ -427,7 +481,8 @@ def _validate(
     start: float,
 ) -> UnitResult:
     key = _key(task, task.checkpoint_in, "checkpoint_in")
-    checkpoint, size_read, io_seconds = _read_checkpoint(store, task, key, dev)
+    read = _load_checkpoint(store, task, key, dev)
+    checkpoint, io_seconds = read.checkpoint, read.seconds
     model = _build_model(spec, task, info, dev)
     with _user_code(task, f"restoring checkpoint {task.checkpoint_in!r}"):
         model.load_state_dict(checkpoint["model"])
@@ -456,6 +511,8 @@ def _validate(
         seconds=time.perf_counter() - start,
         metric_sums=sums,
         metric_states=states,
-        checkpoint_bytes=size_read,
+        checkpoint_bytes=read.size,
         io_seconds=io_seconds,
+        checkpoint_bytes_read=read.store_bytes,
+        checkpoint_cache_hits=int(read.cache_hit),
     )

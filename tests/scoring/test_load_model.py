@@ -3,6 +3,8 @@ checkpoint carries, old checkpoints without it, and clear errors."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 
 import numpy as np
@@ -14,7 +16,7 @@ from scoring_fixtures import train_experiment
 import cerebro_spark
 from cerebro_spark.data import load_source, prepare_dataset, read_manifest, read_partition
 from cerebro_spark.engine import read_events
-from cerebro_spark.errors import ConfigError, DataError
+from cerebro_spark.errors import CheckpointCorruptError, ConfigError, DataError
 from cerebro_spark.scoring import ScoringModel, best_checkpoint_uri, load_model
 from cerebro_spark.store import open_store
 from cerebro_spark.training import (
@@ -125,10 +127,18 @@ def test_an_old_checkpoint_without_metadata_needs_its_dataset(trained, model, tm
     np.testing.assert_array_equal(
         given.predict_proba(trained.held_out), model.predict_proba(trained.held_out)
     )
-    # an experiment directory finds its dataset in its event log
+    # an experiment directory finds its dataset in its event log (an old experiment:
+    # its log recorded the SHA-256 of the old best.pt)
     copy = tmp_path / "experiment"
     shutil.copytree(trained.experiment_uri, copy)
     (copy / "best.pt").write_bytes(old.read_bytes())
+    with pytest.raises(CheckpointCorruptError, match=r"checkpoint corrupt: .*best\.pt"):
+        load_model(str(copy))
+    events = read_events(open_store(str(copy)))
+    for event in events:
+        if event["event"] == "experiment_end":
+            event["best_checkpoint_sha256"] = hashlib.sha256(old.read_bytes()).hexdigest()
+    (copy / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     found = load_model(str(copy))
     assert (found.predict(trained.held_out) == model.predict(trained.held_out)).all()
 
