@@ -6,21 +6,30 @@ Runs a digits experiment (or reads an existing one with --experiment) and prints
    (each partition must be read once, however many epochs run);
 2. the per-hop overhead: checkpoint read + write seconds as a fraction of unit seconds;
 3. each round's makespan over the schedule lower bound max(max worker load, max trial
-   total) computed from the measured unit times.
+   total) computed from the measured unit times;
+4. checkpoint traffic: bytes read from and written to the store per unit, and the units
+   whose checkpoint the worker's memory cache answered (``--cache-bytes 0`` turns the
+   cache off: the traffic before it existed).
 
     python benchmarks/mop_execution.py --backend spark --master local[2] --epochs 5
+    python benchmarks/mop_execution.py --backend spark --master local[2] --epochs 5 --s3
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import tempfile
+import uuid
 from collections import defaultdict
+from collections.abc import Iterator
 
 from cerebro_spark.engine import parse_config, read_events, run_experiment
 from cerebro_spark.store import open_store
+from cerebro_spark.training._cache import CACHE_BYTES_ENV
 
 
 def run(args: argparse.Namespace) -> tuple[str, str]:
@@ -50,7 +59,10 @@ def run(args: argparse.Namespace) -> tuple[str, str]:
         },
     }
     if args.backend == "spark":
-        raw["spark"] = {"master": args.master, "conf": {"spark.ui.enabled": "false"}}
+        conf = {"spark.ui.enabled": "false"}
+        if args.cache_bytes is not None:
+            conf[f"spark.executorEnv.{CACHE_BYTES_ENV}"] = str(args.cache_bytes)
+        raw["spark"] = {"master": args.master, "conf": conf}
     result = run_experiment(parse_config(raw), experiment_id="bench")
     return store, result.experiment_id
 
@@ -106,6 +118,52 @@ def report(store_uri: str, experiment_id: str) -> None:
         ratios.append(makespan / bound)
         print(f"| {number + 1} | {makespan:.2f} | {bound:.2f} | {makespan / bound:.3f} |")
     print(f"| mean | | | {statistics.mean(ratios):.3f} |")
+    traffic(ends, dataset_bytes=sum(part_bytes.values()))
+
+
+def traffic(ends: list[dict], dataset_bytes: int) -> None:
+    """Checkpoint bytes moved per unit (logs from before the cache lack the fields)."""
+    if not ends or "checkpoint_bytes_read" not in ends[0]:
+        print("\n(no checkpoint traffic fields in this log: it predates them)")
+        return
+    print()
+    print("| units | n | ckpt bytes read | ckpt bytes written | per unit | cache hits |")
+    print("|---|--:|--:|--:|--:|--:|")
+    total = 0
+    for kind in ("train", "validate"):
+        units = [e for e in ends if e["kind"] == kind]
+        read = sum(e["checkpoint_bytes_read"] for e in units)
+        written = sum(e["checkpoint_bytes_written"] for e in units)
+        hits = sum(e["checkpoint_cache_hits"] for e in units)
+        total += read + written
+        per_unit = (read + written) / len(units) if units else 0.0
+        print(f"| {kind} | {len(units)} | {read} | {written} | {per_unit:.0f} | {hits} |")
+    print(f"| all | {len(ends)} | | | {total / len(ends):.0f} | |")
+    print(f"checkpoint bytes moved / dataset bytes: {total / dataset_bytes:.2f}")
+
+
+@contextlib.contextmanager
+def moto_store() -> Iterator[str]:
+    """A moto S3 server on 127.0.0.1 and a fresh bucket: the ``s3://`` store URI."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }.items():
+        os.environ[name] = value
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        bucket = f"bench-{uuid.uuid4().hex[:12]}"
+        boto3.client("s3", endpoint_url=f"http://{host}:{port}").create_bucket(Bucket=bucket)
+        yield (f"s3://{bucket}/lake?endpoint_override={host}:{port}&scheme=http&region=us-east-1")
+    finally:
+        server.stop()
 
 
 def main() -> None:
@@ -121,9 +179,21 @@ def main() -> None:
     parser.add_argument(
         "--experiment", help="report on this experiment id in --store instead of running"
     )
+    parser.add_argument(
+        "--cache-bytes",
+        type=int,
+        help=f"bound of each worker's checkpoint cache ({CACHE_BYTES_ENV}; 0: no cache)",
+    )
+    parser.add_argument("--s3", action="store_true", help="store on a local moto S3 server")
     args = parser.parse_args()
+    if args.cache_bytes is not None:
+        os.environ[CACHE_BYTES_ENV] = str(args.cache_bytes)
     if args.experiment:
         report(args.store, args.experiment)
+    elif args.s3:
+        with moto_store() as uri:
+            args.store = uri
+            report(*run(args))
     else:
         report(*run(args))
 

@@ -109,6 +109,7 @@ from cerebro_spark.training._unit import (
     _unit_environment,
     _user_code,
     _where,
+    _write_checkpoint,
 )
 from cerebro_spark.units import GroupBrokenError, GroupSpec, UnitKind, UnitResult, UnitTask
 
@@ -593,6 +594,7 @@ def _run(
     state.samples_seen += sum(rows_by_rank)
     ends_epoch = task.step + group.size == task.epoch_units
     blob: bytes | None = None
+    sha256: str | None = None
     io_seconds = opened.io_seconds
     if failure is None:
         try:
@@ -603,7 +605,8 @@ def _run(
                 written = time.perf_counter()
                 last = dataclasses.replace(task, step=task.step + group.size - 1)
                 blob = encode_checkpoint(with_dataset(_snapshot(state, last), info))
-                store.put(_key(task, task.checkpoint_out, "checkpoint_out"), blob)
+                key = _key(task, task.checkpoint_out, "checkpoint_out")
+                sha256 = _write_checkpoint(store, key, blob)
                 io_seconds += time.perf_counter() - written
         except Exception as error:
             failure = _Failure.of(error)
@@ -622,6 +625,7 @@ def _run(
         metric_sums=sums,
         metric_states=states,
         checkpoint_bytes=len(blob) if blob is not None else 0,
-        checkpoint_sha256=hashlib.sha256(blob).hexdigest() if blob is not None else None,
+        checkpoint_sha256=sha256,
         io_seconds=io_seconds,
+        checkpoint_bytes_written=len(blob) if blob is not None else 0,
     )

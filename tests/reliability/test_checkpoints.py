@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +44,7 @@ from cerebro_spark.scoring import load_model
 from cerebro_spark.store import Store, open_store
 from cerebro_spark.training import run_unit
 from cerebro_spark.training._cache import CACHE_BYTES_ENV, CheckpointCache, set_worker_cache_bytes
+from cerebro_spark.units import UnitResult, UnitTask
 from tests.training.training_fixtures import BLOBS_INFO, blobs, train_task, validate_task
 
 pytestmark = [pytest.mark.torch]
@@ -161,6 +163,28 @@ def test_the_cache_serves_only_the_logged_bytes(tmp_path: Path) -> None:
     # without the logged digest there is no hit
     cache.put("y", sha256(b"data"), b"data")
     assert cache.get("y", None) is None
+
+
+def test_the_digest_and_the_traffic_cross_the_wire_and_old_messages_still_read(
+    tmp_path: Path,
+) -> None:
+    store = open_store(str(tmp_path))
+    a, _ = _two_trials(store)
+    hop = train_task("a", step=1, epoch_units=2, checkpoint_in="a/e0.pt", checkpoint_out="a/1.pt")
+    hop = dataclasses.replace(hop, checkpoint_in_sha256=a.checkpoint_sha256)
+    wire = json.loads(json.dumps(hop.to_json(), allow_nan=False))
+    assert UnitTask.from_json(wire) == hop
+    older = {k: v for k, v in wire.items() if k != "checkpoint_in_sha256"}  # an older driver
+    assert UnitTask.from_json(older).checkpoint_in_sha256 is None
+    assert (
+        "checkpoint_in_sha256" not in dataclasses.replace(hop, checkpoint_in_sha256=None).to_json()
+    )
+    result = run_unit(hop, blobs(0), store, BLOBS_INFO)
+    back = UnitResult.from_json(json.loads(json.dumps(result.to_json(), allow_nan=False)))
+    assert back == result and back.checkpoint_cache_hits == 1
+    fields = ("checkpoint_bytes_read", "checkpoint_bytes_written", "checkpoint_cache_hits")
+    old = {k: v for k, v in result.to_json().items() if k not in fields}  # an older worker
+    assert [getattr(UnitResult.from_json(old), name) for name in fields] == [0, 0, 0]
 
 
 def test_the_cache_stays_within_its_bound() -> None:
