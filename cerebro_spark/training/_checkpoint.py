@@ -32,7 +32,11 @@ partition)``, so nothing depends on restoring it.
 
 Checkpoints are read **only** with ``torch.load(..., weights_only=True)``: a checkpoint
 holding any other pickled object is refused with :class:`CheckpointError` before that
-object is built.
+object is built. Units read them verified: bytes whose SHA-256 is not the one the event
+log recorded (``UnitTask.checkpoint_in_sha256``) are refused with
+:class:`~cerebro_spark.errors.CheckpointCorruptError` before they are decoded, and each
+worker keeps the checkpoints it wrote or read in a digest-checked memory cache
+(:mod:`cerebro_spark.training._cache`).
 
 Byte determinism (measured with torch 2.13.0): encoding the same state twice gives
 identical bytes, in one process and across processes. The zip entries carry a fixed
