@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from cerebro_spark.data import load_source, prepare_dataset, read_manifest, read_partition
@@ -393,3 +394,29 @@ def test_a_truncated_partition_is_refused_and_prepared_again(tmp_path: Path) -> 
     assert damaged_partitions(dataset, manifest, verify=True) == [part.path]
     with pytest.raises(DataError, match="does not match its SHA-256"):
         read_partition(dataset.uri, part.split, part.index, manifest=manifest)
+
+
+@pytest.mark.spark
+def test_spark_prepare_rewrites_a_truncated_partition(spark: Any, tmp_path: Path) -> None:
+    """The Spark path reuses a complete dataset and rewrites one with a cut-short file."""
+    from cerebro_spark.data import prepare_with_spark
+
+    table, meta = load_source("sklearn:digits")
+    source = tmp_path / "digits.parquet"
+    pq.write_table(table, source)
+    args: dict[str, Any] = {
+        "features": meta["features"],
+        "label": "label",
+        "num_partitions": 2,
+        "seed": 0,
+        "feature_shapes": meta.get("feature_shapes"),
+    }
+    manifest = prepare_with_spark(str(source), str(tmp_path / "store"), spark=spark, **args)
+    dataset = open_store(str(tmp_path / "store")).child(f"datasets/{manifest.dataset_id}")
+    part = manifest.partitions[0]
+    original = dataset.get(part.path)
+    dataset.put(part.path, original[:100])
+    assert damaged_partitions(dataset, manifest) == [part.path]
+    again = prepare_with_spark(str(source), str(tmp_path / "store"), spark=spark, **args)
+    assert again == manifest and dataset.get(part.path) == original
+    assert damaged_partitions(dataset, manifest, verify=True) == []
