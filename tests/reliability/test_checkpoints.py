@@ -129,6 +129,19 @@ def test_a_hop_refuses_a_damaged_checkpoint_as_a_storage_fault(tmp_path: Path, f
     assert sha256(store.get("a/e1.pt")) == clean.checkpoint_sha256
 
 
+def test_a_clone_refuses_a_damaged_donor_checkpoint(tmp_path: Path) -> None:
+    """PBT's exploit: trial c starts from trial a's checkpoint, checked with a's digest."""
+    store = open_store(str(tmp_path))
+    a, _ = _two_trials(store)
+    clone = train_task("c", seed=3, epoch=1, epoch_units=2, checkpoint_in="a/e0.pt")
+    clone = dataclasses.replace(clone, checkpoint_in_sha256=a.checkpoint_sha256)
+    set_worker_cache_bytes(0)
+    truncate(store, "a/e0.pt", "b/e0.pt")
+    with pytest.raises(CheckpointCorruptError, match=r"checkpoint corrupt: .*a/e0\.pt"):
+        run_unit(clone, blobs(0), store, BLOBS_INFO)
+    assert not store.exists(clone.checkpoint_out or "")  # nothing written from bad bytes
+
+
 def test_a_validation_unit_refuses_a_damaged_checkpoint(tmp_path: Path) -> None:
     store = open_store(str(tmp_path))
     a, _ = _two_trials(store)
@@ -158,6 +171,13 @@ def test_the_cache_serves_only_the_logged_bytes(tmp_path: Path) -> None:
     miss = run_unit(hop, blobs(1), store, BLOBS_INFO)
     assert (miss.checkpoint_cache_hits, miss.checkpoint_bytes_read) == (0, a.checkpoint_bytes)
     assert miss.checkpoint_sha256 == hit.checkpoint_sha256  # same bytes either way
+    # the file is damaged after the worker cached it: the hit still gives the logged bytes
+    flip(store, "a/e0.pt", "b/e0.pt")
+    again = run_unit(hop, blobs(1), store, BLOBS_INFO)
+    assert again.checkpoint_cache_hits == 1 and again.checkpoint_sha256 == hit.checkpoint_sha256
+    cache.clear()  # and a worker without it refuses the damaged file
+    with pytest.raises(CheckpointCorruptError):
+        run_unit(hop, blobs(1), store, BLOBS_INFO)
     # an entry whose bytes changed in memory is dropped, and the store is read instead
     cache.put("x", sha256(b"good"), b"bad!")
     assert cache.get("x", sha256(b"good")) is None and cache.stats.corrupt == 1
