@@ -989,10 +989,7 @@ class Experiment:
         superseded). Bytes that match (the fault was in transit) or a store the driver
         cannot read either give ``None``: the unit is retried like after any I/O error.
         """
-        if not any(
-            isinstance(e, CheckpointCorruptError) or CheckpointCorruptError.__name__ in str(e)
-            for e in errors
-        ):
+        if not any(isinstance(e, CheckpointCorruptError) or _names_corruption(e) for e in errors):
             return None
         trial = self.state.trials[trial_id]
         key, expected = trial.checkpoint, trial.checkpoint_sha256
@@ -1279,6 +1276,17 @@ def _drain(finished: queue.SimpleQueue[_Running], *, block: bool) -> list[_Runni
 def _short(key: str, folder: str) -> str:
     """A checkpoint key relative to the experiment's checkpoint folder, for logs."""
     return key[len(folder) :] if key.startswith(folder) else key
+
+
+def _names_corruption(error: BaseException) -> bool:
+    """Whether a worker's error (rebuilt from its JSON by the backend) was a corrupt read.
+
+    The control protocol carries a worker's exception as its type name and message, not
+    its class: a :class:`CheckpointCorruptError` arrives as a :class:`StoreError` whose
+    text holds that name or the error's own ``"checkpoint corrupt: "`` opening.
+    """
+    text = str(error)
+    return CheckpointCorruptError.__name__ in text or "checkpoint corrupt: " in text
 
 
 def _traffic(result: UnitResult) -> dict[str, int]:
