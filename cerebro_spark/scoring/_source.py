@@ -22,7 +22,7 @@ from typing import TypeAlias
 
 import pyarrow.fs as pafs
 
-from cerebro_spark.errors import CheckpointCorruptError, ConfigError
+from cerebro_spark.errors import CerebroError, CheckpointCorruptError, ConfigError
 from cerebro_spark.store import Store, open_store, resolve_filesystem
 
 #: The name of an experiment's best checkpoint (``<store>/experiments/<id>/best.pt``).
@@ -123,13 +123,9 @@ def read_source(source: Source, store: str | Store | None = None) -> CheckpointS
     if kind == pafs.FileType.File:
         with filesystem.open_input_file(path) as stream:
             data = stream.read()
-        head, _, name = source.rstrip("/").rpartition("/")
-        if name == BEST_CHECKPOINT and head:
-            return _verified(data, source, _logged(_open_dir(head), BEST_CHECKPOINT))
-        before, marker, rest = source.rpartition(f"/{_CHECKPOINTS}/")
-        if marker and before:
-            return _verified(data, source, _logged(_open_dir(before), f"{_CHECKPOINTS}/{rest}"))
-        return CheckpointSource(data, source, sha256=hashlib.sha256(data).hexdigest())
+        found = _in_experiment(source)
+        expected = None if found is None else _logged(_open_dir(found[0]), found[1])
+        return _verified(data, source, expected)
     if kind == pafs.FileType.Directory:
         return _experiment(open_store(source))
     raise FileNotFoundError(f"no checkpoint file or experiment directory at {source}")
@@ -160,6 +156,28 @@ def _experiment(experiment: Store) -> CheckpointSource:
     return _verified(data, where, _logged(experiment, BEST_CHECKPOINT), experiment)
 
 
+def _in_experiment(source: str) -> tuple[str, str] | None:
+    """``(experiment directory URI, key in it)`` of a checkpoint file URI or path.
+
+    ``<dir>/best.pt`` and ``<dir>/checkpoints/<trial>/<file>`` name a checkpoint of the
+    experiment ``<dir>`` (an ``s3://`` URI's query is kept on the directory); anything
+    else gives ``None``.
+    """
+    remote = "://" in source and not source.startswith("file://")
+    parts = urllib.parse.urlsplit(source) if remote else None
+    path = parts.path if parts is not None else source
+    before, marker, rest = path.rpartition(f"/{_CHECKPOINTS}/")
+    if marker and before:
+        head, key = before, f"{_CHECKPOINTS}/{rest}"
+    else:
+        head, _, key = path.rstrip("/").rpartition("/")
+        if key != BEST_CHECKPOINT or not head:
+            return None
+    if parts is not None:
+        head = urllib.parse.urlunsplit(parts._replace(path=head))
+    return head, key
+
+
 def _open_dir(uri: str) -> Store | None:
     try:
         return open_store(uri)
@@ -174,19 +192,21 @@ def _logged(experiment: Store | None, key: str) -> str | None:
     checkpoint: the last ``unit_end`` that wrote it. Not an experiment (no event log), or
     a log that records no digest for it: ``None``.
     """
-    if experiment is None or not experiment.exists(_EVENTS):
-        return None
     from cerebro_spark.engine._events import read_events  # here: the engine imports scoring
 
+    if experiment is None:
+        return None
+    try:
+        events = read_events(experiment) if experiment.exists(_EVENTS) else []
+    except (OSError, CerebroError) as error:
+        logger.warning("cannot read the event log of %s to verify %s: %s", experiment, key, error)
+        return None
     recorded = None
-    if key == BEST_CHECKPOINT:
-        for event in read_events(experiment):
-            if event.get("event") == "experiment_end":
-                recorded = event.get("best_checkpoint_sha256")
-        return recorded if isinstance(recorded, str) else None
     full = f"{_experiment_key(experiment)}/{key}"
-    for event in read_events(experiment):
-        if event.get("event") == "unit_end" and event.get("checkpoint") in (full, key):
+    for event in events:
+        if key == BEST_CHECKPOINT and event.get("event") == "experiment_end":
+            recorded = event.get("best_checkpoint_sha256")
+        elif event.get("event") == "unit_end" and event.get("checkpoint") in (full, key):
             recorded = event.get("checkpoint_sha256")
     return recorded if isinstance(recorded, str) else None
 

@@ -380,6 +380,39 @@ def test_load_model_refuses_a_damaged_best_checkpoint(
     assert model is not None
 
 
+def test_a_damaged_checkpoint_on_s3_is_refused_by_every_source_form(s3_server: Any) -> None:
+    """best.pt and a trial's checkpoint on S3 (moto), by URI, experiment directory and
+    key: verified against the experiment's log like local files."""
+    from cerebro_spark.scoring._source import read_source
+
+    root = open_store(s3_server.uri("lake"))
+    experiment = root.child("experiments/e")
+    good, trial = b"best checkpoint bytes", b"trial checkpoint bytes"
+    key = "experiments/e/checkpoints/t0/e0000-s0001.pt"
+    experiment.put("best.pt", good)
+    root.put(key, trial)
+    events = [
+        {"event": "unit_end", "checkpoint": key, "checkpoint_sha256": sha256(trial)},
+        {"event": "experiment_end", "best_checkpoint_sha256": sha256(good)},
+    ]
+    experiment.put("events.jsonl", "".join(json.dumps(e) + "\n" for e in events).encode())
+    sources = {
+        "experiments/e/best.pt": [
+            (root.url("experiments/e/best.pt"), None),
+            ("e", root),
+            (experiment.uri, None),
+        ],
+        key: [(root.url(key), None), (key, root)],
+    }
+    for stored, forms in sources.items():
+        for source, relative_to in forms:
+            assert read_source(source, relative_to).sha256 == sha256(root.get(stored))
+        root.put(stored, root.get(stored)[:-1])  # truncated by one byte
+        for source, relative_to in forms:
+            with pytest.raises(CheckpointCorruptError, match=r"checkpoint corrupt: s3://"):
+                read_source(source, relative_to)
+
+
 # -- dataset partitions --------------------------------------------------------------------
 
 
