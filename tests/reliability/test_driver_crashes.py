@@ -145,3 +145,32 @@ def test_a_resume_after_a_named_dataset_was_deleted_is_refused_clearly(
     shutil.move(tmp_path / "moved", elsewhere)
     resume_experiment(str(store), "gone")
     check_finished(store, "gone", reference)
+
+
+@pytest.mark.parametrize("command", ["leaderboard", "report", "resume", "replay"])
+def test_every_reader_refuses_a_damaged_log_naming_the_line(reference, store, command, caplog):
+    """An invalid line in the middle (what an append behind a torn line used to leave):
+    every command refuses it in one line naming the file and the line, and writes nothing."""
+    target = store / f"experiments/damaged-{command}"
+    shutil.copytree(store / "experiments/reference", target)
+    lines = (target / "events.jsonl").read_bytes().splitlines(keepends=True)
+    lines[9] = lines[9][:25] + b"\n"
+    (target / "events.jsonl").write_bytes(b"".join(lines))
+    before = {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}
+    with caplog.at_level(logging.ERROR):
+        assert main([command, str(target)]) == 2
+    assert f"{target / 'events.jsonl'}: line 10 of {len(lines)} is not an event" in caplog.text
+    assert "Traceback" not in caplog.text
+    assert {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize("command", ["leaderboard", "report"])
+def test_every_reader_reads_a_torn_log(reference, store, command, caplog):
+    target = store / f"experiments/torn-{command}"
+    shutil.copytree(store / "experiments/reference", target)
+    data = (target / "events.jsonl").read_bytes()
+    cut = data.rstrip(b"\n").rfind(b"\n") + 1
+    (target / "events.jsonl").write_bytes(data[: cut + 30])  # experiment_end torn
+    with caplog.at_level(logging.WARNING):
+        assert main([command, str(target)]) == 0
+    assert "ignoring a torn last line" in caplog.text
