@@ -57,7 +57,8 @@ Event kinds and their fields:
   logs this experiment, so that a resumed run continues the same runs
   (:mod:`cerebro_spark.tracking`)
 * ``trial_resumed``, ``search_stopped`` and the elastic runs' ``elastic_plan``,
-  ``stage_plan``, ``stage_actual``, ``resized``, ``resize_failed``, ``elastic_summary``
+  ``stage_plan``, ``stage_actual``, ``resized``, ``resize_failed``, ``replanned``,
+  ``replan_failed``, ``elastic_summary``
   (:mod:`cerebro_spark.engine._elastic`)
 
 **Standard JSON.** Every line is standard JSON (RFC 8259): a float that is not finite
@@ -125,10 +126,15 @@ EVENT_KINDS = frozenset(
         "stage_actual",
         "resized",
         "resize_failed",
+        "replanned",
+        "replan_failed",
         "elastic_summary",
     }
 )
-"""Every event kind this version writes; a reader skips others with a warning."""
+"""Every event kind this version writes; a reader skips others with a warning.
+
+A new kind goes here (and in the module docstring) when it is added; the fold also knows
+any kind it has a handler for."""
 
 NONFINITE_FIELD = "nonfinite"
 """The field listing where an event's non-finite floats are (see the module docstring)."""

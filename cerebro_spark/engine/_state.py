@@ -264,21 +264,23 @@ class ExperimentState:
             EventLogError: A known event lacks a field, holds a malformed one, or names a
                 trial that was never added.
         """
-        kind = event.get("event")
-        if kind not in EVENT_KINDS:
+        kind = str(event.get("event"))
+        handler = getattr(self, f"_on_{kind}", None)
+        if kind not in EVENT_KINDS and handler is None:
             if kind not in self._unknown_kinds:
-                self._unknown_kinds.add(str(kind))
+                self._unknown_kinds.add(kind)
                 logger.warning(
                     "skipping events of kind %r, which this version does not know (written "
                     "by a later version?)",
                     kind,
                 )
+            if isinstance(event.get("time"), (int, float)):  # the driver ran then
+                self._clock_event(False, float(event["time"]))
             return
         self._check_trials(kind, event)
         try:
             if "time" in event:
                 self._clock_event(kind == "experiment_start", float(event["time"]))
-            handler = getattr(self, "_on_" + kind, None)
             if handler is not None:
                 handler(event)
         except KeyError as error:

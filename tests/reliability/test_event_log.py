@@ -247,3 +247,13 @@ def test_a_torn_tail_is_repaired_on_a_full_disk(tmpfs):
     fill_disk(disk, leave=0)
     assert EventLog(open_store(str(disk))).repair() == len(b'{"event":"unit_e')
     assert [e["event"] for e in strict_lines(path.read_bytes())][-1] == "decision"
+
+
+def test_every_kind_this_version_writes_is_known(tmp_path, caplog):
+    log = small_log(tmp_path)
+    for kind in ("unit_start", "unit_failed", "elastic_plan", "resized", "replanned"):
+        fields = {"trial": "t0"} if kind.startswith("unit") else {}
+        log.append(kind, **fields)
+    with caplog.at_level(logging.WARNING):
+        ExperimentState.from_events(log.read())
+    assert "does not know" not in caplog.text
