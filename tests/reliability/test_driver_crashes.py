@@ -115,6 +115,24 @@ def test_a_kill_during_the_final_sweep_resumes_to_the_same_end(reference, store,
     assert (target / "leaderboard.csv").exists() and (target / "best.pt").exists()
 
 
+def test_a_sigkill_after_the_last_round_ends_resumes_to_the_same_end(reference, store, tmp_path):
+    """A real SIGKILL once the last round has ended: the driver is writing the leaderboard,
+    ``best.pt`` and the final report (the kill lands before ``experiment_end`` but for a
+    very fast machine, which the test reports as a skip)."""
+    rounds = [e for e in strict_events(str(store), "reference")[0] if e["event"] == "round_end"]
+    driver = start(store, tmp_path, "sweep-kill")
+    events_file = store / "experiments/sweep-kill/events.jsonl"
+    driver.wait_for(
+        events_file, lambda events: sum(e["event"] == "round_end" for e in events) == len(rounds)
+    )
+    driver.kill(signal.SIGKILL)
+    _, state = strict_events(str(store), "sweep-kill")
+    if state.finished:
+        pytest.skip("the driver finished before the kill landed")
+    resume_experiment(str(store), "sweep-kill")
+    check_finished(store, "sweep-kill", reference)
+
+
 def test_a_resume_after_the_prepared_dataset_was_deleted_rebuilds_it(reference, store, tmp_path):
     driver = start(store, tmp_path, "nodata")
     events_file = store / "experiments/nodata/events.jsonl"
