@@ -56,6 +56,23 @@ class CheckpointCorruptError(StoreError):
         return (CheckpointCorruptError, (self.where, self.expected, self.actual, self.size))
 
 
+class StoreFullError(StoreError):
+    """The store's disk is full (``ENOSPC`` or ``EDQUOT``) while writing a key.
+
+    The run ends (retrying cannot help); the event log was left at a line boundary, so
+    ``cerebro-spark resume`` continues once space is freed. The message names the URI.
+    """
+
+
+class StoreUnavailableError(StoreError):
+    """A remote store stayed unreachable longer than the retry budget allows.
+
+    Only connection-level failures are retried (see
+    :func:`cerebro_spark.store.retry_seconds`); the message names the URI, the operation
+    and how long it was retried.
+    """
+
+
 class WorkerLostError(CerebroError, RuntimeError):
     """A worker died or left while it ran a unit; the unit goes back to the queue."""
 

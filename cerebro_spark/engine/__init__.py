@@ -12,7 +12,7 @@ from cerebro_spark.engine._api import (
     run_experiment,
 )
 from cerebro_spark.engine._config import DataConfig, ExperimentConfig, load_config, parse_config
-from cerebro_spark.engine._events import EventLog, read_events
+from cerebro_spark.engine._events import EVENT_KINDS, EventList, EventLog, read_events
 from cerebro_spark.engine._experiment import (
     Experiment,
     Stage,
@@ -34,7 +34,9 @@ from cerebro_spark.engine._leaderboard import (
 from cerebro_spark.engine._state import ExperimentState, TrialState, WorkerState
 
 __all__ = [
+    "EVENT_KINDS",
     "DataConfig",
+    "EventList",
     "EventLog",
     "Experiment",
     "ExperimentConfig",

@@ -56,18 +56,39 @@ Event kinds and their fields:
   ``run_id`` and ``experiment`` (the MLflow experiment id), ``uri``: where a tracker
   logs this experiment, so that a resumed run continues the same runs
   (:mod:`cerebro_spark.tracking`)
+* ``trial_resumed``, ``search_stopped`` and the elastic runs' ``elastic_plan``,
+  ``stage_plan``, ``stage_actual``, ``resized``, ``resize_failed``, ``replanned``,
+  ``replan_failed``, ``elastic_summary``
+  (:mod:`cerebro_spark.engine._elastic`)
+
+**Standard JSON.** Every line is standard JSON (RFC 8259): a float that is not finite
+(a loss that went ``NaN``) is written as the string ``"NaN"``, ``"Infinity"`` or
+``"-Infinity"``, and the event lists where in a ``nonfinite`` field (paths of keys and
+list indices, e.g. ``[["metrics", "loss"]]``). :func:`read_events` turns them back into
+floats and drops ``nonfinite``, so readers see the floats that were logged. Logs written
+before, with bare ``NaN`` tokens, still read.
+
+**What a reader accepts.** A crash can leave exactly one thing: a torn last line (no
+newline after it), which readers ignore with a warning and the next append cuts off
+(:meth:`EventLog.repair`). Anything else that is not an event, anywhere else, is refused
+with :class:`~cerebro_spark.errors.EventLogError` naming the file and the line. Events
+of a kind this version does not know (:data:`EVENT_KINDS`; a later version may add
+kinds) are skipped by the fold with a warning; a known kind that lacks a field, or that
+names a trial no ``trial_added`` event added, is refused (see
+:meth:`cerebro_spark.engine.ExperimentState.from_events`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from cerebro_spark.errors import EventLogError
-from cerebro_spark.store import Store
+from cerebro_spark.store import FileSystemStore, Store
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +96,69 @@ EventListener = Callable[[dict[str, Any]], None]
 """Called with each event appended, after it is written (:attr:`EventLog.listeners`)."""
 
 EVENTS_NAME = "events.jsonl"
+
+EVENT_KINDS = frozenset(
+    {
+        "experiment_start",
+        "dataset",
+        "worker_joined",
+        "worker_ready",
+        "worker_partitions",
+        "worker_retiring",
+        "worker_retired",
+        "worker_lost",
+        "trial_added",
+        "round_start",
+        "unit_start",
+        "unit_end",
+        "unit_failed",
+        "trial_failed",
+        "trial_epoch",
+        "trial_resumed",
+        "decision",
+        "round_end",
+        "worker_bytes",
+        "search_stopped",
+        "experiment_end",
+        "tracking",
+        "elastic_plan",
+        "stage_plan",
+        "stage_actual",
+        "resized",
+        "resize_failed",
+        "replanned",
+        "replan_failed",
+        "elastic_summary",
+    }
+)
+"""Every event kind this version writes; a reader skips others with a warning.
+
+A new kind goes here (and in the module docstring) when it is added; the fold also knows
+any kind it has a handler for."""
+
+NONFINITE_FIELD = "nonfinite"
+"""The field listing where an event's non-finite floats are (see the module docstring)."""
+
+_NONFINITE_TEXT = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+class EventList(list[dict[str, Any]]):
+    """Events read from a log, with where each came from (for error messages).
+
+    Attributes:
+        where: URI of the log.
+        lines: The line number of each event (1-based).
+    """
+
+    def __init__(self, events: list[dict[str, Any]], where: str, lines: list[int]) -> None:
+        super().__init__(events)
+        self.where = where
+        self.lines = lines
+
+    def position(self, index: int) -> str:
+        """``"<log>, line N"`` for the event at ``index``."""
+        line = self.lines[index] if 0 <= index < len(self.lines) else index + 1
+        return f"{self.where}, line {line}"
 
 
 class EventLog:
@@ -100,8 +184,12 @@ class EventLog:
         if not self._repaired:
             self.repair()
         record = {"event": event, "time": round(time.time(), 6), **fields}
-        line = json.dumps(record, separators=(",", ":")) + "\n"
-        self.store.append(self.key, line.encode())
+        line = encode_event(record) + "\n"
+        try:
+            self.store.append(self.key, line.encode())
+        except BaseException:
+            self._repaired = False  # a failed append may have torn the tail: repair first
+            raise
         for listener in list(self.listeners):
             try:
                 listener(record)
@@ -127,10 +215,13 @@ class EventLog:
         if not tail:
             return 0
         if _event_or_none(tail) is not None:
-            self.store.put(self.key, data + b"\n")
+            self.store.append(self.key, b"\n")
             logger.warning("%s: ended without a newline; added it", self.store.url(self.key))
             return 0
-        self.store.put(self.key, body)
+        if isinstance(self.store, FileSystemStore):
+            self.store.truncate(self.key, len(body))  # in place: works on a full disk
+        else:
+            self.store.put(self.key, body)
         logger.warning(
             "%s: dropped a torn last line of %d bytes (a driver stopped mid-append)",
             self.store.url(self.key),
@@ -151,9 +242,70 @@ def read_events(store: Store, key: str = EVENTS_NAME) -> list[dict[str, Any]]:
         EventLogError: A line other than the torn tail is not an event (the message names
             the log and the line).
     """
+    where = store.url(key)
     if not store.exists(key):
-        return []
-    return list(_parse(store.get(key), store.url(key)))
+        return EventList([], where, [])
+    events: list[dict[str, Any]] = []
+    lines: list[int] = []
+    for number, record in _parse(store.get(key), where):
+        events.append(record)
+        lines.append(number)
+    return EventList(events, where, lines)
+
+
+def encode_event(record: dict[str, Any]) -> str:
+    """One event as a line of standard JSON (no newline; see the module docstring).
+
+    Non-finite floats become ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` and are listed
+    in the ``nonfinite`` field, which :func:`read_events` reads back.
+    """
+    try:
+        return json.dumps(record, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # a NaN or an infinity somewhere: rare, so walk only then
+        pass
+    found: list[list[str | int]] = []
+    encoded = _mark_nonfinite(record, [], found)
+    encoded[NONFINITE_FIELD] = found
+    return json.dumps(encoded, separators=(",", ":"), allow_nan=False)
+
+
+def _mark_nonfinite(value: Any, path: list[str | int], found: list[list[str | int]]) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        found.append(path)
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, dict):
+        return {k: _mark_nonfinite(v, [*path, str(k)], found) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_mark_nonfinite(v, [*path, i], found) for i, v in enumerate(value)]
+    return value
+
+
+def _restore_nonfinite(record: dict[str, Any], where: str, number: int) -> dict[str, Any]:
+    """Turn the strings a ``nonfinite`` field lists back into floats."""
+    paths = record.pop(NONFINITE_FIELD)
+    problem = None if isinstance(paths, list) else "is not a list"
+    for path in paths if problem is None else ():
+        parent: Any = record
+        steps = path if isinstance(path, list) and path else None
+        try:
+            if steps is None:
+                raise LookupError
+            for step in steps[:-1]:
+                parent = parent[step]
+            value = parent[steps[-1]]
+        except (LookupError, TypeError):
+            problem = f"names {path!r}, which the event does not have"
+            break
+        if not isinstance(value, str) or value not in _NONFINITE_TEXT:
+            problem = f"names {path!r}, which holds {value!r}, not NaN or an infinity"
+            break
+        parent[steps[-1]] = _NONFINITE_TEXT[value]
+    if problem is not None:
+        raise EventLogError(
+            f"{where}: line {number}: its {NONFINITE_FIELD!r} field {problem}; a crash cannot "
+            "write that, so the log was changed by something else: restore it from a copy"
+        )
+    return record
 
 
 def _split_tail(data: bytes) -> tuple[bytes, bytes]:
@@ -173,7 +325,8 @@ def _event_or_none(line: bytes) -> dict[str, Any] | None:
     return None
 
 
-def _parse(data: bytes, where: str) -> Iterator[dict[str, Any]]:
+def _parse(data: bytes, where: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, event)`` of each event in ``data``."""
     body, tail = _split_tail(data)
     lines = body.split(b"\n")[:-1]
     for number, line in enumerate(lines, start=1):
@@ -187,14 +340,21 @@ def _parse(data: bytes, where: str) -> Iterator[dict[str, Any]]:
                 "can only tear the last line, so the log was changed by something else: "
                 "restore it from a copy or remove that line by hand"
             )
-        yield record
+        yield number, _decoded(record, where, number)
     if tail.strip():
         record = _event_or_none(tail)
         if record is None:
             logger.warning(
-                "%s: ignoring a torn last line %d (a driver stopped mid-append)",
+                "%s: ignoring a torn last line %d (a driver stopped mid-append; the next "
+                "append cuts it off)",
                 where,
                 len(lines) + 1,
             )
         else:
-            yield record
+            yield len(lines) + 1, _decoded(record, where, len(lines) + 1)
+
+
+def _decoded(record: dict[str, Any], where: str, number: int) -> dict[str, Any]:
+    if NONFINITE_FIELD in record:
+        return _restore_nonfinite(record, where, number)
+    return record

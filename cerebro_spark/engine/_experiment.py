@@ -80,6 +80,7 @@ from cerebro_spark.errors import (
     ConfigError,
     SearchFailedError,
     StoreError,
+    StoreFullError,
     TrialError,
     WorkerLostError,
 )
@@ -967,6 +968,10 @@ class Experiment:
         scheduler.set_group_size(trial_id, 1)
 
     def _count_retry(self, unit: Unit, error: StoreError) -> None:
+        if isinstance(error, StoreFullError) or f"{StoreFullError.__name__}:" in str(error):
+            # A worker's disk is full: no retry frees space. The run ends here, its log
+            # whole (the unit's failure is logged), and 'resume' goes on once it is freed.
+            raise StoreFullError(f"unit {unit} could not write its checkpoint: {error}") from error
         key = (unit, self.state.trials[unit.trial].epochs)
         self._retries[key] = self._retries.get(key, 0) + 1
         if self._retries[key] > MAX_UNIT_RETRIES:

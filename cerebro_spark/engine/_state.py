@@ -15,6 +15,12 @@ same ``group`` id and ``group_partitions``. They count only together: the state 
 them once the last one is in, so a driver killed while logging them leaves a group that
 resume treats as not done (it re-runs the whole group from the checkpoint before it).
 
+The fold checks what it folds: an event of a known kind that lacks a field it needs, or
+that names a trial no ``trial_added`` event added, raises
+:class:`~cerebro_spark.errors.EventLogError` naming the log and the line (a crash cannot
+write such an event); events of kinds this version does not know are skipped with one
+warning per kind (a later version may add kinds).
+
 Each trial's **best epoch** (by the experiment's metric and mode, ties broken by the lower
 loss, then the earlier epoch; see :func:`epoch_key`) is recorded on its ``trial_epoch``
 events (``best_epoch``, ``best_checkpoint``, ``best_checkpoint_sha256``) and folded into
@@ -33,6 +39,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from cerebro_spark.engine._events import EVENT_KINDS
+from cerebro_spark.errors import EventLogError
 from cerebro_spark.metrics import BatchMean, Metric
 from cerebro_spark.training._metrics import metric_value
 from cerebro_spark.units import UnitKind
@@ -46,6 +54,18 @@ JOINED, READY, RETIRING, RETIRED, LOST = "joined", "ready", "retiring", "retired
 
 LOSS = "loss"
 """The metric every unit reports; it breaks ties between equal values of the metric."""
+
+_TRIAL_EVENTS = frozenset(
+    {"unit_start", "unit_end", "unit_failed", "trial_failed", "trial_epoch", "decision"}
+    | {"trial_resumed"}
+)
+"""Kinds whose ``trial`` field must name a trial added before them."""
+
+_RECOVERY = (
+    "a crash cannot write this, so the log was changed by something else: restore "
+    "events.jsonl from a copy, or cut it just before this line (as a crash there would "
+    "have) and 'cerebro-spark resume' goes on from that point"
+)
 
 
 def epoch_key(metrics: Mapping[str, float], metric: str, mode: str) -> tuple[float, float] | None:
@@ -210,22 +230,79 @@ class ExperimentState:
     _open_groups: dict[str, dict[int, Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
     _derived_best: set[str] = dataclasses.field(default_factory=set)
     _clones: list[str] = dataclasses.field(default_factory=list)
+    _unknown_kinds: set[str] = dataclasses.field(default_factory=set)
 
     @classmethod
     def from_events(cls, events: Iterable[Mapping[str, Any]]) -> ExperimentState:
-        """Fold a whole event log."""
+        """Fold a whole event log.
+
+        Args:
+            events: The log's events in order; from
+                :func:`~cerebro_spark.engine.read_events`, errors name the log and line.
+
+        Raises:
+            EventLogError: An event is malformed or names an unknown trial (the message
+                names where and how to recover).
+        """
         state = cls()
-        for event in events:
-            state.apply(event)
+        position = getattr(events, "position", None)
+        for index, event in enumerate(events):
+            try:
+                state.apply(event)
+            except EventLogError as error:
+                where = position(index) if position is not None else f"event {index + 1}"
+                raise EventLogError(f"{where}: {error}; {_RECOVERY}") from error
         return state
 
     def apply(self, event: Mapping[str, Any]) -> None:
-        """Apply one event (unknown kinds are ignored, for forward compatibility)."""
-        if "time" in event:
-            self._clock_event(event["event"] == "experiment_start", float(event["time"]))
-        handler = getattr(self, "_on_" + str(event["event"]), None)
-        if handler is not None:
-            handler(event)
+        """Apply one event.
+
+        Kinds this version does not know are skipped (a warning the first time each is
+        seen): a later version may add kinds.
+
+        Raises:
+            EventLogError: A known event lacks a field, holds a malformed one, or names a
+                trial that was never added.
+        """
+        kind = str(event.get("event"))
+        handler = getattr(self, f"_on_{kind}", None)
+        if kind not in EVENT_KINDS and handler is None:
+            if kind not in self._unknown_kinds:
+                self._unknown_kinds.add(kind)
+                logger.warning(
+                    "skipping events of kind %r, which this version does not know (written "
+                    "by a later version?)",
+                    kind,
+                )
+            if isinstance(event.get("time"), (int, float)):  # the driver ran then
+                self._clock_event(False, float(event["time"]))
+            return
+        self._check_trials(kind, event)
+        try:
+            if "time" in event:
+                self._clock_event(kind == "experiment_start", float(event["time"]))
+            if handler is not None:
+                handler(event)
+        except KeyError as error:
+            raise EventLogError(f"the {kind} event lacks its field {error.args[0]!r}") from error
+        except (TypeError, ValueError, AttributeError) as error:
+            raise EventLogError(f"the {kind} event has a malformed field ({error})") from error
+
+    def _check_trials(self, kind: str, event: Mapping[str, Any]) -> None:
+        """Refuse an event naming a trial that no ``trial_added`` event added."""
+        named: list[Any] = []
+        if kind in _TRIAL_EVENTS:
+            named.append(event.get("trial"))
+        elif kind == "trial_added" and event.get("clone_from") is not None:
+            named.append(event["clone_from"])
+        elif kind == "round_start" and isinstance(event.get("trials"), list):
+            named.extend(event["trials"])
+        for trial in named:
+            if not isinstance(trial, str) or trial not in self.trials:
+                raise EventLogError(
+                    f"the {kind} event names trial {trial!r}, which no earlier trial_added "
+                    "event added"
+                )
 
     def _clock_event(self, starts_session: bool, when: float) -> None:
         """Accumulate the time drivers ran: from each session's start to its last event."""

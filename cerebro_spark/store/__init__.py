@@ -2,10 +2,24 @@
 
 from cerebro_spark.store._base import Store
 from cerebro_spark.store._filesystem import (
+    DEFAULT_RETRY_SECONDS,
+    RETRY_SECONDS_ENV,
     FileSystemStore,
     check_key,
+    is_transient,
     open_store,
     resolve_filesystem,
+    retry_seconds,
 )
 
-__all__ = ["FileSystemStore", "Store", "check_key", "open_store", "resolve_filesystem"]
+__all__ = [
+    "DEFAULT_RETRY_SECONDS",
+    "RETRY_SECONDS_ENV",
+    "FileSystemStore",
+    "Store",
+    "check_key",
+    "is_transient",
+    "open_store",
+    "resolve_filesystem",
+    "retry_seconds",
+]

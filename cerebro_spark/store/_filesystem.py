@@ -24,6 +24,18 @@ How each operation keeps the :class:`~cerebro_spark.store.Store` rules:
   concurrent appenders.
 * Temporary files are named ``<name>.cerebro-tmp-<32 hex>``; ``list`` never shows them and
   such names are not valid keys.
+
+What goes wrong, and what each operation does about it:
+
+* A full disk (``ENOSPC``, ``EDQUOT``) raises :class:`~cerebro_spark.errors.StoreFullError`
+  naming the URI. A failed local ``append`` first truncates the file back to its size
+  before the append (truncating needs no space), so an append is all or nothing.
+* On a remote store (S3, GCS, HDFS) a connection-level failure (connection refused or
+  reset, time-outs, ``NETWORK_CONNECTION``, throttling, ``SERVICE_UNAVAILABLE``) is retried
+  with exponential backoff, each retry logged as a warning, for up to
+  :func:`retry_seconds` in all (``CEREBRO_STORE_RETRY_SECONDS``, default 300); then
+  :class:`~cerebro_spark.errors.StoreUnavailableError` is raised. Errors that retrying
+  cannot fix (a missing key, access denied, a missing bucket) are raised at once.
 """
 
 from __future__ import annotations
@@ -31,16 +43,19 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import os
 import re
 import threading
+import time
 import urllib.parse
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pyarrow.fs as pafs
 
-from cerebro_spark.errors import ConfigError
+from cerebro_spark.errors import ConfigError, StoreFullError, StoreUnavailableError
 from cerebro_spark.store._base import Store
 
 logger = logging.getLogger(__name__)
@@ -52,6 +67,153 @@ _OBJECT_STORES = frozenset({"s3", "gcs"})
 _cache_lock = threading.Lock()
 _fs_cache: dict[tuple[str, str, str], pafs.FileSystem] = {}
 _LOCAL = pafs.LocalFileSystem()
+
+_T = TypeVar("_T")
+
+RETRY_SECONDS_ENV = "CEREBRO_STORE_RETRY_SECONDS"
+"""Environment variable: how long in all a remote store operation is retried (seconds)."""
+
+DEFAULT_RETRY_SECONDS = 300.0
+_FIRST_PAUSE = 0.5
+_LONGEST_PAUSE = 15.0
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+# How pyarrow (the AWS SDK, curl) words failures that a retry can fix: the server or the
+# network did not answer, or asked to slow down. Anything else (ACCESS_DENIED,
+# NO_SUCH_BUCKET, a missing key) is a real error and is raised at once.
+_TRANSIENT_MARKERS = (
+    "NETWORK_CONNECTION",
+    "curlCode",
+    "Could not connect",
+    "Couldn't connect",
+    "Connection refused",
+    "Connection reset",
+    "Broken pipe",
+    "timed out",
+    "Timeout",
+    "SERVICE_UNAVAILABLE",
+    "SLOW_DOWN",
+    "THROTTLING",
+    "REQUEST_TIMEOUT",
+    "INTERNAL_FAILURE",
+    "Service Unavailable",
+)
+_NEVER_TRANSIENT = (
+    FileNotFoundError,
+    FileExistsError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+)
+
+
+def retry_seconds() -> float:
+    """How long in all a remote store operation is retried while the store is unreachable.
+
+    Read from ``CEREBRO_STORE_RETRY_SECONDS`` at each operation (so a driver and the
+    workers it starts agree when the variable is in their environment); 300 when unset,
+    0 to fail at once.
+
+    Raises:
+        ConfigError: The variable is not a finite number of seconds ``>= 0``.
+    """
+    raw = os.environ.get(RETRY_SECONDS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_RETRY_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(
+            f"{RETRY_SECONDS_ENV}={raw!r} must be a number of seconds >= 0 (0: never retry)"
+        )
+    return value
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether ``error`` is a connection-level store failure that a retry can fix."""
+    if isinstance(error, (StoreFullError, *_NEVER_TRANSIENT)):
+        return False
+    if isinstance(error, (ConnectionError, TimeoutError)):
+        return True
+    if not isinstance(error, OSError) or isinstance(error, StoreUnavailableError):
+        return False
+    text = str(error)
+    return any(marker in text for marker in _TRANSIENT_MARKERS)
+
+
+def with_retries(what: str, url: str, operation: Callable[[], _T]) -> _T:
+    """Run ``operation``, retrying connection-level failures for up to :func:`retry_seconds`.
+
+    Args:
+        what: The operation, for messages (``"get"``, ``"put"`` ...).
+        url: The URI it works on, for messages.
+        operation: The call to make (again).
+
+    Raises:
+        StoreUnavailableError: The store stayed unreachable for the whole budget.
+        OSError: Any failure that is not connection-level, at once.
+    """
+    budget = retry_seconds()
+    started = time.monotonic()
+    pause = _FIRST_PAUSE
+    attempt = 0
+    while True:
+        try:
+            result = operation()
+        except OSError as error:
+            if not is_transient(error):
+                raise
+            waited = time.monotonic() - started
+            if waited >= budget:
+                raise StoreUnavailableError(
+                    f"{what} of {url} failed: the store was unreachable for {waited:.1f} s "
+                    f"({attempt + 1} attempts; {RETRY_SECONDS_ENV}={budget:g}); last error: "
+                    f"{error}"
+                ) from error
+            attempt += 1
+            sleep = min(pause, budget - waited)
+            logger.warning(
+                "%s of %s failed, the store looks unreachable (%s); retry %d in %.1f s "
+                "(%.1f s of %g s waited)",
+                what,
+                url,
+                _first_line(error),
+                attempt,
+                sleep,
+                waited,
+                budget,
+            )
+            time.sleep(sleep)
+            pause = min(pause * 2, _LONGEST_PAUSE)
+            continue
+        if attempt:
+            logger.warning(
+                "%s of %s succeeded after %d retries (%.1f s)",
+                what,
+                url,
+                attempt,
+                time.monotonic() - started,
+            )
+        return result
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+def _store_full(error: OSError, url: str, what: str) -> OSError:
+    """A :class:`StoreFullError` for a disk-full ``error``, else ``error`` itself."""
+    if error.errno not in _NO_SPACE:
+        return error
+    full = StoreFullError(
+        f"no space left on the disk of {url} while writing it ({what}: "
+        f"{os.strerror(error.errno)}); free space there and try again (a run that stopped "
+        "here continues with 'cerebro-spark resume')"
+    )
+    full.errno = error.errno
+    return full
 
 
 def _split_local(uri: str) -> str | None:
@@ -228,21 +390,30 @@ class FileSystemStore(Store):
         # (which a failed ``with`` block does) would publish whatever it holds.
         payload = memoryview(data)
         if self._local:
-            self._put_local(path, payload)
-        elif self._object_store:
-            with self._filesystem.open_output_stream(path) as out:
-                out.write(payload)
-        else:
-            parent = path.rsplit("/", 1)[0]
-            self._filesystem.create_dir(parent, recursive=True)
-            tmp = _tmp_name(path)
             try:
-                with self._filesystem.open_output_stream(tmp) as out:
-                    out.write(payload)
-                self._filesystem.move(tmp, path)
-            except BaseException:
-                _remove_quietly(self._filesystem, tmp)
-                raise
+                self._put_local(path, payload)
+            except OSError as error:
+                raise _store_full(error, path, "put") from error
+        elif self._object_store:
+            with_retries("put", self.url(key), lambda: self._put_object(path, payload))
+        else:
+            with_retries("put", self.url(key), lambda: self._put_renamed(path, payload))
+
+    def _put_object(self, path: str, payload: memoryview) -> None:
+        with self._filesystem.open_output_stream(path) as out:
+            out.write(payload)
+
+    def _put_renamed(self, path: str, payload: memoryview) -> None:
+        parent = path.rsplit("/", 1)[0]
+        self._filesystem.create_dir(parent, recursive=True)
+        tmp = _tmp_name(path)
+        try:
+            with self._filesystem.open_output_stream(tmp) as out:
+                out.write(payload)
+            self._filesystem.move(tmp, path)
+        except BaseException:
+            _remove_quietly(self._filesystem, tmp)
+            raise
 
     @staticmethod
     def _put_local(path: str, data: memoryview) -> None:
@@ -265,18 +436,29 @@ class FileSystemStore(Store):
             FileNotFoundError: No object under ``key`` (the message names the full URI).
         """
         path = self.path(key)
-        try:
+
+        def read() -> bytes:
             with self._filesystem.open_input_stream(path) as src:
                 data: bytes = src.read()
+            return data
+
+        try:
+            return self._call("get", key, read)
         except (FileNotFoundError, IsADirectoryError) as exc:
             raise FileNotFoundError(
                 errno.ENOENT, f"no object in store at {self.url(key)}", self.url(key)
             ) from exc
-        return data
+
+    def _call(self, what: str, key: str, operation: Callable[[], _T]) -> _T:
+        """``operation()``; on a remote store, retried while the store is unreachable."""
+        if self._local:
+            return operation()
+        return with_retries(what, self.url(key) if key else self.uri, operation)
 
     def exists(self, key: str) -> bool:
         """Whether ``key`` holds an object (a directory is not an object)."""
-        info = self._filesystem.get_file_info(self.path(key))
+        path = self.path(key)
+        info = self._call("exists", key, lambda: self._filesystem.get_file_info(path))
         return bool(info.type == pafs.FileType.File)
 
     def list(self, prefix: str = "") -> list[str]:
@@ -290,7 +472,7 @@ class FileSystemStore(Store):
         base = self.path(prefix) if prefix else self._root
         selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
         try:
-            infos = self._filesystem.get_file_info(selector)
+            infos = self._call("list", prefix, lambda: self._filesystem.get_file_info(selector))
         except (FileNotFoundError, NotADirectoryError):
             return []
         strip = len(self._root.rstrip("/")) + 1
@@ -303,30 +485,74 @@ class FileSystemStore(Store):
 
     def delete(self, key: str) -> None:
         """Remove ``key``; a missing key is not an error."""
-        _remove_quietly(self._filesystem, self.path(key))
+        path = self.path(key)
+        self._call("delete", key, lambda: _remove_quietly(self._filesystem, path))
 
     def append(self, key: str, data: bytes) -> None:
-        """Append ``data`` to ``key`` (local: in place and flushed; else: rewrite)."""
+        """Append ``data`` to ``key`` (local: in place and flushed; else: rewrite).
+
+        All or nothing: a local append that fails (a full disk) truncates the file back to
+        its size before the append; a rewrite replaces the object atomically.
+
+        Raises:
+            StoreFullError: The disk is full.
+        """
         path = self.path(key)
         if self._local:
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
-            try:  # the folder exists but for the first append: no makedirs per event
-                fd = os.open(path, flags, 0o666)
-            except FileNotFoundError:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                fd = os.open(path, flags, 0o666)
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-            finally:
-                os.close(fd)
+                _append_local(path, data)
+            except OSError as error:
+                raise _store_full(error, path, "append") from error
             return
         try:
             old = self.get(key)
         except FileNotFoundError:
             old = b""
         self.put(key, old + data)
+
+    def truncate(self, key: str, size: int) -> None:
+        """Cut ``key`` to its first ``size`` bytes.
+
+        On a local disk the file is truncated in place, which needs no free space (so a
+        log can be repaired on a full disk); elsewhere the object is rewritten.
+
+        Raises:
+            FileNotFoundError: No object under ``key``.
+            ValueError: ``size`` is negative.
+        """
+        if size < 0:
+            raise ValueError(f"cannot truncate {self.url(key)} to {size} bytes: size must be >= 0")
+        path = self.path(key)
+        if self._local:
+            try:
+                os.truncate(path, size)
+            except FileNotFoundError as exc:
+                raise FileNotFoundError(
+                    errno.ENOENT, f"no object in store at {path}", path
+                ) from exc
+            return
+        self.put(key, self.get(key)[:size])
+
+
+def _append_local(path: str, data: bytes) -> None:
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    try:  # the folder exists but for the first append: no makedirs per event
+        fd = os.open(path, flags, 0o666)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, flags, 0o666)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:
+            with contextlib.suppress(OSError):  # undo a partial write: all or nothing
+                os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
 
 
 def _tmp_name(path: str) -> str:

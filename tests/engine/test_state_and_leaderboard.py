@@ -168,6 +168,7 @@ def test_trials_without_metric_rank_last():
 def test_experiment_time_does_not_count_driver_downtime():
     log = [
         {"event": "experiment_start", "time": 100.0},
+        {"event": "trial_added", "trial": "t", "params": {}, "seed": 0, "spec": "s"},
         {
             "event": "round_start",
             "time": 101.0,

@@ -1,0 +1,111 @@
+"""A full disk mid-run (issue 12, part 1), on a real tmpfs that fills up.
+
+Whatever write finds the disk full (an event, a worker's checkpoint), the run ends with
+:class:`~cerebro_spark.errors.StoreFullError` (the CLI: one line, exit status 2, no
+traceback), its log whole; once space is freed, ``resume`` finishes the run with the
+results of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cerebro_spark.cli import main
+from cerebro_spark.engine import parse_config, resume_experiment, run_experiment
+from tests.reliability.conftest import (
+    fill_disk,
+    outcome,
+    strict_events,
+    tiny_config,
+    unit_ends,
+    whole_lines,
+    write_config,
+)
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
+BIG = {**tiny_config("."), "space": {**tiny_config(".")["space"], "hidden_units": [512, 512]}}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    store = tmp_path_factory.mktemp("reference")
+    results = {}
+    for name, raw in (("tiny", tiny_config(store)), ("big", {**BIG, "store": str(store)})):
+        result = run_experiment(parse_config(raw), experiment_id=name)
+        results[name] = outcome(strict_events(str(store), name)[1])
+        assert len(result.trials) == (4 if name == "tiny" else 2)
+    return results
+
+
+def filler(events_file: Path, units: int, leave: int) -> tuple[threading.Thread, list[Path]]:
+    """Fill the disk once the log shows ``units`` unit_end events."""
+    made: list[Path] = []
+
+    def fill() -> None:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if len(unit_ends(whole_lines(events_file))) >= units:
+                made.append(fill_disk(events_file.parent.parent.parent, leave=leave))
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=fill, daemon=True)
+    thread.start()
+    return thread, made
+
+
+def test_a_disk_full_mid_run_ends_it_clearly_and_resume_finishes_it(
+    reference, tmpfs, tmp_path, caplog
+):
+    disk = tmpfs("32m")
+    config = write_config(tmp_path / "tiny.yaml", tiny_config(disk))
+    events_file = disk / "experiments/full/events.jsonl"
+    thread, made = filler(events_file, units=6, leave=0)
+    with caplog.at_level(logging.ERROR):
+        status = main(["run", str(config), "--experiment-id", "full"])
+    thread.join()
+    assert status == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("no space left on the disk of" in m for m in errors), errors
+    assert not any(r.exc_info for r in caplog.records if r.levelno >= logging.ERROR)
+    events, state = strict_events(str(disk), "full")  # whole, standard, folds
+    assert not state.finished and len(unit_ends(events)) >= 6
+    for path in made:
+        path.unlink()
+    resume_experiment(str(disk), "full")
+    events, state = strict_events(str(disk), "full")
+    assert state.finished
+    assert outcome(state) == reference["tiny"]
+    ends = unit_ends(events)
+    assert len(ends) == len(set(ends)) == 4 * 2 * 2 * 2  # none lost, none done twice
+
+
+def test_a_checkpoint_that_finds_the_disk_full_ends_the_run_not_the_trial(reference, tmpfs):
+    """Room for events but not for a checkpoint: the worker's write fails; the unit is
+    logged failed as an I/O error (not the trial's fault), and the run stops at once."""
+    disk = tmpfs("64m")
+    events_file = disk / "experiments/ckpt/events.jsonl"
+    thread, made = filler(events_file, units=4, leave=256 * 1024)
+    with pytest.raises(Exception) as caught:
+        run_experiment(parse_config({**BIG, "store": str(disk)}), experiment_id="ckpt")
+    thread.join()
+    assert type(caught.value).__name__ == "StoreFullError"
+    assert "could not write its checkpoint" in str(caught.value)
+    assert "no space left on the disk of" in str(caught.value)
+    events, state = strict_events(str(disk), "ckpt")
+    failed = [e for e in events if e["event"] == "unit_failed"]
+    assert failed and all(e["reason"] == "io_error" for e in failed)
+    assert not any(e["event"] == "trial_failed" for e in events)
+    assert not state.finished
+    for path in made:
+        path.unlink()
+    resume_experiment(str(disk), "ckpt")
+    _, state = strict_events(str(disk), "ckpt")
+    assert state.finished
+    assert outcome(state) == reference["big"]

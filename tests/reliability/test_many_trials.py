@@ -1,0 +1,61 @@
+"""200 trials of 2 epochs with the driver killed halfway (issue 12, part 6).
+
+The driver (the CLI, a child process) is SIGKILLed once half of the 1,600 units are
+logged; ``resume`` finishes the experiment with the results of an uninterrupted run:
+every trial's final checkpoint digest, metrics and best epoch equal, every unit done
+exactly once, the units done before the kill kept.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from cerebro_spark.engine import parse_config, resume_experiment, run_experiment
+from tests.reliability.conftest import (
+    Driver,
+    outcome,
+    strict_events,
+    tiny_config,
+    unit_ends,
+    write_config,
+)
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
+TRIALS = 200
+UNITS = TRIALS * 2 * 2 * 2  # trials x epochs x partitions x (train, validate)
+
+
+def config(store):
+    space = {
+        "model": "cerebro_spark.training:MLPSpec",
+        "hidden_units": {"grid": [[2], [3], [4], [5]]},
+        "lr": {"loguniform": [0.001, 0.1]},
+        "batch_size": 32,
+    }
+    return tiny_config(store, space=space, procedure={"name": "random", "num_trials": TRIALS})
+
+
+def test_200_trials_driver_killed_halfway_resume_equals_uninterrupted(tmp_path):
+    store = tmp_path / "store"
+    run_experiment(parse_config(config(store)), experiment_id="whole")
+    whole_events, whole = strict_events(str(store), "whole")
+    assert len(whole.trials) == TRIALS and len(unit_ends(whole_events)) == UNITS
+
+    path = write_config(tmp_path / "many.yaml", config(store))
+    driver = Driver(["run", str(path), "--experiment-id", "killed"])
+    events_file = store / "experiments/killed/events.jsonl"
+    before = driver.wait_for(events_file, lambda events: len(unit_ends(events)) >= UNITS // 2)
+    driver.kill(signal.SIGKILL)
+    _, state = strict_events(str(store), "killed")
+    assert not state.finished
+
+    resume_experiment(str(store), "killed")
+    events, state = strict_events(str(store), "killed")
+    assert state.finished
+    assert outcome(state) == outcome(whole)
+    ends = unit_ends(events)
+    assert len(ends) == len(set(ends)) == UNITS
+    assert set(unit_ends(before)) <= set(ends)
