@@ -26,6 +26,10 @@ class StoreError(CerebroError, OSError):
     """A store operation failed (the message names the URI)."""
 
 
+class LeaseError(CerebroError, RuntimeError):
+    """Another driver holds the experiment's lease, or this driver lost it (names who)."""
+
+
 class WorkerLostError(CerebroError, RuntimeError):
     """A worker died or left while it ran a unit; the unit goes back to the queue."""
 
