@@ -39,7 +39,7 @@ REDACTED = "<redacted>"
 """What a redacted value is replaced with."""
 
 _SECRET = re.compile(
-    r"secret|passw|pwd|token|credential|access[^a-z0-9]?key|private[^a-z0-9]?key"
+    r"secret|passw|token|credential|access[^a-z0-9]?key|private[^a-z0-9]?key"
     r"|api[^a-z0-9]?key|session[^a-z0-9]?key",
     re.IGNORECASE,
 )

@@ -6,7 +6,7 @@ token), when it was taken (``started_at``) and when it was last renewed
 (``heartbeat_at``), both in seconds since the epoch on the holder's clock.
 
 * It is **taken with a conditional write**: on a local disk the lease file is created
-  and replaced only under an exclusive ``flock`` of ``lease.lock`` beside it; on S3 it is
+  and replaced only under an exclusive ``flock`` of the experiment's directory; on S3 it is
   created with ``PutObject`` ``If-None-Match: "*"`` (exactly one of two concurrent
   creators wins) and replaced with ``If-Match: <the ETag read>``. pyarrow's S3 file system
   cannot send those headers, so S3 leases use boto3 with the store's endpoint, region and
@@ -96,11 +96,10 @@ def _hash_tag(data: bytes) -> str:
 
 
 class LocalLeaseObject(LeaseObject):
-    """A lease file on a local (or NFS) disk; every change under ``flock`` of a lock file."""
+    """A lease file on a local (or NFS) disk; every change under ``flock`` of its directory."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.lock_path = os.path.join(os.path.dirname(path), "lease.lock")
 
     @property
     def url(self) -> str:
@@ -111,7 +110,7 @@ class LocalLeaseObject(LeaseObject):
         directory = os.path.dirname(self.path)
         try:
             os.makedirs(directory, exist_ok=True)
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = os.open(directory, os.O_RDONLY)
         except OSError as error:
             raise StoreError(
                 f"cannot write the lease of {directory}: {error.strerror or error} "
@@ -132,7 +131,7 @@ class LocalLeaseObject(LeaseObject):
         return data, _hash_tag(data)
 
     def _write_unlocked(self, data: bytes) -> str:
-        tmp = f"{self.path}.{secrets.token_hex(8)}.tmp"
+        tmp = f"{self.path}.cerebro-tmp-{secrets.token_hex(16)}"  # never listed
         try:
             with open(tmp, "wb") as out:
                 out.write(data)
@@ -588,8 +587,13 @@ def experiment_lease(
     *,
     timeout: float | None = None,
     heartbeat: float | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> ExperimentLease:
     """Return the (not yet taken) lease of the experiment stored under ``prefix``."""
     return ExperimentLease(
-        lease_object(store, f"{prefix}/{LEASE_NAME}"), what, timeout=timeout, heartbeat=heartbeat
+        lease_object(store, f"{prefix}/{LEASE_NAME}"),
+        what,
+        timeout=timeout,
+        heartbeat=heartbeat,
+        clock=clock,
     )
