@@ -9,6 +9,7 @@ import itertools
 import json
 import logging
 import os
+import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -37,6 +38,7 @@ from cerebro_spark.engine._preflight import preflight
 from cerebro_spark.engine._state import FAILED, ExperimentState, TrialState
 from cerebro_spark.errors import ConfigError, LeaseError
 from cerebro_spark.store import ExperimentLease, Store, experiment_lease, open_store
+from cerebro_spark.store._lease import default_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +153,14 @@ def _config_key(experiment_id: str) -> str:
     return f"{experiment_prefix(experiment_id)}/{CONFIG_NAME}"
 
 
+def _check_lease_timeout(timeout: float | None) -> None:
+    """Refuse a bad lease timeout before anything is prepared or written."""
+    if timeout is None:
+        default_timeout()  # CEREBRO_SPARK_LEASE_TIMEOUT
+    elif isinstance(timeout, bool) or not timeout > 0 or timeout == float("inf"):
+        raise ConfigError(f"lease_timeout must be a number of seconds > 0, got {timeout!r}")
+
+
 def _lease(store: Store, experiment_id: str, timeout: float | None) -> ExperimentLease:
     return experiment_lease(
         store,
@@ -185,11 +195,13 @@ def check_store_writable(store: Store) -> None:
             f"store {store.uri} is under {existing}, which is a regular file: a store must "
             "be a directory (or a path where one can be created)"
         )
-    if not os.access(existing, os.W_OK | os.X_OK):
+    try:  # a probe, removed at once: access() says yes to root on a read-only mount
+        os.rmdir(tempfile.mkdtemp(prefix=".cerebro-probe-", dir=existing))
+    except OSError as error:
         raise ConfigError(
-            f"store {store.uri} is not writable: {existing} is read-only for this user "
-            "(a store must be a directory it can write)"
-        )
+            f"store {store.uri} is not writable: cannot create a directory in {existing} "
+            f"({error.strerror or error}); a store must be a directory this user can write"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -282,6 +294,7 @@ def run_experiment(
         LeaseError: Another driver holds the experiment (named with since when).
     """
     validate_config(config)
+    _check_lease_timeout(lease_timeout)
     if experiment_id is not None:
         check_name(experiment_id, "experiment id")
     store = open_store(config.store)
@@ -407,6 +420,7 @@ def resume_experiment(
             when the experiment had already finished that way.
         LeaseError: Another driver holds the experiment.
     """
+    _check_lease_timeout(lease_timeout)
     store = open_store(store_uri)
     config = load_experiment_config(store, experiment_id, secrets=secrets, need_secrets=True)
     with _lease(store, experiment_id, lease_timeout) as lease:  # before the log is read
@@ -481,6 +495,7 @@ def replay_experiment(
     Its id is claimed atomically (two replays at once get ``-replay-1`` and ``-replay-2``);
     ``secrets`` and ``lease_timeout`` are as for :func:`resume_experiment`.
     """
+    _check_lease_timeout(lease_timeout)
     store = open_store(store_uri)
     config = load_experiment_config(store, experiment_id, secrets=secrets, need_secrets=True)
     config = config.replace(store=store.uri)  # the replay lives beside the original

@@ -107,19 +107,40 @@ def check_search(config: ExperimentConfig) -> None:
     Raises:
         ConfigError: Naming the param, option or value and the rule.
     """
+    _check_local_source(config)
     SearchSpace.from_config(config.space)
     check_hyperparameters(config)
     from cerebro_spark.engine._experiment import build_procedure  # imports this module
 
     try:
         build_procedure(config, lambda: 0.0)
-    except CerebroError:
-        raise
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError) as error:  # ConfigError included
+        if isinstance(error, ConfigError) and "search procedure" in str(error):
+            raise
         raise ConfigError(
             f"search procedure {config.procedure!r} rejects its options "
             f"{dict(config.procedure_options)!r}: {error}"
         ) from error
+
+
+def _check_local_source(config: ExperimentConfig) -> None:
+    """Refuse a ``data.source`` naming a local file or folder that does not exist."""
+    import os
+    import urllib.parse
+
+    source = config.data.source
+    if source is None or source.startswith("sklearn:"):
+        return
+    if "://" in source:
+        parts = urllib.parse.urlsplit(source)
+        if parts.scheme != "file":
+            return  # an object store: read (and reported) when the data is prepared
+        source = urllib.parse.unquote(parts.path)
+    if not os.path.exists(source):
+        raise ConfigError(
+            f"data.source {config.data.source!r} does not exist (no file or folder at "
+            f"{os.path.abspath(source)})"
+        )
 
 
 def check_hyperparameters(config: ExperimentConfig) -> None:
