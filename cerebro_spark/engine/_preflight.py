@@ -180,7 +180,8 @@ def check_hyperparameters(config: ExperimentConfig) -> None:
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(
                     f"space.{name}: model spec {spec_path!r} has no hyperparameter "
-                    f"{name!r}{hint}; it accepts: {', '.join(sorted(accepted))}"
+                    f"{name!r}{hint}; it accepts: {', '.join(sorted(accepted))} (a spec "
+                    "that reads another param declares it in its hyperparameters)"
                 )
 
 

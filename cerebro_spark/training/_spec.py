@@ -31,7 +31,8 @@ that varies between trials comes in ``params``. Rules:
   accepts). When it is set, the driver refuses, before anything is written, a search
   space that gives the spec a param it does not declare (a ``hiden_units`` typo), naming
   the param and the closest declared one. A spec that leaves it ``None`` (the default)
-  is not checked: it may read any param. The built-in specs declare theirs.
+  is not checked: it may read any param; so is a subclass that does not declare its own
+  (it may read more than its parent). The built-in specs declare theirs.
 """
 
 from __future__ import annotations
@@ -53,11 +54,17 @@ BASE_HYPERPARAMETERS = frozenset({"lr", "weight_decay", "batch_size"})
 def accepted_hyperparameters(spec: ModelSpec | type[ModelSpec]) -> frozenset[str] | None:
     """The params ``spec`` declares it reads (base ones included), or ``None`` if undeclared.
 
+    Only a declaration in the spec's own class counts: a subclass may read params its
+    parent does not (``class Mine(MLPSpec)`` reading ``lr_jump``), so it inherits no
+    declaration; it declares its own to be checked
+    (``hyperparameters = MLPSpec.hyperparameters | {"lr_jump"}``).
+
     Raises:
         TypeError: ``hyperparameters`` is set to something other than a collection of
             strings.
     """
-    declared = getattr(spec, "hyperparameters", None)
+    cls = spec if isinstance(spec, type) else type(spec)
+    declared = cls.__dict__.get("hyperparameters")
     if declared is None:
         return None
     if isinstance(declared, str) or not all(isinstance(name, str) for name in declared):
@@ -74,6 +81,7 @@ class ModelSpec(abc.ABC):
     Attributes:
         hyperparameters: Names of the params this spec reads, or ``None`` (default): not
             declared, any param is accepted. :data:`BASE_HYPERPARAMETERS` always count.
+            Declared per class: a subclass inherits no declaration.
     """
 
     hyperparameters: ClassVar[frozenset[str] | None] = None

@@ -235,13 +235,14 @@ def test_api_refuses_a_config_changed_in_code(tmp_path):
 
 
 def test_undeclared_spec_is_not_checked_and_declared_one_is(tmp_path):
-    """A spec without ``hyperparameters`` accepts any param; a declared one refuses others."""
+    """A spec without its own ``hyperparameters`` accepts any param; a declared one refuses
+    others, in every branch of a choice of sub-spaces."""
     from cerebro_spark.engine import load_config
     from cerebro_spark.engine._preflight import check_hyperparameters
 
     (tmp_path / "myspecs.py").write_text(
         "from cerebro_spark.training import MLPSpec\n"
-        "class Free(MLPSpec):\n    hyperparameters = None\n"
+        "class Free(MLPSpec):\n    pass  # inherits no declaration: may read more\n"
         "class Strict(MLPSpec):\n    hyperparameters = {'hidden_units'}\n"
     )
     text = GOOD.replace("cerebro_spark.training:MLPSpec", "myspecs:Free").replace(
