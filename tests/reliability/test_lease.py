@@ -315,3 +315,43 @@ def test_driver_killed_with_sigkill_is_resumed_at_once(tmp_path):
     events = [json.loads(line) for line in (experiment / "events.jsonl").read_text().splitlines()]
     assert events[-1]["event"] == "experiment_end"
     assert not (experiment / LEASE_NAME).exists()
+
+
+@pytest.mark.torch
+def test_driver_that_lost_its_lease_writes_and_deletes_nothing(tmp_path):
+    """Another driver takes the lease over mid-run (this one looked stalled): at its next
+    heartbeat this driver finds out, and its next event raises instead of being written."""
+    from cerebro_spark.backends import LocalBackend
+    from cerebro_spark.engine import parse_config, run_experiment
+
+    store = tmp_path / "store"
+    config = parse_config(
+        {
+            "name": "lost",
+            "store": str(store),
+            "data": {"source": "sklearn:digits", "partitions": 2},
+            "model": "cerebro_spark.training:MLPSpec",
+            "epochs": 1,
+            "workers": 1,
+            "space": {"hidden_units": [8]},
+        }
+    )
+    experiment = store / "experiments" / "e1"
+    now = time.time()
+    thief = LeaseHolder("another-host", 7, "a" * 32, now, now + 3600)
+
+    def stealing_factory(cfg):
+        obj = lease_object(open_store(str(store)), f"experiments/e1/{LEASE_NAME}")
+        _, tag = obj.read()
+        assert obj.replace(thief.to_bytes(), tag) is not None  # the other driver's takeover
+        time.sleep(0.6)  # this driver's heartbeat (every 0.2 s) notices
+        return LocalBackend(cfg.workers)
+
+    with pytest.raises(LeaseError, match=r"lost the lease on experiment e1 in .*: another driver"):
+        run_experiment(
+            config, experiment_id="e1", backend_factory=stealing_factory, lease_timeout=1.2
+        )
+    assert _holder(str(store)) == thief  # not released: it is the other driver's
+    events = [json.loads(line)["event"] for line in (experiment / "events.jsonl").open()]
+    assert events == ["experiment_start", "dataset"]  # nothing after the takeover
+    assert not (experiment / "checkpoints").exists()
