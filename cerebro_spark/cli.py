@@ -193,6 +193,8 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
         rejudge,
     )
 
+    if args.limit < 1:
+        raise ConfigError(f"--limit must be an int ≥ 1, got {args.limit}")
     store, experiment_id = _split_experiment(args.experiment, args.store)
     data = load_report_data(store, experiment_id)
     metric = args.metric or data.metric

@@ -164,6 +164,14 @@ def test_missing_config_file(tmp_path, caplog):
     assert (code, errors) == (2, [f"config file {tmp_path / 'nope.yaml'} does not exist"])
 
 
+def test_debug_adds_the_traceback(tmp_path, caplog):
+    caplog.clear()
+    assert main(["--debug", "run", str(tmp_path / "nope.yaml")]) == 2
+    (record,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert record.getMessage() == f"config file {tmp_path / 'nope.yaml'} does not exist"
+    assert record.exc_info is not None and "Traceback" in caplog.text
+
+
 def test_bad_lease_timeout_is_refused_before_the_data_is_prepared(tmp_path, caplog, monkeypatch):
     monkeypatch.setenv("CEREBRO_SPARK_LEASE_TIMEOUT", "soon")
     store = tmp_path / "store"
@@ -212,11 +220,12 @@ def test_run_with_an_existing_id_leaves_it_untouched(tmp_path, caplog):
         (["leaderboard", "nope"], "no experiment 'nope' in {store} (missing "
                                   "experiments/nope/config.json)"),
         (["replay", "nope", "--workers", "0"], "--workers must be an int ≥ 1, got 0"),
+        (["leaderboard", "nope", "--limit", "0"], "--limit must be an int ≥ 1, got 0"),
         (["replay", "nope"], "no experiment 'nope' in {store} (missing "
                              "experiments/nope/config.json)"),
     ],
     ids=["resume-missing", "resume-dotdot", "leaderboard-missing", "replay-workers-0",
-         "replay-missing"],
+         "leaderboard-limit-0", "replay-missing"],
 )  # fmt: skip
 def test_commands_on_a_bad_experiment_reference(argv, expected, tmp_path, caplog):
     store = tmp_path / "store"
