@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from cerebro_spark._redact import redact
+from cerebro_spark._redact import redact, redact_uri
 from cerebro_spark.backends import Backend, Membership, WorkerJob, next_worker_index
 from cerebro_spark.data import Manifest
 from cerebro_spark.engine._config import ExperimentConfig
@@ -368,7 +368,7 @@ class Experiment:
         self._emit(
             "dataset",
             dataset_id=self.manifest.dataset_id,
-            uri=dataset_uri,
+            uri=redact_uri(dataset_uri),  # no credentials of a store URI in the log
             partitions=self.manifest.num_partitions,
             rows={
                 "train": self.manifest.rows("train"),
