@@ -24,6 +24,7 @@ _LAZY = {
     "IntUniform": "cerebro_spark.search",
     "Quantized": "cerebro_spark.search",
     "load_model": "cerebro_spark.scoring",
+    "install_log_filter": "cerebro_spark._redact",
 }
 
 __all__ = ["__version__", *_LAZY]

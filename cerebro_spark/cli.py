@@ -13,7 +13,7 @@ from cerebro_spark import __version__
 from cerebro_spark.errors import CerebroError, ConfigError, SearchFailedError
 
 if TYPE_CHECKING:
-    from cerebro_spark.engine import ExperimentResult, ExperimentState
+    from cerebro_spark.engine import ExperimentConfig, ExperimentResult, ExperimentState
 
 logger = logging.getLogger("cerebro_spark.cli")
 
@@ -47,22 +47,50 @@ def _experiment_started(store_uri: str, experiment_id: str) -> bool:
     return open_store(store_uri).exists(f"{experiment_prefix(experiment_id)}/{CONFIG_NAME}")
 
 
+def _load_secrets_config(path: str | None) -> ExperimentConfig | None:
+    """The config file given to ``resume``/``replay`` for the redacted credentials."""
+    if path is None:
+        return None
+    from cerebro_spark._redact import register_config_secrets
+    from cerebro_spark.engine import load_config
+
+    config = load_config(path)
+    register_config_secrets(config.to_dict())
+    return config
+
+
+def _override(config: ExperimentConfig, flag: str, field: str, value: object) -> ExperimentConfig:
+    """``config`` with ``field`` set from the command line, checked like the YAML field."""
+    from cerebro_spark.engine._config import validate_config
+
+    changed = config.replace(**{field: value})
+    try:
+        validate_config(changed)
+    except ConfigError as error:
+        raise ConfigError(f"{flag} {value}: {error}") from None
+    return changed
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    from cerebro_spark._redact import register_config_secrets
     from cerebro_spark.engine import format_table, load_config, load_state, run_experiment
+    from cerebro_spark.engine._config import check_name
 
     config = load_config(args.config)
-    changes = {
-        k: v
-        for k, v in (("workers", args.workers), ("store", args.store), ("seed", args.seed))
-        if v is not None
-    }
-    config = config.replace(**changes)
+    register_config_secrets(config.to_dict())
+    for flag, field in (("--workers", "workers"), ("--store", "store"), ("--seed", "seed")):
+        value = getattr(args, field)
+        if value is not None:
+            config = _override(config, flag, field, value)
+    if args.experiment_id is not None:
+        check_name(args.experiment_id, "--experiment-id")
     if args.if_exists == "resume":
         if args.experiment_id is None:
             raise ConfigError("--if-exists resume needs --experiment-id (the id to find)")
         if _experiment_started(config.store, args.experiment_id):
             logger.info("experiment %s already started: resuming it", args.experiment_id)
             args.experiment, args.store = args.experiment_id, config.store
+            args.secrets_config = config
             return _cmd_resume(args)
     if args.master is not None:
         spark = dataclasses.replace(config.spark, master=args.master)
@@ -122,9 +150,10 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     from cerebro_spark.engine import format_table, load_state, resume_experiment
 
     store, experiment_id = _split_experiment(args.experiment, args.store)
-    config, _ = load_state(store, experiment_id)
+    secrets = getattr(args, "secrets_config", None) or _load_secrets_config(args.config)
+    config, _ = load_state(store, experiment_id, secrets=secrets)
     try:
-        result = resume_experiment(store, experiment_id)
+        result = resume_experiment(store, experiment_id, secrets=secrets)
     except SearchFailedError as error:
         _out(format_table(error.trials, *config.objective))
         raise
@@ -137,7 +166,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from cerebro_spark.engine import replay_experiment
 
     store, experiment_id = _split_experiment(args.experiment, args.store)
-    report = replay_experiment(store, experiment_id, workers=args.workers)
+    if args.workers is not None and (isinstance(args.workers, bool) or args.workers < 1):
+        raise ConfigError(f"--workers must be an int ≥ 1, got {args.workers}")
+    secrets = _load_secrets_config(args.config)
+    report = replay_experiment(store, experiment_id, workers=args.workers, secrets=secrets)
     _out(f"{'trial':<8} {'original sha256':<20} {'replay sha256':<20} identical")
     for row in report.rows:
         _out(
@@ -161,6 +193,8 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
         rejudge,
     )
 
+    if args.limit < 1:
+        raise ConfigError(f"--limit must be an int ≥ 1, got {args.limit}")
     store, experiment_id = _split_experiment(args.experiment, args.store)
     data = load_report_data(store, experiment_id)
     metric = args.metric or data.metric
@@ -205,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cerebro-spark {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+    parser.add_argument(
+        "--debug", action="store_true", help="debug logging, and a traceback with every error"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run an experiment from a YAML config")
@@ -226,15 +263,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=_cmd_run)
 
     store_help = "store URI when EXPERIMENT is an id (default: runs)"
+    secrets_help = (
+        "the YAML config the experiment was started with: credentials redacted from its "
+        "stored config.json (spark.conf secrets ...) are taken from it"
+    )
     resume = commands.add_parser("resume", help="continue an interrupted experiment")
     resume.add_argument("experiment", help="experiment directory or id")
     resume.add_argument("--store", help=store_help)
+    resume.add_argument("--config", help=secrets_help)
     resume.set_defaults(handler=_cmd_resume)
 
     replay = commands.add_parser("replay", help="re-train from the logged visit order")
     replay.add_argument("experiment", help="experiment directory or id")
     replay.add_argument("--workers", type=int, help="number of workers for the replay")
     replay.add_argument("--store", help=store_help)
+    replay.add_argument("--config", help=secrets_help)
     replay.set_defaults(handler=_cmd_replay)
 
     board = commands.add_parser("leaderboard", help="print an experiment's leaderboard")
@@ -286,21 +329,40 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``cerebro-spark`` console script."""
     args = build_parser().parse_args(argv)
-    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    debug = args.debug
+    level = (
+        logging.DEBUG if args.verbose or debug else logging.WARNING if args.quiet else logging.INFO
+    )
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
+    from cerebro_spark._redact import install_log_filter
+
+    install_log_filter()  # credentials never reach the terminal or a log file
     try:
         return int(args.handler(args))
     except SearchFailedError as error:
-        logger.error("%s", error)
+        logger.error("%s", error, exc_info=debug)
         return EXIT_SEARCH_FAILED
     except CerebroError as error:
-        logger.error("%s", error)
+        logger.error("%s", error, exc_info=debug)
+        return 2
+    except OSError as error:  # a missing or unreadable file, a full or read-only disk
+        logger.error("%s%s", _os_error_text(error), "" if debug else _DEBUG_HINT, exc_info=debug)
         return 2
     except KeyboardInterrupt:
         logger.error("interrupted; continue with 'cerebro-spark resume'")
         return 130
+
+
+_DEBUG_HINT = " (--debug shows the traceback)"
+
+
+def _os_error_text(error: OSError) -> str:
+    """One line for an error of the operating system: what failed, on which file."""
+    if error.strerror and error.filename:
+        return f"{error.strerror}: {error.filename}"
+    return f"{type(error).__name__}: {error}"
 
 
 if __name__ == "__main__":

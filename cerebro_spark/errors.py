@@ -73,6 +73,10 @@ class StoreUnavailableError(StoreError):
     """
 
 
+class LeaseError(CerebroError, RuntimeError):
+    """Another driver holds the experiment's lease, or this driver lost it (names who)."""
+
+
 class WorkerLostError(CerebroError, RuntimeError):
     """A worker died or left while it ran a unit; the unit goes back to the queue."""
 

@@ -5,14 +5,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import itertools
 import json
 import logging
+import os
+import tempfile
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from cerebro_spark._redact import REDACTED, redact, restore_redacted
 from cerebro_spark.backends import Backend
-from cerebro_spark.engine._config import ExperimentConfig, parse_config
+from cerebro_spark.engine._config import (
+    ExperimentConfig,
+    check_name,
+    parse_config,
+    validate_config,
+)
 from cerebro_spark.engine._events import read_events
 from cerebro_spark.engine._experiment import (
     BEST_CHECKPOINT_NAME,
@@ -27,8 +36,9 @@ from cerebro_spark.engine._experiment import (
 from cerebro_spark.engine._leaderboard import best_trial
 from cerebro_spark.engine._preflight import preflight
 from cerebro_spark.engine._state import FAILED, ExperimentState, TrialState
-from cerebro_spark.errors import ConfigError
-from cerebro_spark.store import Store, open_store
+from cerebro_spark.errors import ConfigError, LeaseError
+from cerebro_spark.store import ExperimentLease, Store, experiment_lease, open_store
+from cerebro_spark.store._lease import default_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -123,13 +133,117 @@ def ship_user_code(context: Any, config: ExperimentConfig) -> None:
 
 def new_experiment_id(config: ExperimentConfig, store: Store) -> str:
     """Return ``<name>-<UTC time>``, made unique within the store."""
+    return next(_new_ids(config, store))
+
+
+def _new_ids(config: ExperimentConfig, store: Store) -> Iterator[str]:
+    """``<name>-<UTC time>``, then ``...-2``, ``...-3``: each not yet started in the store."""
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
     base = f"{config.name}-{stamp}"
-    candidate, n = base, 1
-    while store.exists(f"{experiment_prefix(candidate)}/{CONFIG_NAME}"):
-        n += 1
-        candidate = f"{base}-{n}"
-    return candidate
+    yield from _free_ids(store, (base if n == 1 else f"{base}-{n}" for n in itertools.count(1)))
+
+
+def _free_ids(store: Store, candidates: Iterator[str]) -> Iterator[str]:
+    for candidate in candidates:
+        if not store.exists(_config_key(candidate)):
+            yield candidate
+
+
+def _config_key(experiment_id: str) -> str:
+    return f"{experiment_prefix(experiment_id)}/{CONFIG_NAME}"
+
+
+def _check_lease_timeout(timeout: float | None) -> None:
+    """Refuse a bad lease timeout before anything is prepared or written."""
+    if timeout is None:
+        default_timeout()  # CEREBRO_SPARK_LEASE_TIMEOUT
+    elif isinstance(timeout, bool) or not timeout > 0 or timeout == float("inf"):
+        raise ConfigError(f"lease_timeout must be a number of seconds > 0, got {timeout!r}")
+
+
+def _lease(store: Store, experiment_id: str, timeout: float | None) -> ExperimentLease:
+    return experiment_lease(
+        store,
+        experiment_prefix(experiment_id),
+        f"experiment {experiment_id} in {store.uri}",
+        timeout=timeout,
+    )
+
+
+def check_store_writable(store: Store) -> None:
+    """Refuse a local store that cannot be written, before anything is prepared or run.
+
+    A store under a regular file, or in a directory this user may not write (or on a
+    read-only file system), is refused naming the path. Object stores are checked by
+    their first write (the experiment's lease).
+
+    Raises:
+        ConfigError: Naming the store and the rule.
+    """
+    from cerebro_spark.store import FileSystemStore
+
+    if not isinstance(store, FileSystemStore) or store.filesystem.type_name != "local":
+        return
+    existing = store.root
+    while not os.path.exists(existing):
+        parent = os.path.dirname(existing)
+        if parent == existing:
+            break
+        existing = parent
+    if not os.path.isdir(existing):
+        raise ConfigError(
+            f"store {store.uri} is under {existing}, which is a regular file: a store must "
+            "be a directory (or a path where one can be created)"
+        )
+    try:  # a probe, removed at once: access() says yes to root on a read-only mount
+        os.rmdir(tempfile.mkdtemp(prefix=".cerebro-probe-", dir=existing))
+    except OSError as error:
+        raise ConfigError(
+            f"store {store.uri} is not writable: cannot create a directory in {existing} "
+            f"({error.strerror or error}); a store must be a directory this user can write"
+        ) from None
+
+
+@contextlib.contextmanager
+def _claim(
+    store: Store,
+    config: ExperimentConfig,
+    candidates: Iterator[str],
+    *,
+    explicit: bool,
+    lease_timeout: float | None,
+) -> Iterator[tuple[str, ExperimentLease]]:
+    """Create the experiment atomically: take its lease, then write ``config.json``.
+
+    Two drivers starting the same id at once: exactly one takes the lease; the other is
+    refused (``explicit``) or tries the next candidate id. The lease is held until the
+    ``with`` block ends.
+    """
+    for experiment_id in candidates:
+        lease = _lease(store, experiment_id, lease_timeout)
+        try:
+            lease.acquire()
+        except LeaseError:
+            if explicit:
+                raise
+            continue
+        try:
+            if store.exists(_config_key(experiment_id)):
+                if explicit:
+                    raise ConfigError(
+                        f"experiment {experiment_id} already exists in {store.uri}; "
+                        "use 'cerebro-spark resume' to continue it or pick another id"
+                    )
+                continue
+            # key order kept: it fixes the search space's grid order, hence which trial
+            # gets what; credentials are redacted (resume takes them from the config file)
+            document = redact(config.to_dict())
+            store.put(_config_key(experiment_id), json.dumps(document, indent=2).encode())
+            yield experiment_id, lease
+            return
+        finally:
+            lease.release()
+    raise ConfigError(f"found no free experiment id in {store.uri}")
 
 
 def run_experiment(
@@ -140,6 +254,7 @@ def run_experiment(
     visit_orders: VisitOrders | None = None,
     group_plans: GroupPlans | None = None,
     on_stage: StageHook | None = None,
+    lease_timeout: float | None = None,
 ) -> ExperimentResult:
     """Run a new experiment to the end.
 
@@ -150,6 +265,16 @@ def run_experiment(
         visit_orders: Visit orders to impose by round and trial (used by replay).
         group_plans: Data-parallel group sizes to impose along them (used by replay).
         on_stage: Called at every stage boundary (a cluster manager resizing).
+        lease_timeout: Seconds after its last heartbeat the experiment's lease is stale
+            (default: ``CEREBRO_SPARK_LEASE_TIMEOUT``, else 60; see
+            :mod:`cerebro_spark.store._lease`).
+
+    The whole config is checked first (:func:`validate_config`: fields changed in code
+    or by CLI overrides too), then the id and the store, so a bad input writes nothing
+    and never blocks its id. The experiment is created atomically: its lease is taken
+    (a conditional write) before ``config.json`` is written, and held, renewed by a
+    heartbeat, until the run ends; a second driver on the same id is refused.
+    ``config.json`` holds the config with credentials redacted (:func:`redact`).
 
     Before anything is written or any worker starts, the driver resolves the dataset and
     checks every model family (:func:`~cerebro_spark.engine._preflight.preflight`): a
@@ -166,22 +291,53 @@ def run_experiment(
             names the first failure), or none reported a finite value of the metric. The
             event log, leaderboard and checkpoints are written first.
         ConfigError: The experiment already exists, or the config is bad.
+        LeaseError: Another driver holds the experiment (named with since when).
     """
+    validate_config(config)
+    _check_lease_timeout(lease_timeout)
+    if experiment_id is not None:
+        check_name(experiment_id, "experiment id")
     store = open_store(config.store)
-    experiment_id = experiment_id or new_experiment_id(config, store)
-    config_key = f"{experiment_prefix(experiment_id)}/{CONFIG_NAME}"
-    if store.exists(config_key):
+    if experiment_id is not None and store.exists(_config_key(experiment_id)):
         raise ConfigError(
             f"experiment {experiment_id} already exists in {store.uri}; "
             "use 'cerebro-spark resume' to continue it or pick another id"
         )
+    candidates = iter([experiment_id]) if experiment_id is not None else _new_ids(config, store)
+    return _run(
+        config,
+        candidates,
+        explicit=experiment_id is not None,
+        backend_factory=backend_factory,
+        visit_orders=visit_orders,
+        group_plans=group_plans,
+        on_stage=on_stage,
+        lease_timeout=lease_timeout,
+    )
+
+
+def _run(
+    config: ExperimentConfig,
+    candidates: Iterator[str],
+    *,
+    explicit: bool,
+    backend_factory: BackendFactory = default_backend,
+    visit_orders: VisitOrders | None = None,
+    group_plans: GroupPlans | None = None,
+    on_stage: StageHook | None = None,
+    lease_timeout: float | None = None,
+) -> ExperimentResult:
+    """Check, claim an id among ``candidates`` and run (:func:`run_experiment`)."""
+    store = open_store(config.store)
+    check_store_writable(store)
     # Before anything is written or started: the dataset, every model family built on
     # the driver, the metric each must produce; config.json keeps the resolved metric.
     checked = preflight(config, store)
     config = checked.config
-    # key order kept: it fixes the search space's grid order, hence which trial gets what
-    store.put(config_key, json.dumps(config.to_dict(), indent=2).encode())
     with contextlib.ExitStack() as stack:
+        experiment_id, lease = stack.enter_context(
+            _claim(store, config, candidates, explicit=explicit, lease_timeout=lease_timeout)
+        )
         if config.elastic is not None and on_stage is None and backend_factory is default_backend:
             from cerebro_spark.engine._elastic import elastic_run
 
@@ -195,16 +351,44 @@ def run_experiment(
             group_plans=group_plans,
             on_stage=on_stage,
             preflight=checked,
+            lease=lease,
         )
         return ExperimentResult(experiment_id, store, _run_tracked(experiment))
 
 
-def load_experiment_config(store: Store, experiment_id: str) -> ExperimentConfig:
-    """Read the config an experiment was started with."""
-    key = f"{experiment_prefix(experiment_id)}/{CONFIG_NAME}"
+def load_experiment_config(
+    store: Store,
+    experiment_id: str,
+    *,
+    secrets: ExperimentConfig | None = None,
+    need_secrets: bool = False,
+) -> ExperimentConfig:
+    """Read the config an experiment was started with.
+
+    Credentials were redacted when it was stored (:mod:`cerebro_spark._redact`); they are
+    taken back from ``secrets`` (the config the experiment was started with, e.g.
+    ``load_config("run.yaml")``). Without them a redacted value stays ``<redacted>``
+    (enough to read results), or, with ``need_secrets`` (to run again), is refused
+    naming the setting.
+
+    Raises:
+        ConfigError: No such experiment, or a redacted value no source gives back.
+    """
+    check_name(experiment_id, "experiment id")
+    key = _config_key(experiment_id)
     if not store.exists(key):
         raise ConfigError(f"no experiment {experiment_id!r} in {store.uri} (missing {key})")
-    return parse_config(json.loads(store.get(key)), stored=True)
+    try:
+        raw = json.loads(store.get(key))
+    except ValueError as error:
+        raise ConfigError(f"{store.url(key)} is not valid JSON: {error}") from None
+    if isinstance(raw, dict) and REDACTED in str(raw.get("store", "")):
+        raw["store"] = store.uri  # the store given now: its credentials are the caller's
+    if secrets is not None or need_secrets:
+        raw = restore_redacted(
+            raw, secrets.to_dict() if secrets is not None else None, f"experiment {experiment_id}"
+        )
+    return parse_config(raw, stored=True)
 
 
 def resume_experiment(
@@ -213,19 +397,37 @@ def resume_experiment(
     *,
     backend_factory: BackendFactory = default_backend,
     on_stage: StageHook | None = None,
+    secrets: ExperimentConfig | None = None,
+    lease_timeout: float | None = None,
 ) -> ExperimentResult:
     """Continue an experiment whose driver died, from its event log and checkpoints.
 
-    Its workers start with the placement logged last (who held which partitions).
+    Its workers start with the placement logged last (who held which partitions). The
+    experiment's lease is taken first (a stale one, or one whose driver on this host is
+    gone, is taken over); while another driver holds it, ``resume`` is refused.
+
+    Args:
+        store_uri: The root store.
+        experiment_id: The experiment.
+        backend_factory: Builds the backend (default: from the config).
+        on_stage: Called at every stage boundary.
+        secrets: The config it was started with, for values redacted from
+            ``config.json`` (:func:`load_experiment_config`).
+        lease_timeout: As for :func:`run_experiment`.
 
     Raises:
         SearchFailedError: The search produced nothing (as :func:`run_experiment`); also
             when the experiment had already finished that way.
+        LeaseError: Another driver holds the experiment.
     """
+    _check_lease_timeout(lease_timeout)
     store = open_store(store_uri)
-    config = load_experiment_config(store, experiment_id)
-    experiment = Experiment(config, store, experiment_id, backend_factory, on_stage=on_stage)
-    return ExperimentResult(experiment_id, store, _run_tracked(experiment))
+    config = load_experiment_config(store, experiment_id, secrets=secrets, need_secrets=True)
+    with _lease(store, experiment_id, lease_timeout) as lease:  # before the log is read
+        experiment = Experiment(
+            config, store, experiment_id, backend_factory, on_stage=on_stage, lease=lease
+        )
+        return ExperimentResult(experiment_id, store, _run_tracked(experiment))
 
 
 def _run_tracked(experiment: Experiment) -> list[TrialState]:
@@ -282,17 +484,24 @@ def replay_experiment(
     *,
     workers: int | None = None,
     backend_factory: BackendFactory = default_backend,
+    secrets: ExperimentConfig | None = None,
+    lease_timeout: float | None = None,
 ) -> ReplayReport:
     """Re-train an experiment from its logged visit order (Cerebro §3.1, reproducibility).
 
     The replay is a new experiment ``<id>-replay-<n>`` with the same config (optionally
     another number of workers) whose every trial visits the partitions in the order the
     original logged; its final checkpoints are compared with the original's.
+    Its id is claimed atomically (two replays at once get ``-replay-1`` and ``-replay-2``);
+    ``secrets`` and ``lease_timeout`` are as for :func:`resume_experiment`.
     """
+    _check_lease_timeout(lease_timeout)
     store = open_store(store_uri)
-    config = load_experiment_config(store, experiment_id)
+    config = load_experiment_config(store, experiment_id, secrets=secrets, need_secrets=True)
+    config = config.replace(store=store.uri)  # the replay lives beside the original
     if workers is not None:
         config = config.replace(workers=workers)
+    validate_config(config)
     original = ExperimentState.from_events(
         read_events(store.child(experiment_prefix(experiment_id)))
     )
@@ -300,15 +509,15 @@ def replay_experiment(
         raise ConfigError(
             f"experiment {experiment_id} has not finished; resume it before replaying it"
         )
-    n = 1
-    while store.exists(f"{experiment_prefix(f'{experiment_id}-replay-{n}')}/{CONFIG_NAME}"):
-        n += 1
-    result = run_experiment(
+    candidates = _free_ids(store, (f"{experiment_id}-replay-{n}" for n in itertools.count(1)))
+    result = _run(
         config,
-        experiment_id=f"{experiment_id}-replay-{n}",
+        candidates,
+        explicit=False,
         backend_factory=backend_factory,
         visit_orders=logged_visit_orders(store, experiment_id),
         group_plans=logged_group_plans(store, experiment_id),
+        lease_timeout=lease_timeout,
     )
     replayed = {t.trial_id: t for t in result.trials}
     rows = [
@@ -322,10 +531,16 @@ def replay_experiment(
     return ReplayReport(experiment_id, result, rows)
 
 
-def load_state(store_uri: str, experiment_id: str) -> tuple[ExperimentConfig, ExperimentState]:
-    """Return an experiment's config and its state folded from the event log."""
+def load_state(
+    store_uri: str, experiment_id: str, *, secrets: ExperimentConfig | None = None
+) -> tuple[ExperimentConfig, ExperimentState]:
+    """Return an experiment's config and its state folded from the event log.
+
+    Credentials redacted from the stored config read ``<redacted>`` unless ``secrets``
+    (the config it was started with) gives them back.
+    """
     store = open_store(store_uri)
-    config = load_experiment_config(store, experiment_id)
+    config = load_experiment_config(store, experiment_id, secrets=secrets)
     return config, ExperimentState.from_events(
         read_events(store.child(experiment_prefix(experiment_id)))
     )

@@ -450,6 +450,51 @@ def _refuse_preparation_fields(section: _Section, dataset: str, *, stored: bool)
     _refuse(given, dataset)
 
 
+def check_name(value: Any, what: str) -> str:
+    """Check an experiment name or id: one path segment any store accepts.
+
+    Rule: letters, digits, ``-``, ``_`` or ``.``, no ``..`` and not ``.`` alone.
+
+    Raises:
+        ConfigError: Naming ``what``, the value and the rule.
+    """
+    if (
+        not isinstance(value, str)
+        or not value
+        or not all(c.isalnum() or c in "-_." for c in value)
+        or ".." in value
+        or value == "."
+    ):
+        raise ConfigError(
+            f"{what} must be letters, digits, '-', '_' or '.' (no '..'), got {value!r}"
+        )
+    return value
+
+
+def validate_config(config: ExperimentConfig) -> ExperimentConfig:
+    """Check a config built or changed in code by the rules :func:`parse_config` applies.
+
+    A config from :func:`load_config` or :func:`parse_config` is valid; one changed since
+    (``config.replace(workers=0)``, a CLI override such as ``--seed -5``) or built in
+    code is checked here, field by field, as if it had been read from YAML.
+
+    Returns:
+        ``config`` itself.
+
+    Raises:
+        ConfigError: Naming the first field that breaks its rule.
+    """
+    if not isinstance(config, ExperimentConfig):
+        raise ConfigError(f"expected an ExperimentConfig, got {type(config).__name__}")
+    check_data_section(config.data)
+    try:
+        raw = config.to_dict()
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"the config holds a value that is not plain data: {error}") from None
+    parse_config(raw)
+    return config
+
+
 def check_data_section(data: DataConfig) -> None:
     """Refuse a :class:`DataConfig` built in code with preparation fields beside ``dataset``.
 
@@ -626,8 +671,7 @@ class _Section:
 
     def take_name(self) -> str:
         name: str = self.take("name", str)
-        if not name or not all(c.isalnum() or c in "-_." for c in name):
-            raise ConfigError(f"name must be letters, digits, '-', '_' or '.', got {name!r}")
+        check_name(name, "name")
         return name
 
     def finish(self) -> None:

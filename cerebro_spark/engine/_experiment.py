@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from cerebro_spark._redact import redact, redact_uri
 from cerebro_spark.backends import Backend, Membership, WorkerJob, next_worker_index
 from cerebro_spark.data import Manifest
 from cerebro_spark.engine._config import ExperimentConfig
@@ -104,7 +105,7 @@ from cerebro_spark.search import (
     procedure_options,
 )
 from cerebro_spark.search.space import SearchSpace
-from cerebro_spark.store import Store
+from cerebro_spark.store import ExperimentLease, Store
 from cerebro_spark.training import load_spec
 from cerebro_spark.training._metrics import family_metrics
 from cerebro_spark.units import GroupBrokenError, UnitKind, UnitResult, UnitTask, group_tasks
@@ -244,6 +245,9 @@ class Experiment:
         preflight: The driver's checks of this config (:func:`preflight`), if already
             made; otherwise they are made here, before any worker starts. Its config
             (metric and mode resolved) is the one the experiment runs.
+        lease: The experiment's lease, held by the caller (``run``, ``resume``): while
+            given, every event and every checkpoint deletion first checks it is still
+            held, so a driver another one took over from writes and deletes nothing.
     """
 
     def __init__(
@@ -257,7 +261,9 @@ class Experiment:
         group_plans: GroupPlans | None = None,
         on_stage: StageHook | None = None,
         preflight: Preflight | None = None,
+        lease: ExperimentLease | None = None,
     ) -> None:
+        self.lease = lease
         self.preflight = preflight if preflight is not None else run_preflight(config, store)
         config = self.config = self.preflight.config
         self.metric, self.mode = config.objective
@@ -292,7 +298,12 @@ class Experiment:
 
     # -- events ---------------------------------------------------------------------------
 
+    def _check_lease(self) -> None:
+        if self.lease is not None:
+            self.lease.check()
+
     def _emit(self, event: str, **fields: Any) -> None:
+        self._check_lease()
         record = self.log.append(event, **fields)
         self.state.apply(record)
 
@@ -345,7 +356,7 @@ class Experiment:
         self._emit(
             "experiment_start",
             experiment_id=self.experiment_id,
-            config=self.config.to_dict(),
+            config=redact(self.config.to_dict()),
             resumed=resumed,
         )
         placement = self._logged_placement()
@@ -359,7 +370,7 @@ class Experiment:
         self._emit(
             "dataset",
             dataset_id=self.manifest.dataset_id,
-            uri=dataset_uri,
+            uri=redact_uri(dataset_uri),  # no credentials of a store URI in the log
             partitions=self.manifest.num_partitions,
             rows={
                 "train": self.manifest.rows("train"),
@@ -511,6 +522,7 @@ class Experiment:
         logged, a superseded one not yet deleted).
         """
         folder = f"{self.prefix}/checkpoints/"
+        self._check_lease()  # only the lease holder deletes checkpoints
         for key in self.root.list(folder):
             if not self.state.needs_checkpoint(key):
                 logger.debug("deleting checkpoint %s: no trial needs it", key)
@@ -1029,6 +1041,7 @@ class Experiment:
             return
         if self.state.needs_checkpoint(key):
             return
+        self._check_lease()  # only the lease holder deletes checkpoints
         logger.debug("deleting checkpoint %s (trial %s moved past it)", key, trial_id)
         self.root.delete(key)
 

@@ -81,6 +81,7 @@ def preflight(config: ExperimentConfig, store: Store) -> Preflight:
             trial no spec, or the metric is not produced by every family.
         TrialError: A spec's model, loss or metrics raised on the zero batch.
     """
+    check_search(config)
     dataset_uri, manifest = resolve_dataset(config, store)
     info = manifest.info
     params = family_params(config)
@@ -94,6 +95,107 @@ def preflight(config: ExperimentConfig, store: Store) -> Preflight:
         resolved.mode,
     )
     return Preflight(resolved, dataset_uri, manifest, families, params)
+
+
+def check_search(config: ExperimentConfig) -> None:
+    """Check the search space, every spec's hyperparameters and the procedure's options.
+
+    Cheap, and before the dataset is resolved (a ``source`` may take minutes to
+    prepare): the space parses, every param the space gives a spec is one the spec
+    declares (:func:`check_hyperparameters`), and the procedure builds with its options.
+
+    Raises:
+        ConfigError: Naming the param, option or value and the rule.
+    """
+    _check_local_source(config)
+    SearchSpace.from_config(config.space)
+    check_hyperparameters(config)
+    from cerebro_spark.engine._experiment import build_procedure  # imports this module
+
+    try:
+        build_procedure(config, lambda: 0.0)
+    except (TypeError, ValueError) as error:  # ConfigError included
+        if isinstance(error, ConfigError) and "search procedure" in str(error):
+            raise
+        raise ConfigError(
+            f"search procedure {config.procedure!r} rejects its options "
+            f"{dict(config.procedure_options)!r}: {error}"
+        ) from error
+
+
+def _check_local_source(config: ExperimentConfig) -> None:
+    """Refuse a ``data.source`` naming a local file or folder that does not exist."""
+    import os
+    import urllib.parse
+
+    source = config.data.source
+    if source is None or source.startswith("sklearn:"):
+        return
+    if "://" in source:
+        parts = urllib.parse.urlsplit(source)
+        if parts.scheme != "file":
+            return  # an object store: read (and reported) when the data is prepared
+        source = urllib.parse.unquote(parts.path)
+    if not os.path.exists(source):
+        raise ConfigError(
+            f"data.source {config.data.source!r} does not exist (no file or folder at "
+            f"{os.path.abspath(source)})"
+        )
+
+
+def check_hyperparameters(config: ExperimentConfig) -> None:
+    """Refuse a param the space gives a spec that does not declare it.
+
+    Each branch of the space (the whole space, or each option of a top-level choice or
+    grid of sub-spaces) gives its top-level keys to the specs its ``model`` names (the
+    config's ``model`` when it names none). A spec whose
+    :attr:`~cerebro_spark.training.ModelSpec.hyperparameters` is ``None`` is not checked.
+
+    Raises:
+        ConfigError: ``space.<param>: model spec '<path>' has no hyperparameter ...``
+            with the closest declared name (:func:`difflib.get_close_matches`) and the
+            declared ones.
+    """
+    import difflib
+
+    from cerebro_spark.training import accepted_hyperparameters, load_spec
+
+    for branch in _branches(config.space):
+        names = [str(k) for k in branch if k != "model"]
+        specs = _strings(branch["model"]) if "model" in branch else []
+        if not specs and config.model is not None:
+            specs = [config.model]
+        for spec_path in specs:
+            try:
+                accepted = accepted_hyperparameters(load_spec(spec_path))
+            except TypeError as error:
+                raise ConfigError(f"model spec {spec_path!r}: {error}") from None
+            if accepted is None:
+                logger.debug("model spec %s declares no hyperparameters: not checked", spec_path)
+                continue
+            for name in names:
+                if name in accepted:
+                    continue
+                close = difflib.get_close_matches(name, sorted(accepted), n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(
+                    f"space.{name}: model spec {spec_path!r} has no hyperparameter "
+                    f"{name!r}{hint}; it accepts: {', '.join(sorted(accepted))} (a spec "
+                    "that reads another param declares it in its hyperparameters)"
+                )
+
+
+def _branches(space: Any) -> list[Mapping[str, Any]]:
+    """The sub-spaces a trial's top-level params come from (see :func:`models_in`)."""
+    if not isinstance(space, Mapping):
+        return []
+    for kind in ("choice", "grid"):
+        options = space.get(kind)
+        if len(space) == 1 and isinstance(options, list) and options:
+            if all(isinstance(option, Mapping) for option in options):
+                return [branch for option in options for branch in _branches(option)]
+            return []  # the whole space is one distribution of constants
+    return [space]
 
 
 def family_params(config: ExperimentConfig) -> dict[str, dict[str, Any]]:

@@ -19,10 +19,11 @@ from cerebro_spark.training._checkpoint import (
 from cerebro_spark.training._group import run_group_unit
 from cerebro_spark.training._loading import add_code_directory, load_spec, user_code_files
 from cerebro_spark.training._models import CNNSpec, MLPSpec, Standardize
-from cerebro_spark.training._spec import ModelSpec
+from cerebro_spark.training._spec import BASE_HYPERPARAMETERS, ModelSpec, accepted_hyperparameters
 from cerebro_spark.training._unit import run_unit
 
 __all__ = [
+    "BASE_HYPERPARAMETERS",
     "CHECKPOINT_FORMAT_VERSION",
     "CNNSpec",
     "Checkpoint",
@@ -31,6 +32,7 @@ __all__ = [
     "MLPSpec",
     "ModelSpec",
     "Standardize",
+    "accepted_hyperparameters",
     "add_code_directory",
     "dataset_metadata",
     "decode_checkpoint",

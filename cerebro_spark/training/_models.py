@@ -2,8 +2,9 @@
 
 Both are configured only through a trial's ``params`` (so a search space can vary them),
 validate every param they read, and raise :class:`~cerebro_spark.errors.ConfigError`
-naming the param and the rule. Params they do not know are ignored (a trial's params may
-carry keys meant for the engine). Shared params:
+naming the param and the rule. Each declares the params it reads
+(:attr:`ModelSpec.hyperparameters`): a search space giving one a param it does not know
+is refused before the run starts, with the closest known name. Shared params:
 
 * ``lr`` (float > 0, default 1e-3), ``weight_decay`` (float >= 0, default 0),
   ``batch_size`` (int >= 1, default 64).
@@ -28,7 +29,7 @@ import logging
 import math
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -177,8 +178,27 @@ def _standardize_layers(params: Mapping[str, Any], info: DatasetInfo) -> list[nn
     return [Standardize(info.statistics, info.feature_shape)]
 
 
+_SHARED_HYPERPARAMETERS = frozenset(
+    {
+        "lr",
+        "weight_decay",
+        "optimizer",
+        "momentum",
+        "lr_schedule",
+        "lr_cosine_epochs",
+        "lr_step_gamma",
+        "lr_step_size",
+        "batch_size",
+        "dropout",
+        "standardize",
+    }
+)
+
+
 class _TrainingParams(ModelSpec):
     """The optimizer, LR schedule and batch size params shared by the ready specs."""
+
+    hyperparameters: ClassVar[frozenset[str] | None] = _SHARED_HYPERPARAMETERS
 
     def build_optimizer(self, model: nn.Module, params: Mapping[str, Any]) -> torch.optim.Optimizer:
         """Return Adam, AdamW or SGD as the ``optimizer`` param says."""
@@ -235,6 +255,11 @@ class MLPSpec(_TrainingParams):
     or one for regression.
     """
 
+    hyperparameters: ClassVar[frozenset[str] | None] = _SHARED_HYPERPARAMETERS | {
+        "hidden_units",
+        "activation",
+    }
+
     def build_model(self, params: Mapping[str, Any], info: DatasetInfo) -> nn.Module:
         """Return ``[Standardize] -> Flatten -> [Linear -> activation -> Dropout]* -> Linear``."""
         hidden = _int_list(params, "hidden_units", [128])
@@ -268,6 +293,12 @@ class CNNSpec(_TrainingParams):
     ``dropout`` (float in [0, 1), default 0), ``standardize`` (module docstring; per pixel,
     before the first conv block).
     """
+
+    hyperparameters: ClassVar[frozenset[str] | None] = _SHARED_HYPERPARAMETERS | {
+        "channels",
+        "kernel_size",
+        "dense_units",
+    }
 
     def build_model(self, params: Mapping[str, Any], info: DatasetInfo) -> nn.Module:
         """Return the CNN described in the class docstring."""

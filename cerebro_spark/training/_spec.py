@@ -26,13 +26,20 @@ that varies between trials comes in ``params``. Rules:
   exact only for metrics that are means over rows. A spec that overrides it still works;
   its names replace built-ins of the same name.
 * ``transform`` runs on every batch (train and validation) before the model.
+* ``hyperparameters`` declares the params a spec reads (besides ``lr``,
+  ``weight_decay`` and ``batch_size``, which the base class reads and every spec
+  accepts). When it is set, the driver refuses, before anything is written, a search
+  space that gives the spec a param it does not declare (a ``hiden_units`` typo), naming
+  the param and the closest declared one. A spec that leaves it ``None`` (the default)
+  is not checked: it may read any param; so is a subclass that does not declare its own
+  (it may read more than its parent). The built-in specs declare theirs.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -40,9 +47,44 @@ from torch import nn
 from cerebro_spark.data import DatasetInfo
 from cerebro_spark.metrics import Metric, default_metrics
 
+BASE_HYPERPARAMETERS = frozenset({"lr", "weight_decay", "batch_size"})
+"""Params the base :class:`ModelSpec` reads: every spec accepts them."""
+
+
+def accepted_hyperparameters(spec: ModelSpec | type[ModelSpec]) -> frozenset[str] | None:
+    """The params ``spec`` declares it reads (base ones included), or ``None`` if undeclared.
+
+    Only a declaration in the spec's own class counts: a subclass may read params its
+    parent does not (``class Mine(MLPSpec)`` reading ``lr_jump``), so it inherits no
+    declaration; it declares its own to be checked
+    (``hyperparameters = MLPSpec.hyperparameters | {"lr_jump"}``).
+
+    Raises:
+        TypeError: ``hyperparameters`` is set to something other than a collection of
+            strings.
+    """
+    cls = spec if isinstance(spec, type) else type(spec)
+    declared = cls.__dict__.get("hyperparameters")
+    if declared is None:
+        return None
+    if isinstance(declared, str) or not all(isinstance(name, str) for name in declared):
+        raise TypeError(
+            f"{getattr(spec, '__name__', type(spec).__name__)}.hyperparameters must be a "
+            f"collection of param names, got {declared!r}"
+        )
+    return BASE_HYPERPARAMETERS | frozenset(declared)
+
 
 class ModelSpec(abc.ABC):
-    """What the user implements to put a model family under model selection."""
+    """What the user implements to put a model family under model selection.
+
+    Attributes:
+        hyperparameters: Names of the params this spec reads, or ``None`` (default): not
+            declared, any param is accepted. :data:`BASE_HYPERPARAMETERS` always count.
+            Declared per class: a subclass inherits no declaration.
+    """
+
+    hyperparameters: ClassVar[frozenset[str] | None] = None
 
     @abc.abstractmethod
     def build_model(self, params: Mapping[str, Any], info: DatasetInfo) -> nn.Module:

@@ -81,7 +81,7 @@ def config(store: Path, **changes: Any) -> Any:
         "procedure": "grid",
         "epochs": 3,
         "workers": 2,
-        "model": "cerebro_spark.training:MLPSpec",  # built once by the pre-flight
+        "model": "tests.engine.free_spec:FreeSpec",  # built once by the pre-flight
         "space": {"curve": {"grid": [CURVES["falls"], CURVES["rises"]]}},
     }
     raw.update(changes)

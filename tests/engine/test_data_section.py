@@ -40,7 +40,7 @@ def raw(store: str, data: dict[str, Any]) -> dict[str, Any]:
         "data": data,
         "epochs": 1,
         "workers": 2,
-        "model": "cerebro_spark.training:MLPSpec",  # built once by the pre-flight
+        "model": "tests.engine.free_spec:FreeSpec",  # built once by the pre-flight
         "space": {"hidden": {"grid": [1, 2]}},
     }
 

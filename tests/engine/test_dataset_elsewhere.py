@@ -40,7 +40,7 @@ def config(store: str, dataset: str, **changes: Any) -> ExperimentConfig:
             "data": {"dataset": dataset},
             "epochs": 2,
             "workers": 2,
-            "model": "cerebro_spark.training:MLPSpec",  # built once by the pre-flight
+            "model": "tests.engine.free_spec:FreeSpec",  # built once by the pre-flight
             "space": {"hidden": {"grid": [1, 2]}},
             **changes,
         }

@@ -84,7 +84,7 @@ def sha_config(store: Path, trials: int = 8) -> ExperimentConfig:
             "procedure": {"name": "sha", "eta": 2, "num_trials": trials},
             "epochs": 4,
             "workers": 4,
-            "model": "cerebro_spark.training:MLPSpec",  # built once by the pre-flight
+            "model": "tests.engine.free_spec:FreeSpec",  # built once by the pre-flight
             "space": {"hidden": {"choice": [1, 2, 3, 4, 5, 6, 7, 8]}},
         }
     )

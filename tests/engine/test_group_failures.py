@@ -191,7 +191,7 @@ def config(
             "procedure": {"name": "grouped-grid", "group_size": group_size},
             "epochs": 2,
             "workers": workers,
-            "model": "cerebro_spark.training:MLPSpec",  # built once by the pre-flight
+            "model": "tests.engine.free_spec:FreeSpec",  # built once by the pre-flight
             "space": {"hidden": {"grid": list(range(trials))}},
         }
     )

@@ -48,7 +48,7 @@ def config(store: Path, *, workers: int = 2, epochs: int = 3) -> ExperimentConfi
             "procedure": "grid",
             "epochs": epochs,
             "workers": workers,
-            "model": "cerebro_spark.training:MLPSpec",  # built once by the pre-flight
+            "model": "tests.engine.free_spec:FreeSpec",  # built once by the pre-flight
             "space": {"hidden": {"grid": [1, 2, 3]}},
         }
     )

@@ -48,7 +48,7 @@ def test_the_planned_spec_is_what_the_run_trains(
         "procedure": procedure,
         "epochs": epochs,
         "workers": 2,
-        "model": "cerebro_spark.training:MLPSpec",  # built once by the pre-flight
+        "model": "tests.engine.free_spec:FreeSpec",  # built once by the pre-flight
         "space": {"lr": {"grid": [0.1, 0.2, 0.3]}, "x": {"grid": [1, 2, 3, 4]}},
     }
     config = parse_config(raw)
