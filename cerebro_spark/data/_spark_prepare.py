@@ -82,7 +82,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.ipc as paipc
-import pyarrow.parquet as pq
 
 from cerebro_spark.data import _row_order as ro
 from cerebro_spark.data import _statistics as st
@@ -129,7 +128,6 @@ _PIECE_BYTES = 8 << 20
 #: ``float64`` magnitudes at or above this become infinite as ``float32`` (round to even).
 _FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
 _CHUNK_BYTES = 64 << 20
-_STAGING_OPTIONS: Mapping[str, Any] = {"compression": "snappy", "write_statistics": False}
 _TABLE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*){0,2}")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.*)$")
 
@@ -674,8 +672,14 @@ def _normalize_chunk(table: pa.Table, plan: _StagePlan) -> pa.Table:
 
 
 def _encode_staging(table: pa.Table) -> bytes:
+    """A staged chunk as an uncompressed Arrow IPC file (read back column by column).
+
+    Not Parquet: the staging files live for one prepare, and encoding and compressing
+    them (features rarely compress) cost more than the bytes they save.
+    """
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, **_STAGING_OPTIONS)
+    with paipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
     data: bytes = sink.getvalue().to_pybytes()
     return data
 
@@ -695,10 +699,11 @@ def _signed(value: int) -> int:
 def _stage(batches: Iterator[pa.RecordBatch], plan: _StagePlan) -> Iterator[pa.RecordBatch]:
     """Staging task: normalise and hash this partition's rows and write them as chunks.
 
-    A chunk holds at most about :data:`_CHUNK_BYTES` of input rows of this partition plus
-    each row's order key; it is named after its position (partition, sequence number) so
-    a retried task rewrites the same chunks. Each chunk's result row carries its row
-    count, its bucket counts per group (zlib-compressed ``int64``) and its id sums.
+    A chunk (an Arrow IPC file) holds at most about :data:`_CHUNK_BYTES` of input rows of
+    this partition plus each row's order key; it is named after its position (partition,
+    sequence number) so a retried task rewrites the same chunks. Each chunk's result row
+    carries its row count, its bucket counts per group (zlib-compressed ``int64``) and its
+    id sums.
     """
     from pyspark import TaskContext
 
@@ -727,7 +732,7 @@ def _stage(batches: Iterator[pa.RecordBatch], plan: _StagePlan) -> Iterator[pa.R
         chunk = chunk.append_column(_KEY_COL, pa.array(keys, pa.uint64()))
         if store is None:
             store = _task_store(plan.tmp_uri, plan.env)
-        store.put(f"staging/{name}.parquet", _encode_staging(chunk))
+        store.put(f"staging/{name}.arrow", _encode_staging(chunk))
         results.append(
             (
                 name,
@@ -762,7 +767,7 @@ def _stage(batches: Iterator[pa.RecordBatch], plan: _StagePlan) -> Iterator[pa.R
 
 
 def _staging_path(store: FileSystemStore, name: str) -> str:
-    return store.path(f"staging/{name}.parquet")
+    return store.path(f"staging/{name}.arrow")
 
 
 def _route(batches: Iterator[pa.RecordBatch], plan: _WritePlan) -> Iterator[pa.RecordBatch]:
@@ -785,7 +790,7 @@ def _route(batches: Iterator[pa.RecordBatch], plan: _WritePlan) -> Iterator[pa.R
         for index in batch.column(0).to_pylist():
             chunk = plan.chunks[int(index)]
             with filesystem.open_input_file(_staging_path(store, chunk.name)) as source:
-                table = pq.ParquetFile(source).read(columns=names)
+                table = paipc.open_file(source).read_all().select(names)
             if table.num_rows != chunk.rows:
                 raise DataError(
                     f"staged chunk {chunk.name} has {table.num_rows} rows, expected {chunk.rows}"
