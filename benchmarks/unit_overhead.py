@@ -17,24 +17,35 @@ variant once, in rotating order), for units sized so that the bare loop takes ab
 Same model (``MLPSpec``: 64 features -> 128 ReLU -> 10 classes), same Adam, batch size
 64, same row permutation, same thread count (``torch.set_num_threads``, default 1, what
 the engine's ``torch_threads`` gives a worker). Prints the median seconds of each
-variant and the median of the paired overheads (``variant / bare - 1``).
+variant and the median of the paired overheads (``variant / bare - 1``), on the wall
+clock and on process CPU time (one torch thread: CPU time is what the loop costs, and
+is far less disturbed than wall time on a shared machine).
 
     python benchmarks/unit_overhead.py [--repeat 7] [--threads 1] [--device cpu]
         [--profile]   (cProfile of one 0.5 s pass: where the time goes)
 
-**Where the gap came from** (what this benchmark measured before the fix, see the
-README's "Unit overhead" section for the numbers): the train loop itself, not
-checkpoints. Every batch updated each default metric separately: for 10 classes that is
-accuracy, log loss, precision/recall/F1 macro and per class, 33 count metrics each
-recomputing the same argmax and one-hot counts, about 300 small tensor operations per
-batch, more than the forward, backward and Adam step of a small MLP. Per-operation
-dispatch cost (not arithmetic) dominated, which is why a profile by function showed it as
-many tiny ``torch`` calls rather than one hot spot. ``float(loss)`` per batch (the
-finite-loss check) added a host sync per batch on a GPU. Now a pass buffers each batch's
-detached outputs, labels and loss and adds them to the metrics in large groups (one
-update per metric per group; every metric is exact over any grouping of rows, the
-protocol already requires it), count metrics that share per-class counts compute them
-once, and the loss is checked for finiteness once per group.
+**Where the gap came from** (numbers in ``benchmarks/results/unit_overhead.txt``): the
+train loop itself, not checkpoints. Every batch updated each default metric separately:
+for 10 classes that is accuracy, top-5, log loss, and precision/recall/F1 macro and per
+class, 33 count metrics each recomputing the same argmax and one-hot counts: about 300
+small tensor operations per batch, more than the forward, backward and Adam step of a
+small MLP (the pass took 4.4x the bare loop here; with 3 classes, 12 count metrics, it is
+the issue's 1.2-1.6x). Per-operation dispatch cost, not arithmetic, dominated, spread
+over hundreds of tiny ``sum``/``argmax``/``arange``/``eq`` calls, so a profile by function
+showed no hot spot (the "~10 % explained"). ``float(loss)`` per batch (the finite-loss
+check) added a host sync per batch on a GPU. Thread count and deterministic algorithms
+were not the cause (same ``torch.set_num_threads`` in unit and bare loop; deterministic
+mode costs 0-1.4 % on CPU).
+
+The fix: a pass buffers each batch's detached outputs, labels and loss and adds them to
+the metrics in groups (one update per metric per group; every metric is exact over any
+grouping of rows, the protocol already requires it); count metrics with one
+``accumulator_key`` share one accumulator, updated once; the loss is checked for
+finiteness once per 64 batches. Same weights bit for bit, same counts. What is left
+(pass: +6 to +13 % CPU on this 0.5 ms-per-batch MLP): the metrics' own arithmetic, about
+300 ns per row (float64 log loss most of it), and a few microseconds per batch; a unit
+adds a fixed ~9 ms CPU (checkpoint decode and encode, model build), which the checkpoint
+cache being built separately removes for a trial returning to its worker.
 """
 
 from __future__ import annotations
@@ -140,10 +151,17 @@ class Unit:
 
 def timed(
     run: Callable[[PartitionData, UnitTask], None], data: PartitionData, task: UnitTask
-) -> float:
-    started = time.perf_counter()
+) -> tuple[float, float]:
+    """Run once; return ``(wall seconds, process CPU seconds)``."""
+    wall, cpu = time.perf_counter(), time.process_time()
     run(data, task)
-    return time.perf_counter() - started
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def overhead(times: dict[str, list[tuple[float, float]]], name: str, clock: int) -> float:
+    """Median paired overhead of ``name`` over ``bare``, in %, on clock 0 (wall) or 1 (CPU)."""
+    pairs = zip(times[name], times["bare"], strict=True)
+    return 100 * statistics.median(a[clock] / b[clock] - 1 for a, b in pairs)
 
 
 def main() -> None:
@@ -162,7 +180,7 @@ def main() -> None:
     bare = Bare(info, device)
     calibration = make_data(64 * BATCH)
     timed(bare.run, calibration, task)
-    per_batch = min(timed(bare.run, calibration, task) for _ in range(3)) / 64
+    per_batch = min(timed(bare.run, calibration, task)[0] for _ in range(3)) / 64
     targets = [float(t) for t in args.targets.split(",")]
     largest = max(BATCH, int(max(targets) / per_batch) * BATCH)
     pool = make_data(largest)
@@ -179,13 +197,13 @@ def main() -> None:
         profile = cProfile.Profile()
         profile.runcall(runner.run, data, task)
         out = io.StringIO()
-        pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(25)
+        pstats.Stats(profile, stream=out).sort_stats("cumulative").print_stats(30)
         print(out.getvalue())
         return
 
     print(
-        f"{'target s':>8} {'rows':>8} {'batches':>7} {'bare s':>8} {'pass s':>8} "
-        f"{'pass +%':>8} {'unit s':>8} {'unit +%':>8}"
+        f"{'target s':>8} {'rows':>7} {'batches':>7} {'bare s':>7} {'pass s':>7} {'unit s':>7} "
+        f"{'pass +%':>8} {'unit +%':>8} {'pass +%cpu':>10} {'unit +%cpu':>10}"
     )
     with tempfile.TemporaryDirectory() as root:
         for target in targets:
@@ -198,23 +216,18 @@ def main() -> None:
             }
             for run in runners.values():  # warm-up, untimed
                 run(data, task)
-            times: dict[str, list[float]] = {name: [] for name in runners}
+            times: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}
             names = list(runners)
             for rep in range(args.repeat):
                 for name in names[rep % 3 :] + names[: rep % 3]:
                     times[name].append(timed(runners[name], data, task))
-            med = {name: statistics.median(values) for name, values in times.items()}
-            over = {
-                name: 100
-                * statistics.median(
-                    [a / b - 1 for a, b in zip(times[name], times["bare"], strict=True)]
-                )
-                for name in ("pass", "unit")
-            }
+
+            med = {name: statistics.median(t[0] for t in values) for name, values in times.items()}
             print(
-                f"{target:>8} {rows:>8} {rows // BATCH:>7} {med['bare']:>8.4f} "
-                f"{med['pass']:>8.4f} {over['pass']:>+8.1f} {med['unit']:>8.4f} "
-                f"{over['unit']:>+8.1f}",
+                f"{target:>8} {rows:>7} {rows // BATCH:>7} {med['bare']:>7.4f} "
+                f"{med['pass']:>7.4f} {med['unit']:>7.4f} {overhead(times, 'pass', 0):>+8.1f} "
+                f"{overhead(times, 'unit', 0):>+8.1f} {overhead(times, 'pass', 1):>+10.1f} "
+                f"{overhead(times, 'unit', 1):>+10.1f}",
                 flush=True,
             )
 
