@@ -21,6 +21,10 @@ so they produce the same dataset without any serial step:
   64-bit sums (the keys, and a second, polynomial hash of the same words), first 24 hex
   digits. Sums combine partial results from any number of tasks in any order.
 
+Heavily duplicated rows share one key, hence one bucket: a bucket holding many rows on a
+partition boundary is sent to every partition it spans (correct, but each of their
+writing tasks then sorts the whole bucket).
+
 In Spark the order is never materialised in one place: every task counts its rows per
 *bucket* (the key's top bits); the driver turns the counts into each partition's bucket
 range and first rank (:func:`plan_destinations`); rows travel to every partition whose
@@ -116,16 +120,14 @@ def sort_order(keys: np.ndarray, words: np.ndarray) -> np.ndarray:
     """Return the row indices ordered by ``(key, row bytes)`` (see the module docstring)."""
     order = np.argsort(keys, kind="stable")
     ordered = keys[order]
-    tied = np.flatnonzero(ordered[1:] == ordered[:-1])
-    if len(tied):
-        starts = tied[np.r_[True, np.diff(tied) > 1]]
-        for start in starts.tolist():
-            end = start + 1
-            while end < len(ordered) and ordered[end] == ordered[start]:
-                end += 1
-            run = order[start:end].tolist()
+    same = ordered[1:] == ordered[:-1]
+    if same.any():
+        # runs of equal keys: rows [first, last] of the ordered keys
+        edges = np.flatnonzero(np.diff(np.r_[0, same.astype(np.int8), 0]))
+        for first, last in edges.reshape(-1, 2).tolist():
+            run = order[first : last + 1].tolist()
             run.sort(key=lambda index: words[index].tobytes())
-            order[start:end] = run
+            order[first : last + 1] = run
     return order
 
 
