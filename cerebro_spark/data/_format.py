@@ -25,7 +25,10 @@ from cerebro_spark.errors import DataError
 if TYPE_CHECKING:
     import torch
 
-FORMAT_VERSION = 1
+#: 2: rows ordered by a seeded content hash (see ``_row_order``); 1 is still read.
+FORMAT_VERSION = 2
+#: Every format version this release reads.
+READABLE_FORMAT_VERSIONS: tuple[int, ...] = (1, 2)
 #: Feature statistics are recorded only up to this many flattened elements per row (beyond
 #: it, per-element statistics would make the manifest and every checkpoint large).
 MAX_STATISTICS_ELEMENTS = 1 << 16
@@ -272,7 +275,7 @@ class Manifest:
             content_hash=raw["content_hash"],
             schema=dict(raw["schema"]),
             source=raw.get("source", ""),
-            format_version=raw.get("format_version", FORMAT_VERSION),
+            format_version=raw.get("format_version", 1),
             classes=None if raw.get("classes") is None else tuple(raw["classes"]),
             statistics=(
                 None

@@ -129,7 +129,8 @@ def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
         "--order",
         choices=("input", "sorted"),
         default="input",
-        help="row order that defines 'the same input' (spark; default: input = file order)",
+        help="kept for compatibility: since dataset format 2 the row order comes from a "
+        "seeded content hash, so input order never changes the dataset",
     )
     parser.add_argument(
         "--option",
@@ -225,8 +226,6 @@ def _run_python(args: argparse.Namespace, common: dict[str, Any], table: pa.Tabl
 
     if args.table is not None:
         raise ConfigError("--table needs the spark engine; the python engine reads files")
-    if args.order != "input":
-        raise ConfigError("--order sorted needs the spark engine")
     if args.format == "delta":
         raise ConfigError("--format delta needs the spark engine (and delta-spark)")
     if table is None:

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 
 from cerebro_spark.data import _validate as v
 from cerebro_spark.data._format import (
-    FORMAT_VERSION,
     MANIFEST_NAME,
+    READABLE_FORMAT_VERSIONS,
     SPLITS,
     ColumnInfo,
     Manifest,
@@ -59,10 +59,10 @@ def read_manifest(dataset_uri: str | Store) -> Manifest:
     if not isinstance(raw, dict):
         raise DataError(f"{where} holds a JSON {type(raw).__name__}, not an object")
     version = raw.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_FORMAT_VERSIONS:
         raise DataError(
             f"{where} has format_version {version!r}; this version of cerebro-spark reads "
-            f"format_version {FORMAT_VERSION}"
+            f"format_version {', '.join(map(str, READABLE_FORMAT_VERSIONS))}"
         )
     try:
         manifest = Manifest.from_json(text.decode())

@@ -16,56 +16,41 @@ Pipeline (each step a Spark job; nothing is visible in the store until the commi
    count. Errors are the plain writer's :class:`~cerebro_spark.errors.DataError` messages
    (:mod:`cerebro_spark.data._validate`), raised before anything is written.
 2. **Staging**: ``mapInArrow`` tasks normalise their rows with the plain writer's own
-   functions (``float32`` features, fixed-size lists, class indices) and write them as
-   *chunks* under a temporary prefix ``<store>/datasets/.prepare-<uuid>/``; a chunk is up
-   to 64 MiB of consecutive rows of one Spark input split (file path + split start) or of
-   one Spark partition.
-3. **Sequencing** (one task): reads the chunks in row order, column by column, and feeds
-   the same SHA-256 the plain writer computes (so the dataset id is identical), draws the
-   plain writer's permutation (``default_rng(seed).permutation(rows)``, the same split
-   and ``array_split`` cut: ``_writer._split_indices``) and stores each row's destination
-   (partition, position) in ``placement.bin`` (8 bytes a row). This is the one serial
-   step, and what exact equality with the plain writer costs: the id is one SHA-256
-   stream over the whole data and numpy's permutation is one sequential draw. The task
-   reads the data once (column projections of the chunks) and holds about 30 bytes per
-   row (the permutation, the placement, the validation flags), never the data.
-4. **Reuse**: a complete dataset ``<store>/datasets/<id>/`` (manifest present, every file
+   functions (``float32`` features, fixed-size lists, class indices), compute each row's
+   seeded content-hash key (:mod:`cerebro_spark.data._row_order`) and write the rows with
+   their keys as *chunks* (up to 64 MiB of one Spark partition) under a temporary prefix
+   ``<store>/datasets/.prepare-<uuid>/``. Each chunk reports its row count, its rows per
+   key *bucket* and two 64-bit id sums. There is no serial step: the driver adds the
+   sums up (the dataset id, the plain writer's) and plans, from the bucket counts alone,
+   each partition's rank range and the buckets that hold it.
+3. **Reuse**: a complete dataset ``<store>/datasets/<id>/`` (manifest present, every file
    listed) is returned as it is; nothing in it is rewritten. The id depends on all the
-   data, so a reused dataset still costs steps 1-3; only the shuffle and the writes are
+   data, so a reused dataset still costs steps 1-2; only the shuffle and the writes are
    skipped.
-5. **Shuffle and write**: tasks route every chunk's rows (as Arrow IPC pieces) to their
-   partition with ``repartitionById`` (min(2 * P, default parallelism) write tasks, each
-   receiving whole partitions, grouped); a task orders a partition's rows by position,
-   checks it got exactly the rows it expects, and writes the Parquet file with
+4. **Shuffle and write**: tasks route every chunk's rows (as Arrow IPC pieces) to the
+   partitions whose bucket range holds them (a boundary bucket goes to both sides) with
+   ``repartitionById`` (min(2 * P, default parallelism) write tasks, each receiving whole
+   partitions, grouped); a task checks it got every row of its buckets, sorts them by
+   ``(key, row bytes)``, keeps its own ranks and writes the Parquet file with
    :func:`~cerebro_spark.data.encode_partition` through pyarrow, straight to the store's
    file system (``s3://...?endpoint_override=...`` works without ``hadoop-aws``). A train
    partition's task also returns its per-feature moments, which the driver folds in
    partition order into the manifest's statistics, as the plain writer does.
-6. **Commit**: the manifest is written last. Local disk: the manifest goes into the
+5. **Commit**: the manifest is written last. Local disk: the manifest goes into the
    temporary dataset directory, which is then renamed to ``datasets/<id>`` in one step
    (or, when that directory exists, every file is moved over it and the manifest comes
    last). Object stores: each file is copied to ``datasets/<id>/``, then the manifest is
    written. The temporary prefix is deleted on success and on failure; a dataset
    directory without ``manifest.json`` is invisible to the reader and to reuse.
 
-**What "same input" means (row order).** The dataset id hashes the rows in input order,
-so the order must be stable:
+**What "same input" means.** Since format 2 a dataset depends only on the *multiset* of
+its normalised rows (and the parameters): rows are ordered by a seeded hash of their
+content, so input order, file layout and partitioning (a DataFrame after an unsorted
+shuffle included) change nothing. ``order`` (``"input"`` or ``"sorted"``) is still
+accepted for compatibility; both give the same dataset.
 
-* ``order="input"`` (default). For a path or a table name: file order, then row order in
-  each file (Spark's ``_metadata.file_path`` and ``_metadata.file_block_start`` name each
-  input split; the chunks are sorted by decoded file path, then split start). That is the
-  order :func:`~cerebro_spark.data.read_table` reads a file or a directory in (pyarrow
-  sorts a directory's files by path), hence the plain-writer equality. For a DataFrame:
-  its partition order, then row order within each partition: deterministic for a
-  deterministic plan (``createDataFrame``, a file scan, a sort), not after an unsorted
-  shuffle. Tables or DataFrames without file metadata fall back to partition order.
-* ``order="sorted"``: the rows sorted by all selected columns (features, label,
-  validation column): the dataset depends only on the multiset of rows, not on files or
-  partitioning. It equals the plain writer given the rows in the same sorted order.
-
-Every read is checked against the others (row counts, classes, expected rows per
-partition): an input that changes between reads raises :class:`DataError` instead of
-writing a wrong dataset.
+Every read is checked against the others (row counts, classes, rows per bucket): an input
+that changes between reads raises :class:`DataError` instead of writing a wrong dataset.
 
 Executors need ``cerebro-spark`` installed and, for S3, credentials in their environment
 (``spark.executorEnv.AWS_ACCESS_KEY_ID`` ...; in local mode they inherit the driver's).
@@ -82,7 +67,6 @@ import dataclasses
 import functools
 import hashlib
 import importlib.util
-import itertools
 import logging
 import math
 import os
@@ -90,16 +74,16 @@ import re
 import time
 import urllib.parse
 import uuid
+import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.ipc as paipc
-import pyarrow.parquet as pq
 
+from cerebro_spark.data import _row_order as ro
 from cerebro_spark.data import _statistics as st
 from cerebro_spark.data import _validate as v
 from cerebro_spark.data import _writer as w
@@ -138,18 +122,12 @@ _SUFFIXES: dict[str, str] = {
     ".ndjson": "json",
 }
 _CSV_DEFAULTS: dict[str, str] = {"header": "true", "inferSchema": "true"}
-_PATH_COL = "__cerebro_file_path"
-_START_COL = "__cerebro_block_start"
-_POS_COL = "__cerebro_pos"
-_POS_BITS = 40
-_POS_MASK = (1 << _POS_BITS) - 1
+_KEY_COL = "__cerebro_key"
 _TMP_PREFIX = ".prepare-"
-_PLACEMENT = "placement.bin"
 _PIECE_BYTES = 8 << 20
 #: ``float64`` magnitudes at or above this become infinite as ``float32`` (round to even).
 _FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
 _CHUNK_BYTES = 64 << 20
-_STAGING_OPTIONS: Mapping[str, Any] = {"compression": "snappy", "write_statistics": False}
 _TABLE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*){0,2}")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.*)$")
 
@@ -161,7 +139,7 @@ _T = TypeVar("_T")
 
 @dataclasses.dataclass(frozen=True)
 class _StagePlan:
-    """What a staging task needs: how to normalise and where to put its chunks."""
+    """What a staging task needs: how to normalise, hash and where to put its chunks."""
 
     tmp_uri: str
     env: Mapping[str, str]
@@ -172,33 +150,17 @@ class _StagePlan:
     task: Task
     classes: pa.Array | None
     validation_column: str | None
-    file_keys: bool
     schema: pa.Schema
+    seed: int
+    bucket_bits: int
 
 
 @dataclasses.dataclass(frozen=True)
 class _Chunk:
-    """One staged chunk: ``rows`` rows that start at global row ``offset``."""
+    """One staged chunk of ``rows`` rows."""
 
     name: str
-    offset: int
     rows: int
-
-
-@dataclasses.dataclass(frozen=True)
-class _SequencePlan:
-    """What the sequencing task needs to compute the id and the placement."""
-
-    tmp_uri: str
-    env: Mapping[str, str]
-    chunks: tuple[_Chunk, ...]
-    columns: tuple[str, ...]
-    params: bytes
-    validation_column: str | None
-    rows: int
-    n_val: int
-    num_partitions: int
-    seed: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,7 +172,9 @@ class _WritePlan:
     chunks: tuple[_Chunk, ...]
     schema: pa.Schema
     num_partitions: int
-    expected_rows: tuple[int, ...]
+    validation_column: str | None
+    bucket_bits: int
+    destinations: tuple[ro.Destination, ...]
     statistics_of: tuple[ColumnInfo, ...] = ()
 
 
@@ -284,12 +248,6 @@ def _run_job(spark: SparkSession, description: str, action: Callable[[], _T]) ->
             context.setJobDescription(None)  # type: ignore[arg-type]
     logger.info("prepare: %s took %.2f s", description, time.perf_counter() - started)
     return result
-
-
-def _split_sizes(rows: int, num_partitions: int) -> list[int]:
-    """Sizes ``np.array_split`` gives when cutting ``rows`` rows into P slices."""
-    base, extra = divmod(rows, num_partitions)
-    return [base + 1 if index < extra else base for index in range(num_partitions)]
 
 
 def _fs_store(store: Store) -> FileSystemStore:
@@ -405,14 +363,14 @@ def _load(
     data: DataFrame | str,
     fmt: str | None,
     options: Mapping[str, str],
-) -> tuple[DataFrame, bool, str]:
-    """Return ``(frame, ordered by files, description)`` for the input."""
+) -> tuple[DataFrame, str]:
+    """Return ``(frame, description)`` for the input."""
     from pyspark.sql import DataFrame
 
     if isinstance(data, DataFrame):
         if fmt is not None:
             raise ConfigError(f"format={fmt!r} is for a path or a table name, not a DataFrame")
-        return data, False, "spark DataFrame"
+        return data, "spark DataFrame"
     if not isinstance(data, str) or not data:
         raise ConfigError(
             "data must be a Spark DataFrame, a table name or a path, got "
@@ -427,8 +385,8 @@ def _load(
     if is_table:
         if not _table_exists(spark, data):
             raise DataError(f"no table named {data!r} in the Spark catalog")
-        return spark.table(data), True, f"table {data}"
-    return _read_path(spark, data, fmt, options), True, data
+        return spark.table(data), f"table {data}"
+    return _read_path(spark, data, fmt, options), data
 
 
 def _table_exists(spark: SparkSession, name: str) -> bool:
@@ -437,23 +395,6 @@ def _table_exists(spark: SparkSession, name: str) -> bool:
     except Exception as exc:  # a name Spark cannot parse
         logger.debug("%r is not a table name: %s", name, exc)
         return False
-
-
-def _with_file_keys(frame: DataFrame) -> DataFrame | None:
-    """Return ``frame`` with its rows' file path and split start, or ``None`` if unknown."""
-    from pyspark.sql import functions as F
-
-    try:
-        keyed = frame.select(
-            "*",
-            F.col("_metadata.file_path").alias(_PATH_COL),
-            F.col("_metadata.file_block_start").alias(_START_COL),
-        )
-        keyed.schema  # noqa: B018  (analyses the plan now, also on Spark Connect)
-        return keyed
-    except Exception as exc:  # AnalysisException: not a file scan
-        logger.info("input has no file metadata (%s); ordering rows by partition", exc)
-        return None
 
 
 def _col(name: str) -> Column:
@@ -731,128 +672,115 @@ def _normalize_chunk(table: pa.Table, plan: _StagePlan) -> pa.Table:
 
 
 def _encode_staging(table: pa.Table) -> bytes:
+    """A staged chunk as an uncompressed Arrow IPC file (read back column by column).
+
+    Not Parquet: the staging files live for one prepare, and encoding and compressing
+    them (features rarely compress) cost more than the bytes they save.
+    """
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, **_STAGING_OPTIONS)
+    with paipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
     data: bytes = sink.getvalue().to_pybytes()
     return data
 
 
-def _runs(
-    batch: pa.RecordBatch, file_keys: bool
-) -> Iterator[tuple[tuple[str, int], pa.RecordBatch]]:
-    """Split a batch into runs of rows from one input split: ``((file path, start), rows)``."""
-    if not file_keys:
-        yield ("", 0), batch
-        return
-    paths = batch.column(_PATH_COL)
-    starts = batch.column(_START_COL)
-    changed = pc.or_(pc.not_equal(paths[1:], paths[:-1]), pc.not_equal(starts[1:], starts[:-1]))
-    cuts = [0, *(np.flatnonzero(np.asarray(changed)) + 1).tolist(), batch.num_rows]
-    for begin, end in itertools.pairwise(cuts):
-        key = (str(paths[begin].as_py()), int(starts[begin].as_py()))
-        yield key, batch.slice(begin, end - begin)
+def _flags(table: pa.Table, validation_column: str | None) -> np.ndarray | None:
+    """The validation flags of a staged table, or ``None`` without a validation column."""
+    if validation_column is None:
+        return None
+    return np.asarray(table.column(validation_column).to_numpy(), dtype=bool)
+
+
+def _signed(value: int) -> int:
+    """A 64-bit unsigned value as Spark's signed ``long``."""
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def _stage(batches: Iterator[pa.RecordBatch], plan: _StagePlan) -> Iterator[pa.RecordBatch]:
-    """Staging task: normalise this partition's rows and write them as chunks.
+    """Staging task: normalise and hash this partition's rows and write them as chunks.
 
-    A chunk holds consecutive rows of one input split (file mode) or of this partition,
-    at most about :data:`_CHUNK_BYTES` of input; it is named after its position
-    (file path, split start or partition, sequence number) so a retried task rewrites
-    the same chunks.
+    A chunk (an Arrow IPC file) holds at most about :data:`_CHUNK_BYTES` of input rows of
+    this partition plus each row's order key; it is named after its position (partition,
+    sequence number) so a retried task rewrites the same chunks. Each chunk's result row
+    carries its row count, its bucket counts per group (zlib-compressed ``int64``) and its
+    id sums.
     """
     from pyspark import TaskContext
 
     context = TaskContext.get()
     partition = context.partitionId() if context is not None else 0
     store: FileSystemStore | None = None
-    written: list[tuple[str, str, int, int, int]] = []  # name, path, start, seq, rows
+    groups = 1 if plan.validation_column is None else 2
+    results: list[tuple[str, int, bytes, int, int]] = []
     pending: list[pa.RecordBatch] = []
-    pending_key: tuple[str, int] | None = None
     pending_bytes = 0
-    seq = 0
 
     def flush() -> None:
-        nonlocal store, pending, pending_bytes, seq
-        if not pending or pending_key is None:
+        nonlocal store, pending, pending_bytes
+        if not pending:
             return
-        path, start = pending_key
-        where = f"{path}\n{start}" if plan.file_keys else f"partition {partition}"
-        name = hashlib.sha256(f"{where}\n{seq}".encode()).hexdigest()[:32]
+        name = hashlib.sha256(f"partition {partition}\n{len(results)}".encode()).hexdigest()[:32]
         chunk = _normalize_chunk(pa.Table.from_batches(pending), plan)
+        flags = _flags(chunk, plan.validation_column)
+        columns = [chunk.column(n) for n in plan.schema.names if n != plan.validation_column]
+        keys, lane2 = ro.row_hashes(ro.row_words(columns, flags), plan.seed)
+        sums = ro.IdSums()
+        sums.add(keys, lane2)
+        group = np.zeros(len(keys), dtype=np.int64) if flags is None else flags.astype(np.int64)
+        found = ro.buckets(keys, plan.bucket_bits) + (group << plan.bucket_bits)
+        counts = np.bincount(found, minlength=groups << plan.bucket_bits).astype("<i8")
+        chunk = chunk.append_column(_KEY_COL, pa.array(keys, pa.uint64()))
         if store is None:
             store = _task_store(plan.tmp_uri, plan.env)
-        store.put(f"staging/{name}.parquet", _encode_staging(chunk))
-        written.append((name, path, start, seq, chunk.num_rows))
-        pending, pending_bytes, seq = [], 0, seq + 1
+        store.put(f"staging/{name}.arrow", _encode_staging(chunk))
+        results.append(
+            (
+                name,
+                chunk.num_rows,
+                zlib.compress(counts.tobytes(), 1),
+                _signed(sums.keys),
+                _signed(sums.lane2),
+            )
+        )
+        pending, pending_bytes = [], 0
 
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        for key, rows in _runs(batch, plan.file_keys):
-            if key != pending_key:
-                flush()
-                pending_key, seq = key, 0
-            pending.append(rows)
-            pending_bytes += rows.nbytes
-            if pending_bytes >= _CHUNK_BYTES:
-                flush()
+        pending.append(batch)
+        pending_bytes += batch.nbytes
+        if pending_bytes >= _CHUNK_BYTES:
+            flush()
     flush()
-    if written:
-        names, paths, starts, seqs, counts = zip(*written, strict=True)
+    if results:
+        names, counts, histograms, key_sums, lane_sums = zip(*results, strict=True)
         yield pa.record_batch(
             [
                 pa.array(names, pa.string()),
-                pa.array(paths, pa.string()),
-                pa.array(starts, pa.int64()),
-                pa.array([partition] * len(written), pa.int64()),
-                pa.array(seqs, pa.int64()),
                 pa.array(counts, pa.int64()),
+                pa.array(histograms, pa.binary()),
+                pa.array(key_sums, pa.int64()),
+                pa.array(lane_sums, pa.int64()),
             ],
-            names=["chunk", "file_path", "block_start", "part", "seq", "rows"],
+            names=["chunk", "rows", "buckets", "key_sum", "lane_sum"],
         )
 
 
 def _staging_path(store: FileSystemStore, name: str) -> str:
-    return store.path(f"staging/{name}.parquet")
-
-
-def _sequence(_: Iterator[pa.RecordBatch], plan: _SequencePlan) -> Iterator[pa.RecordBatch]:
-    """Sequencing task: the plain writer's dataset id and permutation, as a placement file."""
-    store = _task_store(plan.tmp_uri, plan.env)
-    filesystem = store.filesystem
-    digest = hashlib.sha256(plan.params)
-    flags: list[np.ndarray] = []
-    for name in (*plan.columns, *([plan.validation_column] if plan.validation_column else [])):
-        for chunk in plan.chunks:
-            with filesystem.open_input_file(_staging_path(store, chunk.name)) as source:
-                column = pq.ParquetFile(source).read(columns=[name]).column(0)
-            if len(column) != chunk.rows:
-                raise DataError(
-                    f"staged chunk {chunk.name} has {len(column)} rows, expected {chunk.rows}"
-                )
-            if name == plan.validation_column:
-                flags.append(np.asarray(column.to_numpy(), dtype=bool))
-            else:
-                w._hash_values(digest, column)
-    mask = None
-    if plan.validation_column is not None:
-        mask = np.concatenate(flags)
-        digest.update(np.packbits(mask).tobytes())
-    slices = w._split_indices(plan.rows, mask, plan.n_val, plan.num_partitions, plan.seed)
-    codes = np.full(plan.rows, -1, dtype="<i8")
-    for split_index, split in enumerate(("train", "validation")):
-        for part, indices in enumerate(slices[split]):
-            dest = split_index * plan.num_partitions + part
-            codes[indices] = (dest << _POS_BITS) | np.arange(len(indices), dtype=np.int64)
-    store.put(_PLACEMENT, codes.tobytes())
-    yield pa.record_batch([pa.array([digest.hexdigest()[:24]])], names=["dataset_id"])
+    return store.path(f"staging/{name}.arrow")
 
 
 def _route(batches: Iterator[pa.RecordBatch], plan: _WritePlan) -> Iterator[pa.RecordBatch]:
-    """Routing task: send each staged row to its partition, as Arrow IPC pieces."""
+    """Routing task: send each staged row to the partition(s) whose buckets hold it.
+
+    A row in a bucket on a partition boundary goes to every partition the bucket touches;
+    the writing task keeps only its own ranks. Rows travel as Arrow IPC pieces.
+    """
     store = _task_store(plan.tmp_uri, plan.env)
     filesystem = store.filesystem
+    names = [*plan.schema.names, _KEY_COL]
+    if plan.validation_column is not None:
+        names.append(plan.validation_column)
     row_bytes = 16 + sum(
         4 * (field.type.list_size if pa.types.is_fixed_size_list(field.type) else 2)
         for field in plan.schema
@@ -862,28 +790,30 @@ def _route(batches: Iterator[pa.RecordBatch], plan: _WritePlan) -> Iterator[pa.R
         for index in batch.column(0).to_pylist():
             chunk = plan.chunks[int(index)]
             with filesystem.open_input_file(_staging_path(store, chunk.name)) as source:
-                table = pq.ParquetFile(source).read(columns=plan.schema.names)
-            with filesystem.open_input_file(store.path(_PLACEMENT)) as source:
-                raw = source.read_at(8 * chunk.rows, 8 * chunk.offset)
-            codes = np.frombuffer(raw, dtype="<i8")
-            if len(codes) != chunk.rows or table.num_rows != chunk.rows or (codes < 0).any():
-                raise DataError(f"staged chunk {chunk.name} does not match its placement")
-            dests = codes >> _POS_BITS
-            positions = codes & _POS_MASK
+                table = paipc.open_file(source).read_all().select(names)
+            if table.num_rows != chunk.rows:
+                raise DataError(
+                    f"staged chunk {chunk.name} has {table.num_rows} rows, expected {chunk.rows}"
+                )
+            keys = np.asarray(table.column(_KEY_COL).to_numpy(), dtype=np.uint64)
+            flags = _flags(table, plan.validation_column)
+            groups = np.zeros(len(keys), dtype=np.int64) if flags is None else flags.astype(int)
+            rows, dests = ro.route(plan.destinations, groups, ro.buckets(keys, plan.bucket_bits))
             order = np.argsort(dests, kind="stable")
-            bounds = np.flatnonzero(np.diff(dests[order])) + 1
-            for group in np.split(order, bounds):
+            rows, dests = rows[order], dests[order]
+            bounds = np.flatnonzero(np.diff(dests)) + 1
+            for group in np.split(np.arange(len(rows)), bounds):
+                if not len(group):
+                    continue
                 for begin in range(0, len(group), piece_rows):
-                    rows = group[begin : begin + piece_rows]
-                    piece = table.take(pa.array(rows)).append_column(
-                        _POS_COL, pa.array(positions[rows])
-                    )
+                    part = group[begin : begin + piece_rows]
+                    piece = table.take(pa.array(rows[part]))
                     sink = pa.BufferOutputStream()
                     with paipc.new_stream(sink, piece.schema) as writer:
                         writer.write_table(piece)
                     yield pa.record_batch(
                         [
-                            pa.array([int(dests[rows[0]])], pa.int32()),
+                            pa.array([int(dests[part[0]])], pa.int32()),
                             pa.array([sink.getvalue().to_pybytes()], pa.binary()),
                         ],
                         names=["dest", "payload"],
@@ -913,18 +843,21 @@ def _write_partitions(
 def _write_partition(
     store: FileSystemStore, plan: _WritePlan, dest: int, pieces: list[pa.Table]
 ) -> pa.RecordBatch:
-    """Order one partition's rows by position, check them, write the file, describe it."""
+    """Order one partition's bucket range by key, keep its ranks, write the file."""
+    where = plan.destinations[dest]
     table = pa.concat_tables(pieces)
-    table = table.take(pc.sort_indices(table.column(_POS_COL)))
-    positions = np.asarray(v.as_array(table.column(_POS_COL)))
-    expected = plan.expected_rows[dest]
-    if len(positions) != expected or not np.array_equal(positions, np.arange(expected)):
+    if table.num_rows != where.bucket_rows:
         raise DataError(
-            f"partition {dest} received {len(positions)} rows, expected {expected}: the "
-            "input changed between two reads"
+            f"partition {dest} received {table.num_rows} rows of its buckets, expected "
+            f"{where.bucket_rows}: the input changed between two reads"
         )
+    columns = [table.column(name) for name in plan.schema.names]
+    flags = _flags(table, plan.validation_column)
+    keys = np.asarray(table.column(_KEY_COL).to_numpy(), dtype=np.uint64)
+    order = ro.sort_order(keys, ro.row_words(columns, flags))
+    mine = order[where.begin - where.bucket_begin : where.end - where.bucket_begin]
     table = pa.Table.from_arrays(
-        [v.as_array(table.column(name)) for name in plan.schema.names], schema=plan.schema
+        [v.as_array(column).take(pa.array(mine)) for column in columns], schema=plan.schema
     )
     split = "train" if dest < plan.num_partitions else "validation"
     index = dest % plan.num_partitions
@@ -955,11 +888,8 @@ def _select(
     features: Sequence[str],
     label: str,
     validation_column: str | None,
-    file_keys: bool,
 ) -> DataFrame:
     """Select the columns in their roles; ML vectors become arrays of doubles."""
-    from pyspark.sql import functions as F
-
     types = {field.name: field.dataType for field in frame.schema.fields}
     columns: list[Column] = []
     for name in features:
@@ -969,18 +899,7 @@ def _select(
     columns.append(_col(label).alias(label))
     if validation_column is not None:
         columns.append(_col(validation_column).alias(validation_column))
-    if file_keys:
-        columns += [F.col(_PATH_COL), F.col(_START_COL)]
     return frame.select(*columns)
-
-
-def _sort_key(row: Any) -> tuple[str, int, int, int]:
-    """Row order of a chunk: decoded file path (as pyarrow sorts files), split start, part, seq."""
-    path = str(row["file_path"])
-    if path:
-        parts = urllib.parse.urlsplit(path)
-        path = urllib.parse.unquote(parts.path) if parts.scheme == "file" else path
-    return path, int(row["block_start"]), int(row["part"]), int(row["seq"])
 
 
 def _complete(target: FileSystemStore, dataset_id: str) -> Manifest | None:
@@ -1081,7 +1000,7 @@ def prepare_with_spark(
     """Shuffle, split and write ``data`` with Spark to ``<store>/datasets/<dataset_id>/``.
 
     Gives the dataset :func:`~cerebro_spark.data.prepare_dataset` gives for the same rows
-    in the same order (same id, byte-identical files and manifest), and reuses a complete
+    in any order (same id, byte-identical files and manifest), and reuses a complete
     dataset with that id instead of rewriting it. See the module docstring for the steps
     and for what "the same order" means.
 
@@ -1108,7 +1027,8 @@ def prepare_with_spark(
             path's name (or a directory's files, or ``_delta_log``) when ``None``.
         options: Spark reader options (for CSV ``header`` and ``inferSchema`` default to
             ``"true"``).
-        order: ``"input"`` or ``"sorted"`` (see the module docstring).
+        order: ``"input"`` or ``"sorted"``; kept for compatibility, both give the same
+            dataset (the row order comes from a content hash, see the module docstring).
         spark: The session (default: the active one, or a new one from
             :func:`~cerebro_spark.spark_session.spark_session`).
         task_env: Environment variables set in every task before it opens the store
@@ -1150,19 +1070,15 @@ def prepare_with_spark(
     features = list(features)
     root = _fs_store(open_store(store))
     session = spark if spark is not None else spark_session()
-    frame, by_files, description = _load(session, data, format, dict(options or {}))
+    frame, description = _load(session, data, format, dict(options or {}))
     required = [*features, label] + ([validation_column] if validation_column else [])
     v.check_columns(frame.columns, required)
-    keyed = _with_file_keys(frame) if by_files and order == "input" else None
-    file_keys = keyed is not None
-    selected = _select(
-        keyed if keyed is not None else frame, features, label, validation_column, file_keys
-    )
+    selected = _select(frame, features, label, validation_column)
     checked = _run_job(
         session,
         "checks",
         lambda: _check(
-            selected.drop(_PATH_COL, _START_COL) if file_keys else selected,
+            selected,
             features=features,
             label=label,
             num_partitions=num_partitions,
@@ -1181,8 +1097,6 @@ def prepare_with_spark(
     staged_schema = (
         schema.append(pa.field(validation_column, pa.bool_())) if validation_column else schema
     )
-    if order == "sorted":
-        selected = selected.orderBy(*[_col(name) for name in required])
 
     env = _task_env(session, task_env)
     tmp = _fs_store(root.child(f"datasets/{_TMP_PREFIX}{uuid.uuid4().hex}"))
@@ -1197,24 +1111,21 @@ def prepare_with_spark(
             task=checked.task,
             classes=checked.classes,
             validation_column=validation_column,
-            file_keys=file_keys,
             schema=staged_schema,
+            seed=seed,
+            bucket_bits=ro.bucket_bits(num_partitions),
         )
         staged = _run_job(
             session,
             f"stage {checked.rows} rows to {tmp.uri}",
             lambda: selected.mapInArrow(
                 functools.partial(_stage, plan=stage_plan),
-                "chunk string, file_path string, block_start long, part long, seq long, rows long",
+                "chunk string, rows long, buckets binary, key_sum long, lane_sum long",
             ).collect(),
         )
-        chunks = _order_chunks(staged, checked.rows, file_keys)
-        sequence_plan = _SequencePlan(
-            tmp_uri=tmp.uri,
-            env=env,
-            chunks=chunks,
-            columns=tuple(schema.names),
-            params=w._id_params(
+        chunks, counts, sums = _gather(staged, checked.rows, stage_plan)
+        dataset_id = sums.dataset_id(
+            w._id_params(
                 checked.features,
                 label=label,
                 task=checked.task,
@@ -1224,21 +1135,7 @@ def prepare_with_spark(
                 validation_fraction=validation_fraction,
                 validation_column=validation_column,
                 rows=checked.rows,
-            ),
-            validation_column=validation_column,
-            rows=checked.rows,
-            n_val=checked.n_val,
-            num_partitions=num_partitions,
-            seed=seed,
-        )
-        dataset_id = _run_job(
-            session,
-            "dataset id and shuffle",
-            lambda: (
-                session.range(1, numPartitions=1)
-                .mapInArrow(functools.partial(_sequence, plan=sequence_plan), "dataset_id string")
-                .collect()[0]["dataset_id"]
-            ),
+            )
         )
         target = _fs_store(root.child(f"datasets/{dataset_id}"))
         reused = _complete(target, dataset_id)
@@ -1252,6 +1149,9 @@ def prepare_with_spark(
             dataset_id=dataset_id,
             checked=checked,
             chunks=chunks,
+            counts=counts,
+            bucket_bits=stage_plan.bucket_bits,
+            validation_column=validation_column,
             schema=schema,
             num_partitions=num_partitions,
             seed=seed,
@@ -1272,32 +1172,34 @@ def prepare_with_spark(
     return manifest
 
 
-def _order_chunks(staged: Sequence[Any], rows: int, file_keys: bool) -> tuple[_Chunk, ...]:
-    """Sort the staged chunks into row order and give each its first global row."""
-    keyed = sorted(((_sort_key(row), row) for row in staged), key=lambda item: item[0])
-    names = [row["chunk"] for _, row in keyed]
-    if len(set(names)) != len(names):
-        raise DataError(
-            "the input's row order is ambiguous (one input split was read by two tasks); "
-            "pass order='sorted' or prepare from a path"
-        )
+def _gather(
+    staged: Sequence[Any], rows: int, plan: _StagePlan
+) -> tuple[tuple[_Chunk, ...], np.ndarray, ro.IdSums]:
+    """Combine the staging results: the chunks, the bucket counts and the id sums."""
+    groups = 1 if plan.validation_column is None else 2
+    counts = np.zeros(groups << plan.bucket_bits, dtype=np.int64)
+    sums = ro.IdSums()
     chunks: list[_Chunk] = []
-    offset = 0
-    for _, row in keyed:
-        chunks.append(_Chunk(row["chunk"], offset, int(row["rows"])))
-        offset += int(row["rows"])
-    if offset != rows:
+    for row in sorted(staged, key=lambda row: str(row["chunk"])):
+        chunks.append(_Chunk(str(row["chunk"]), int(row["rows"])))
+        counts += np.frombuffer(zlib.decompress(row["buckets"]), dtype="<i8")
+        sums.merge(
+            ro.IdSums(
+                int(row["rows"]), int(row["key_sum"]) % (1 << 64), int(row["lane_sum"]) % (1 << 64)
+            )
+        )
+    if len({chunk.name for chunk in chunks}) != len(chunks):
         raise DataError(
-            f"the input had {rows} rows when checked and {offset} when staged: it changed "
+            "two staging tasks wrote the same chunk: the input's partitioning changed "
             "between two reads; make it deterministic (e.g. write it to a table first)"
         )
-    logger.info(
-        "staged %d rows in %d chunks (%s order)",
-        rows,
-        len(chunks),
-        "file" if file_keys else "partition",
-    )
-    return tuple(chunks)
+    if sums.rows != rows or int(counts.sum()) != rows:
+        raise DataError(
+            f"the input had {rows} rows when checked and {sums.rows} when staged: it changed "
+            "between two reads; make it deterministic (e.g. write it to a table first)"
+        )
+    logger.info("staged %d rows in %d chunks", rows, len(chunks))
+    return tuple(chunks), counts.reshape(groups, -1), sums
 
 
 def _write(
@@ -1308,6 +1210,9 @@ def _write(
     dataset_id: str,
     checked: _Checked,
     chunks: tuple[_Chunk, ...],
+    counts: np.ndarray,
+    bucket_bits: int,
+    validation_column: str | None,
     schema: pa.Schema,
     num_partitions: int,
     seed: int,
@@ -1315,9 +1220,7 @@ def _write(
     env: Mapping[str, str],
 ) -> Manifest:
     """Shuffle the staged rows into 2 * P partition files, then commit with the manifest."""
-    expected = _split_sizes(checked.rows - checked.n_val, num_partitions) + _split_sizes(
-        checked.n_val, num_partitions
-    )
+    by_column = validation_column is not None
     with_stats = st.statistics_size(checked.features) is not None
     plan = _WritePlan(
         tmp.uri,
@@ -1325,7 +1228,9 @@ def _write(
         chunks,
         schema,
         num_partitions,
-        tuple(expected),
+        validation_column,
+        bucket_bits,
+        tuple(ro.plan_destinations(counts, checked.n_val, num_partitions, by_column)),
         checked.features if with_stats else (),
     )
     parallelism = 2 * num_partitions

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cerebro_spark.data._format import FORMAT_VERSION, SPLITS, Manifest, Task
+from cerebro_spark.data._format import READABLE_FORMAT_VERSIONS, SPLITS, Manifest, Task
 from cerebro_spark.errors import DataError
 
 _MAX_LISTED = 10
@@ -340,10 +340,11 @@ def check_partition_rows(split: str, index: int, rows: int) -> None:
 
 def check_manifest(manifest: Manifest) -> None:
     """Check a manifest's internal consistency (versions, partitions, task, classes)."""
-    if manifest.format_version != FORMAT_VERSION:
+    if manifest.format_version not in READABLE_FORMAT_VERSIONS:
         raise DataError(
             f"dataset {manifest.dataset_id} has format_version {manifest.format_version}; "
-            f"this version of cerebro-spark reads format_version {FORMAT_VERSION}"
+            "this version of cerebro-spark reads format_version "
+            f"{', '.join(map(str, READABLE_FORMAT_VERSIONS))}"
         )
     check_num_partitions(manifest.num_partitions)
     expected = {(s, i) for s in SPLITS for i in range(manifest.num_partitions)}

@@ -9,10 +9,12 @@ What :func:`write_dataset` does, in order:
    a regression label ``float32``; every other column is dropped;
 3. derives the dataset id from the normalised data and the parameters
    (:func:`dataset_id_for`), before anything is written;
-4. shuffles the rows once with ``numpy.random.default_rng(seed).permutation``, takes the
-   validation rows (the first ``round(rows * validation_fraction)`` shuffled rows, or the
-   rows where ``validation_column`` is true) and cuts each split into P contiguous slices
-   whose sizes differ by at most one;
+4. orders the rows by a seeded hash of their normalised content
+   (:mod:`cerebro_spark.data._row_order`; the dataset depends only on the multiset of
+   rows, not their input order), takes the validation rows (the first
+   ``round(rows * validation_fraction)`` rows of that order, or the rows where
+   ``validation_column`` is true) and cuts each split into P contiguous slices whose sizes
+   differ by at most one;
 5. writes every partition with fixed Parquet options (:data:`PARQUET_OPTIONS`) through
    atomic :meth:`Store.put` calls, computing the per-feature statistics of the train
    partitions on the way (:mod:`cerebro_spark.data._statistics`), then ``manifest.json``
@@ -40,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from cerebro_spark.data import _row_order as ro
 from cerebro_spark.data import _statistics as stats
 from cerebro_spark.data import _validate as v
 from cerebro_spark.data._format import (
@@ -71,8 +74,9 @@ PARQUET_OPTIONS: Mapping[str, Any] = {
     "store_schema": True,
 }
 
-#: Bumped whenever the writer's output for a given input changes, so dataset ids change.
-WRITER_VERSION = 1
+#: Bumped whenever the writer's output for a given input changes, so dataset ids change
+#: (2: rows ordered by a seeded content hash, ids from order-independent sums).
+WRITER_VERSION = 2
 
 _PART_KEY = re.compile(r"(train|validation)/part-\d{5}\.parquet")
 
@@ -90,6 +94,7 @@ class _Normalized:
     classes: tuple[Any, ...] | None
     validation_mask: np.ndarray | None
     dataset_id: str
+    keys: np.ndarray
 
 
 # -- input conversion -------------------------------------------------------------------------
@@ -295,8 +300,8 @@ def _id_params(
 ) -> bytes:
     """Return the parameter part of the dataset id's hash input (canonical JSON bytes).
 
-    The id is ``sha256(this + every normalised column's flat values in row order + the
-    packed validation mask)``, first 24 hex digits.
+    The id is ``sha256(this + the row count + two order-independent sums of row hashes)``,
+    first 24 hex digits (:meth:`cerebro_spark.data._row_order.IdSums.dataset_id`).
     """
     params = {
         "writer_version": WRITER_VERSION,
@@ -315,12 +320,6 @@ def _id_params(
         "rows": rows,
     }
     return json.dumps(params, sort_keys=True).encode()
-
-
-def _hash_values(digest: Any, column: pa.Array | pa.ChunkedArray) -> None:
-    """Feed a normalised column's flat values (native byte order) to ``digest``."""
-    values = v.flat_values(column)
-    digest.update(np.ascontiguousarray(values.to_numpy(zero_copy_only=False)).data)
 
 
 def _normalize(
@@ -369,7 +368,10 @@ def _normalize(
     schema = pa.schema([pa.field(name, array.type) for name, array in arrays.items()])
     normalized = pa.Table.from_arrays(list(arrays.values()), schema=schema)
 
-    digest = hashlib.sha256(
+    keys, lane2 = ro.row_hashes(ro.row_words(normalized.columns, mask), seed)
+    sums = ro.IdSums()
+    sums.add(keys, lane2)
+    dataset_id = sums.dataset_id(
         _id_params(
             infos,
             label=label,
@@ -382,10 +384,6 @@ def _normalize(
             rows=normalized.num_rows,
         )
     )
-    for name in normalized.column_names:
-        _hash_values(digest, normalized.column(name))
-    if mask is not None:
-        digest.update(np.packbits(mask).tobytes())
     return _Normalized(
         table=normalized,
         features=tuple(infos),
@@ -393,7 +391,8 @@ def _normalize(
         task=task,
         classes=classes,
         validation_mask=mask,
-        dataset_id=digest.hexdigest()[:24],
+        dataset_id=dataset_id,
+        keys=keys,
     )
 
 
@@ -431,31 +430,15 @@ def _validation_rows(
     return n_val
 
 
-def _split_indices(
-    rows: int, mask: np.ndarray | None, n_val: int, num_partitions: int, seed: int
-) -> dict[str, list[np.ndarray]]:
-    """Return the row indices of every partition: ``{split: [P index arrays]}``.
-
-    One shuffle (``default_rng(seed).permutation(rows)``); validation rows are the first
-    ``n_val`` shuffled rows, or the shuffled rows flagged in ``mask``; each split is cut
-    into P contiguous slices whose sizes differ by at most one.
-    """
-    order = np.random.default_rng(seed).permutation(rows)
-    if mask is None:
-        chosen = {"train": order[n_val:], "validation": order[:n_val]}
-    else:
-        in_val = mask[order]
-        chosen = {"train": order[~in_val], "validation": order[in_val]}
-    return {split: np.array_split(idx, num_partitions) for split, idx in chosen.items()}
-
-
 def _split(
-    norm: _Normalized, num_partitions: int, seed: int, validation_fraction: float
+    norm: _Normalized, num_partitions: int, validation_fraction: float
 ) -> dict[str, list[np.ndarray]]:
-    """Shuffle once and cut each split into P contiguous slices (sizes differ by <= 1)."""
+    """Order the rows by key (seeded) and cut each split into P slices (sizes differ by <= 1)."""
     rows = norm.table.num_rows
     n_val = _split_sizes(rows, norm.validation_mask, validation_fraction, num_partitions)
-    return _split_indices(rows, norm.validation_mask, n_val, num_partitions, seed)
+    words = ro.row_words(norm.table.columns, norm.validation_mask)
+    order = ro.sort_order(norm.keys, words)
+    return ro.split_slices(order, norm.validation_mask, n_val, num_partitions)
 
 
 def encode_partition(table: pa.Table) -> bytes:
@@ -501,7 +484,7 @@ def _write(
     overwrite: bool,
 ) -> Manifest:
     old_keys = _clear_target(store, overwrite=overwrite)
-    slices = _split(norm, num_partitions, seed, validation_fraction)
+    slices = _split(norm, num_partitions, validation_fraction)
     logger.info(
         "writing dataset %s: %d rows into %d train + %d validation partitions at %s",
         norm.dataset_id,
@@ -576,8 +559,8 @@ def dataset_id_for(
 ) -> str:
     """Return the id :func:`write_dataset` would give this input, without writing anything.
 
-    The id is the first 24 hex digits of a SHA-256 over the normalised selected columns
-    (row order included) and the parameters (features and their shapes, label, task,
+    The id is the first 24 hex digits of a SHA-256 over the normalised rows (as a multiset:
+    input order does not matter) and the parameters (features and their shapes, label, task,
     classes, P, seed, split rule, writer version). The ``source`` text is not part of it.
 
     Raises:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any, Literal
 
 import torch
@@ -90,6 +90,16 @@ class Metric(abc.ABC):
             outputs: The model's outputs for the batch (no gradient).
             labels: The batch's labels (after the spec's ``transform``).
         """
+
+    def accumulator_key(self) -> Hashable | None:
+        """Return a key shared by metrics whose accumulators are identical, else ``None``.
+
+        Metrics of one pass with the same (non-``None``) key share one accumulator, made
+        and updated once per batch by the first of them (e.g. precision, recall and F1
+        all count per-class true positives, predictions and labels). Default ``None``:
+        the metric keeps its own accumulator.
+        """
+        return None
 
     def state(self, acc: Accumulator) -> State:
         """Return the JSON state of an accumulator (default: each tensor's ``tolist()``)."""
@@ -162,6 +172,12 @@ class Loss(Metric):
         """Add a batch whose mean loss is ``batch_mean`` over ``rows`` rows."""
         acc["sum"] += batch_mean.detach().to(torch.float64) * rows
         acc["count"] += rows
+
+    def add_batches(self, acc: Accumulator, batch_means: torch.Tensor, rows: list[int]) -> None:
+        """Add several batches at once: their mean losses (1-D) and their row counts."""
+        weights = torch.tensor(rows, dtype=torch.float64, device=batch_means.device)
+        acc["sum"] += (batch_means.detach().to(torch.float64) * weights).sum()
+        acc["count"] += sum(rows)
 
     def value(self, state: State) -> float:
         """Return the mean per-row loss."""

@@ -127,6 +127,10 @@ class _ClassCountMetric(Metric):
         suffix = "macro" if average == "macro" else f"class_{average}"
         self.name = f"{self.kind}_{suffix}"
 
+    def accumulator_key(self) -> tuple[str, int]:
+        """Precision, recall and F1 of any class or average share the per-class counts."""
+        return ("class_counts", self.num_classes)
+
     def init(self, device: torch.device) -> Accumulator:
         """Return zero per-class counts."""
         zeros = torch.zeros(self.num_classes, dtype=torch.int64, device=device)

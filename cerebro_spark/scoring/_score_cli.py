@@ -128,7 +128,7 @@ def run_score(args: argparse.Namespace, spark: SparkSession | None = None) -> in
     session = spark if spark is not None else spark_session(args.master, "cerebro-spark score")
     source = args.table if args.table is not None else args.input
     fmt = "table" if args.table is not None else args.format
-    frame, _, description = _load(session, source, fmt, dict(args.option))
+    frame, description = _load(session, source, fmt, dict(args.option))
     scored = transformer.transform(frame)
     if args.output is not None:
         scored.write.mode(args.mode).parquet(args.output)

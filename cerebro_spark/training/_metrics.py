@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -70,11 +70,26 @@ def family_metrics(
     return out
 
 
+#: A pass adds its buffered batches to the metrics once this many output values (rows
+#: times output width) or :data:`GROUP_BATCHES` batches are waiting, and at its end.
+GROUP_ELEMENTS = 1 << 20
+GROUP_BATCHES = 256
+
+
 class PassMetrics:
     """The loss and metrics of one pass over a partition, accumulated on the device.
 
     Training passes skip metrics with ``on_train = False`` (buffers such as ROC AUC).
     Nothing here reads a value back to the host before :meth:`report`.
+
+    Batches are buffered (their detached outputs, labels and mean loss) and added to the
+    metrics in groups (:data:`GROUP_ELEMENTS`, :data:`GROUP_BATCHES`): one update per
+    metric per group instead of per batch, since per-operation overhead, not arithmetic,
+    is what small batches cost. A metric's state is exact over any grouping of rows (the
+    :class:`~cerebro_spark.metrics.Metric` protocol), so the counts are the same as
+    batch by batch; float sums may differ in the last bits. Metrics with the same
+    :meth:`~cerebro_spark.metrics.Metric.accumulator_key` share one accumulator, updated
+    once.
 
     Args:
         spec: The trial's spec.
@@ -93,11 +108,23 @@ class PassMetrics:
         metrics = family_metrics(spec, info)
         self.loss = metrics.pop(LOSS)
         self.metrics = {n: m for n, m in metrics.items() if m.on_train or not training}
-        self.accumulators: dict[str, Accumulator] = {
-            name: metric.init(device) for name, metric in self.metrics.items()
-        }
+        self.accumulators: dict[str, Accumulator] = {}
+        shared: dict[Hashable, Accumulator] = {}
+        for name, metric in self.metrics.items():
+            key = metric.accumulator_key()
+            if key is None:
+                self.accumulators[name] = metric.init(device)
+            else:
+                if key not in shared:
+                    shared[key] = metric.init(device)
+                self.accumulators[name] = shared[key]
         self.loss_accumulator = self.loss.init(device)
         self.rows = 0
+        self._outputs: list[torch.Tensor] = []
+        self._labels: list[torch.Tensor] = []
+        self._losses: list[torch.Tensor] = []
+        self._batch_rows: list[int] = []
+        self._elements = 0
 
     def add(self, outputs: torch.Tensor, labels: torch.Tensor, loss: torch.Tensor) -> None:
         """Add one batch: its outputs, labels and mean loss (no gradient is kept).
@@ -107,14 +134,41 @@ class PassMetrics:
         """
         rows = int(labels.shape[0])
         outputs, loss = outputs.detach(), loss.detach()
-        assert isinstance(self.loss, Loss)  # ok: family_metrics puts Loss under "loss"
-        self.loss.add(self.loss_accumulator, loss, rows)
-        for name, metric in self.metrics.items():
-            if not isinstance(metric, BatchMean):
-                metric.update(self.accumulators[name], outputs, labels)
+        self._outputs.append(outputs)
+        self._labels.append(labels.detach())
+        self._losses.append(loss.reshape(()))
+        self._batch_rows.append(rows)
+        self._elements += outputs.numel()
         if self.batch_metrics:
-            self._add_batch_values(self.spec.metrics(outputs, labels, self.info), rows)
+            with torch.no_grad():
+                self._add_batch_values(self.spec.metrics(outputs, labels, self.info), rows)
         self.rows += rows
+        if self._elements >= GROUP_ELEMENTS or len(self._outputs) >= GROUP_BATCHES:
+            self.flush()
+
+    def flush(self) -> None:
+        """Add the buffered batches to the loss and the metrics (done by :meth:`report`)."""
+        if self._outputs:
+            with torch.no_grad():
+                self._flush()
+
+    def _flush(self) -> None:
+        assert isinstance(self.loss, Loss)  # ok: family_metrics puts Loss under "loss"
+        self.loss.add_batches(self.loss_accumulator, torch.stack(self._losses), self._batch_rows)
+        updated: set[int] = set()  # a shared accumulator is updated once
+        outputs = labels = None
+        for name, metric in self.metrics.items():
+            accumulator = self.accumulators[name]
+            if isinstance(metric, BatchMean) or id(accumulator) in updated:
+                continue
+            if outputs is None or labels is None:
+                one = len(self._outputs) == 1
+                outputs = self._outputs[0] if one else torch.cat(self._outputs)
+                labels = self._labels[0] if one else torch.cat(self._labels)
+            updated.add(id(accumulator))
+            metric.update(accumulator, outputs, labels)
+        self._outputs, self._labels, self._losses, self._batch_rows = [], [], [], []
+        self._elements = 0
 
     def _add_batch_values(self, values: Mapping[str, Any], rows: int) -> None:
         for name, value in values.items():
@@ -134,6 +188,7 @@ class PassMetrics:
         The sums are the row-weighted form that logs written before mergeable states
         carried (``UnitResult.metric_sums``); the engine uses the states.
         """
+        self.flush()
         states = {LOSS: self.loss.state(self.loss_accumulator)}
         metrics: dict[str, Metric] = {LOSS: self.loss}
         for name, metric in self.metrics.items():

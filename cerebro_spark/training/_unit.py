@@ -28,11 +28,11 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,6 +59,8 @@ logger = logging.getLogger(__name__)
 _UNIT_LOCK = threading.Lock()
 _INIT_STREAM = 0
 _TORCH_STREAM = 1
+#: The training loss is checked for finiteness (one host sync) once per this many batches.
+_CHECK_BATCHES = 64
 
 
 @dataclasses.dataclass
@@ -194,16 +196,28 @@ def _unit_environment(device: str) -> Iterator[torch.device]:
         torch.backends.cudnn.benchmark = previous_benchmark
 
 
-@contextlib.contextmanager
-def _user_code(task: UnitTask, what: str) -> Iterator[None]:
-    """Wrap exceptions raised inside in :class:`TrialError` naming the trial and unit."""
-    try:
-        yield
-    except TrialError:
-        raise
-    except Exception as error:
+class _user_code:
+    """Wrap exceptions raised inside in :class:`TrialError` naming the trial and unit.
+
+    A class, not a ``contextlib.contextmanager``: it is entered several times per batch.
+    """
+
+    __slots__ = ("task", "what")
+
+    def __init__(self, task: UnitTask, what: str) -> None:
+        self.task = task
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, _: Any
+    ) -> None:
+        if error is None or isinstance(error, TrialError) or not isinstance(error, Exception):
+            return
         raise TrialError(
-            f"{_where(task)}: {what} raised {type(error).__name__}: {error}"
+            f"{_where(self.task)}: {self.what} raised {type(error).__name__}: {error}"
         ) from error
 
 
@@ -353,7 +367,7 @@ def _add_batch(
     labels: torch.Tensor,
     loss: torch.Tensor,
 ) -> None:
-    with torch.no_grad(), _user_code(task, "metrics"):
+    with _user_code(task, "metrics"):  # PassMetrics detaches; no grad mode switch per batch
         metrics.add(outputs, labels, loss)
 
 
@@ -370,7 +384,13 @@ def _train_pass(
     info: DatasetInfo,
     dev: torch.device,
 ) -> tuple[PassMetrics, int]:
-    """Train one pass over ``data``; return its metrics and the rows seen."""
+    """Train one pass over ``data``; return its metrics and the rows seen.
+
+    No host sync per batch: the metrics accumulate on the device in groups
+    (:class:`PassMetrics`) and the loss is checked for finiteness once per
+    :data:`_CHECK_BATCHES` batches and at the end (a non-finite loss still fails the unit,
+    naming the first such batch, before anything is written).
+    """
     size = _batch_size(spec, task)
     order = torch.from_numpy(_batch_order(task, data.rows))
     features, labels = data.tensors()
@@ -378,6 +398,8 @@ def _train_pass(
     state.model.train()
     metrics = _pass_metrics(spec, task, info, dev, training=True)
     rows = 0
+    losses: list[torch.Tensor] = []
+    firsts: list[int] = []
     for first in range(0, data.rows, size):
         index = order[first : first + size]
         x, y = features[index].to(dev), labels[index].to(dev)
@@ -387,19 +409,37 @@ def _train_pass(
             state.optimizer.zero_grad(set_to_none=True)
             outputs = state.model(x)
             loss = spec.loss(outputs, y, info)
-            value = float(loss.detach())
-        if not math.isfinite(value):
-            raise TrialError(
-                f"{_where(task)}: training loss is {value} (not finite) in the batch at "
-                f"row {first} of {data.rows}"
-            )
+            if loss.numel() != 1:
+                raise ValueError(f"the loss must be one value, got shape {tuple(loss.shape)}")
+        losses.append(loss.detach().reshape(()))
+        firsts.append(first)
         with _user_code(task, "the backward pass or optimizer step"):
             torch.autograd.backward(loss)
             state.optimizer.step()
         _add_batch(metrics, task, outputs, y, loss)
         rows += int(y.shape[0])
+        if len(losses) == _CHECK_BATCHES:
+            _check_finite(task, losses, firsts, data.rows)
+            losses, firsts = [], []
+    _check_finite(task, losses, firsts, data.rows)
     state.samples_seen += rows
     return metrics, rows
+
+
+def _check_finite(
+    task: UnitTask, losses: list[torch.Tensor], firsts: list[int], total: int
+) -> None:
+    """Raise :class:`TrialError` naming the first batch whose loss is not finite."""
+    if not losses:
+        return
+    finite = torch.isfinite(torch.stack(losses))
+    if bool(finite.all()):
+        return
+    bad = int(torch.nonzero(~finite)[0, 0])
+    raise TrialError(
+        f"{_where(task)}: training loss is {float(losses[bad])} (not finite) in the batch at "
+        f"row {firsts[bad]} of {total}"
+    )
 
 
 def _end_unit(state: _TrialState, task: UnitTask) -> None:

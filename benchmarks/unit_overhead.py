@@ -1,0 +1,237 @@
+"""A training unit against a bare PyTorch loop: same data, model, optimizer, batches.
+
+In one process, on in-memory tensors, interleaved and paired (each repetition runs every
+variant once, in rotating order), for units sized so that the bare loop takes about
+0.01, 0.1, 0.5 and 2 s:
+
+* **bare**: the loop a peer writes: a model and Adam built once, then per batch
+  ``x, y = features[index], labels[index]``, ``zero_grad``, forward, cross-entropy,
+  ``backward``, ``step``; nothing else (no metric, no check);
+* **pass**: our train loop (``_train_pass``: seeded batch order and torch stream, the
+  finite-loss check, the loss and the family's default metrics accumulated on the device,
+  deterministic algorithms on) on a model kept alive between runs, plus ``_report``;
+* **unit**: the real :func:`~cerebro_spark.training.run_unit`: spec loading, model and
+  optimizer built and restored from the previous unit's checkpoint, the pass, the
+  checkpoint encoded and written to a local :class:`~cerebro_spark.store.FileSystemStore`.
+
+Same model (``MLPSpec``: 64 features -> 128 ReLU -> 10 classes), same Adam, batch size
+64, same row permutation, same thread count (``torch.set_num_threads``, default 1, what
+the engine's ``torch_threads`` gives a worker). Prints the median seconds of each
+variant and the median of the paired overheads (``variant / bare - 1``), on the wall
+clock and on process CPU time (one torch thread: CPU time is what the loop costs, and
+is far less disturbed than wall time on a shared machine).
+
+    python benchmarks/unit_overhead.py [--repeat 7] [--threads 1] [--device cpu]
+        [--profile]   (cProfile of one 0.5 s pass: where the time goes)
+
+**Where the gap came from** (numbers in ``benchmarks/results/unit_overhead.txt``): the
+train loop itself, not checkpoints. Every batch updated each default metric separately:
+for 10 classes that is accuracy, top-5, log loss, and precision/recall/F1 macro and per
+class, 33 count metrics each recomputing the same argmax and one-hot counts: about 300
+small tensor operations per batch, more than the forward, backward and Adam step of a
+small MLP (the pass took 4.4x the bare loop here; with 3 classes, 12 count metrics, it is
+the issue's 1.2-1.6x). Per-operation dispatch cost, not arithmetic, dominated, spread
+over hundreds of tiny ``sum``/``argmax``/``arange``/``eq`` calls, so a profile by function
+showed no hot spot (the "~10 % explained"). ``float(loss)`` per batch (the finite-loss
+check) added a host sync per batch on a GPU. Thread count and deterministic algorithms
+were not the cause (same ``torch.set_num_threads`` in unit and bare loop; deterministic
+mode costs 0-1.4 % on CPU).
+
+The fix: a pass buffers each batch's detached outputs, labels and loss and adds them to
+the metrics in groups (one update per metric per group; every metric is exact over any
+grouping of rows, the protocol already requires it); count metrics with one
+``accumulator_key`` share one accumulator, updated once; the loss is checked for
+finiteness once per 64 batches. Same weights bit for bit, same counts. What is left
+(pass: +6 to +13 % CPU on this 0.5 ms-per-batch MLP): the metrics' own arithmetic, about
+300 ns per row (float64 log loss most of it), and a few microseconds per batch; a unit
+adds a fixed ~9 ms CPU (checkpoint decode and encode, model build), which the checkpoint
+cache being built separately removes for a trial returning to its worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import pstats
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from cerebro_spark.data import DatasetInfo, PartitionData
+from cerebro_spark.store import open_store
+from cerebro_spark.training import _unit as unit_module
+from cerebro_spark.training import run_unit
+from cerebro_spark.training._loading import load_spec
+from cerebro_spark.units import UnitKind, UnitTask
+
+SPEC = "cerebro_spark.training:MLPSpec"
+PARAMS: dict[str, Any] = {"hidden_units": [128], "lr": 1e-3, "batch_size": 64, "standardize": False}
+FEATURES, CLASSES, BATCH = 64, 10, 64
+TARGETS = (0.01, 0.1, 0.5, 2.0)
+
+
+def make_data(rows: int) -> PartitionData:
+    rng = np.random.default_rng(0)
+    features = rng.standard_normal((rows, FEATURES), dtype=np.float32)
+    labels = rng.integers(0, CLASSES, rows)
+    return PartitionData("train", 0, features, labels, bytes_read=0)
+
+
+class Bare:
+    """The peer's loop: model and optimizer built once, trained batch after batch."""
+
+    def __init__(self, info: DatasetInfo, device: torch.device) -> None:
+        spec = load_spec(SPEC)
+        torch.manual_seed(0)
+        self.model = spec.build_model(PARAMS, info).to(device)
+        self.optimizer = spec.build_optimizer(self.model, PARAMS)
+        self.device = device
+
+    def run(self, data: PartitionData, task: UnitTask) -> None:
+        order = torch.from_numpy(unit_module._batch_order(task, data.rows))
+        features, labels = data.tensors()
+        self.model.train()
+        for first in range(0, data.rows, BATCH):
+            index = order[first : first + BATCH]
+            x, y = features[index].to(self.device), labels[index].to(self.device)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.cross_entropy(self.model(x), y)
+            loss.backward()
+            self.optimizer.step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
+class Pass:
+    """Our train loop on a live model (no spec loading, no checkpoint)."""
+
+    def __init__(self, info: DatasetInfo, device: torch.device, task: UnitTask) -> None:
+        self.info, self.device = info, device
+        self.spec = load_spec(SPEC)
+        with unit_module._unit_environment(str(device)) as dev:
+            self.state = unit_module._open_state(self.spec, task, info, dev, None)
+
+    def run(self, data: PartitionData, task: UnitTask) -> None:
+        with unit_module._unit_environment(str(self.device)) as dev:
+            metrics, _ = unit_module._train_pass(self.spec, self.state, task, data, self.info, dev)
+            unit_module._report(metrics, task)
+
+
+class Unit:
+    """The real unit, chaining checkpoints on a local store."""
+
+    def __init__(self, info: DatasetInfo, device: torch.device, root: str) -> None:
+        self.info, self.device = info, device
+        self.store = open_store(root)
+        self.count = 0
+
+    def run(self, data: PartitionData, task: UnitTask) -> None:
+        previous = f"ckpt/{self.count - 1}.pt" if self.count else None
+        unit_task = UnitTask(
+            UnitKind.TRAIN,
+            "t0",
+            SPEC,
+            PARAMS,
+            trial_seed=task.trial_seed,
+            epoch=task.epoch,
+            partition=0,
+            checkpoint_in=previous,
+            checkpoint_out=f"ckpt/{self.count}.pt",
+        )
+        run_unit(unit_task, data, self.store, self.info, device=str(self.device))
+        self.count += 1
+
+
+def timed(
+    run: Callable[[PartitionData, UnitTask], None], data: PartitionData, task: UnitTask
+) -> tuple[float, float]:
+    """Run once; return ``(wall seconds, process CPU seconds)``."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    run(data, task)
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def overhead(times: dict[str, list[tuple[float, float]]], name: str, clock: int) -> float:
+    """Median paired overhead of ``name`` over ``bare``, in %, on clock 0 (wall) or 1 (CPU)."""
+    pairs = zip(times[name], times["bare"], strict=True)
+    return 100 * statistics.median(a[clock] / b[clock] - 1 for a, b in pairs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--targets", default=",".join(map(str, TARGETS)))
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    info = DatasetInfo((FEATURES,), "classification", CLASSES)
+    task = UnitTask(UnitKind.TRAIN, "t0", SPEC, PARAMS, trial_seed=1, epoch=0, partition=0)
+
+    bare = Bare(info, device)
+    calibration = make_data(64 * BATCH)
+    timed(bare.run, calibration, task)
+    per_batch = min(timed(bare.run, calibration, task)[0] for _ in range(3)) / 64
+    targets = [float(t) for t in args.targets.split(",")]
+    largest = max(BATCH, int(max(targets) / per_batch) * BATCH)
+    pool = make_data(largest)
+    print(
+        f"device {device}, torch threads {torch.get_num_threads()}, bare loop "
+        f"{per_batch * 1e3:.3f} ms per batch of {BATCH}"
+    )
+
+    if args.profile:
+        rows = max(BATCH, int(0.5 / per_batch) * BATCH)
+        data = PartitionData("train", 0, pool.features[:rows], pool.labels[:rows], 0)
+        runner = Pass(info, device, task)
+        runner.run(data, task)
+        profile = cProfile.Profile()
+        profile.runcall(runner.run, data, task)
+        out = io.StringIO()
+        pstats.Stats(profile, stream=out).sort_stats("cumulative").print_stats(30)
+        print(out.getvalue())
+        return
+
+    print(
+        f"{'target s':>8} {'rows':>7} {'batches':>7} {'bare s':>7} {'pass s':>7} {'unit s':>7} "
+        f"{'pass +%':>8} {'unit +%':>8} {'pass +%cpu':>10} {'unit +%cpu':>10}"
+    )
+    with tempfile.TemporaryDirectory() as root:
+        for target in targets:
+            rows = max(BATCH, int(target / per_batch) * BATCH)
+            data = PartitionData("train", 0, pool.features[:rows], pool.labels[:rows], 0)
+            runners: dict[str, Callable[[PartitionData, UnitTask], None]] = {
+                "bare": bare.run,
+                "pass": Pass(info, device, task).run,
+                "unit": Unit(info, device, f"{root}/{target}").run,
+            }
+            for run in runners.values():  # warm-up, untimed
+                run(data, task)
+            times: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}
+            names = list(runners)
+            for rep in range(args.repeat):
+                for name in names[rep % 3 :] + names[: rep % 3]:
+                    times[name].append(timed(runners[name], data, task))
+
+            med = {name: statistics.median(t[0] for t in values) for name, values in times.items()}
+            print(
+                f"{target:>8} {rows:>7} {rows // BATCH:>7} {med['bare']:>7.4f} "
+                f"{med['pass']:>7.4f} {med['unit']:>7.4f} {overhead(times, 'pass', 0):>+8.1f} "
+                f"{overhead(times, 'unit', 0):>+8.1f} {overhead(times, 'pass', 1):>+10.1f} "
+                f"{overhead(times, 'unit', 1):>+10.1f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()
