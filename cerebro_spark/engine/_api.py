@@ -156,7 +156,7 @@ def _config_key(experiment_id: str) -> str:
 def _check_lease_timeout(timeout: float | None) -> None:
     """Refuse a bad lease timeout before anything is prepared or written."""
     if timeout is None:
-        default_timeout()  # CEREBRO_SPARK_LEASE_TIMEOUT
+        default_timeout()  # CEREBRO_LEASE_TIMEOUT_SECONDS
     elif isinstance(timeout, bool) or not timeout > 0 or timeout == float("inf"):
         raise ConfigError(f"lease_timeout must be a number of seconds > 0, got {timeout!r}")
 
@@ -266,7 +266,7 @@ def run_experiment(
         group_plans: Data-parallel group sizes to impose along them (used by replay).
         on_stage: Called at every stage boundary (a cluster manager resizing).
         lease_timeout: Seconds after its last heartbeat the experiment's lease is stale
-            (default: ``CEREBRO_SPARK_LEASE_TIMEOUT``, else 60; see
+            (default: ``CEREBRO_LEASE_TIMEOUT_SECONDS``, else 60; see
             :mod:`cerebro_spark.store._lease`).
 
     The whole config is checked first (:func:`validate_config`: fields changed in code

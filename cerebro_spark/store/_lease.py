@@ -18,7 +18,7 @@ token), when it was taken (``started_at``) and when it was last renewed
   :meth:`ExperimentLease.check` raises from then on, so the stalled driver writes no
   further event and deletes no checkpoint.
 * It is **stale** when its last heartbeat is more than ``timeout`` seconds old (default
-  60 s; ``CEREBRO_SPARK_LEASE_TIMEOUT`` or the ``lease_timeout`` argument), or at once
+  60 s; ``CEREBRO_LEASE_TIMEOUT_SECONDS`` or the ``lease_timeout`` argument), or at once
   when it names a process of this host that is no longer running (a driver killed with
   SIGKILL can be resumed immediately). A stale lease is taken over with a conditional
   replace; a live one refuses the new driver with :class:`~cerebro_spark.errors.LeaseError`
@@ -59,8 +59,8 @@ logger = logging.getLogger(__name__)
 LEASE_NAME = "lease.json"
 """Name of the lease object in an experiment's directory."""
 DEFAULT_TIMEOUT = 60.0
-"""Seconds after its last heartbeat a lease is stale (``CEREBRO_SPARK_LEASE_TIMEOUT``)."""
-TIMEOUT_ENV = "CEREBRO_SPARK_LEASE_TIMEOUT"
+"""Seconds after its last heartbeat a lease is stale (``CEREBRO_LEASE_TIMEOUT_SECONDS``)."""
+TIMEOUT_ENV = "CEREBRO_LEASE_TIMEOUT_SECONDS"
 
 
 class LeaseObject(abc.ABC):
@@ -376,7 +376,7 @@ def _process_gone(pid: int) -> bool:
 
 
 def default_timeout() -> float:
-    """The lease timeout: ``CEREBRO_SPARK_LEASE_TIMEOUT`` seconds, else 60."""
+    """The lease timeout: ``CEREBRO_LEASE_TIMEOUT_SECONDS`` seconds, else 60."""
     raw = os.environ.get(TIMEOUT_ENV)
     if raw is None or raw == "":
         return DEFAULT_TIMEOUT

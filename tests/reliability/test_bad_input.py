@@ -173,12 +173,12 @@ def test_debug_adds_the_traceback(tmp_path, caplog):
 
 
 def test_bad_lease_timeout_is_refused_before_the_data_is_prepared(tmp_path, caplog, monkeypatch):
-    monkeypatch.setenv("CEREBRO_SPARK_LEASE_TIMEOUT", "soon")
+    monkeypatch.setenv("CEREBRO_LEASE_TIMEOUT_SECONDS", "soon")
     store = tmp_path / "store"
     code, errors = _cli(["run", _config(tmp_path), "--store", str(store)], caplog)
     assert (code, errors) == (
         2,
-        ["CEREBRO_SPARK_LEASE_TIMEOUT must be a number of seconds > 0, got 'soon'"],
+        ["CEREBRO_LEASE_TIMEOUT_SECONDS must be a number of seconds > 0, got 'soon'"],
     )
     assert not store.exists()  # not even the dataset
 

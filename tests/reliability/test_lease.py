@@ -178,8 +178,8 @@ def test_bad_timeouts_are_refused(tmp_path, monkeypatch):
         _lease(str(tmp_path), timeout=0)
     with pytest.raises(ConfigError, match="lease heartbeat must be > 0 and < the timeout"):
         _lease(str(tmp_path), timeout=5, heartbeat=5)
-    monkeypatch.setenv("CEREBRO_SPARK_LEASE_TIMEOUT", "soon")
-    with pytest.raises(ConfigError, match="CEREBRO_SPARK_LEASE_TIMEOUT must be a number"):
+    monkeypatch.setenv("CEREBRO_LEASE_TIMEOUT_SECONDS", "soon")
+    with pytest.raises(ConfigError, match="CEREBRO_LEASE_TIMEOUT_SECONDS must be a number"):
         _lease(str(tmp_path))
 
 
