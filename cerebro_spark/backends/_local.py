@@ -150,33 +150,14 @@ class LocalBackend(WorkerPool):
             number of partitions.
         start_method: :mod:`multiprocessing` start method, ``"spawn"`` or
             ``"forkserver"``.
-        device: Torch device every worker trains on.
-        start_timeout_s: Seconds :meth:`start` and :meth:`add_worker` wait for workers to
-            load their partitions.
-        heartbeat_s: Seconds between heartbeats and pings.
-        heartbeat_timeout_s: Seconds of silence after which a worker is lost.
+        **options: The rest of :class:`WorkerPool`'s arguments (``device``,
+            ``start_timeout_s``, ``heartbeat_s``, ``heartbeat_timeout_s``).
 
     Raises:
         ConfigError: An argument breaks the rules above.
     """
 
-    def __init__(
-        self,
-        num_workers: int,
-        *,
-        start_method: str = "spawn",
-        device: str = "cpu",
-        start_timeout_s: float = 300.0,
-        heartbeat_s: float = 5.0,
-        heartbeat_timeout_s: float = 30.0,
-    ) -> None:
+    def __init__(self, num_workers: int, *, start_method: str = "spawn", **options: Any) -> None:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise ConfigError(f"num_workers must be an integer >= 1, got {num_workers!r}")
-        super().__init__(
-            LocalTransport(start_method),
-            num_workers,
-            device=device,
-            start_timeout_s=start_timeout_s,
-            heartbeat_s=heartbeat_s,
-            heartbeat_timeout_s=heartbeat_timeout_s,
-        )
+        super().__init__(LocalTransport(start_method), num_workers, **options)
