@@ -242,6 +242,7 @@ class WorkerPool(Backend):
         self._stopping = threading.Event()
         self._server: ControlServer | None = None
         self._advertised: tuple[str, int] | None = None
+        self._spec: WorkerSpec  # what every worker gets but its id (set by start)
         self._monitor: threading.Thread | None = None
         self._stats = PoolStats()
 
@@ -288,6 +289,16 @@ class WorkerPool(Backend):
             bind, advertised = self._transport.control_address()
             self._server = ControlServer(self._secret, self._on_connection, host=bind)
             self._advertised = (advertised, self._server.address[1])
+            self._spec = WorkerSpec(
+                "",  # each worker's id
+                *self._advertised,
+                secret=self._secret,
+                job=job,
+                device=self._device,
+                heartbeat_s=self._heartbeat_s,
+                driver_timeout_s=self._heartbeat_timeout_s,
+                connect_timeout_s=self._start_timeout_s,
+            )
             self._monitor = threading.Thread(
                 target=self._monitor_loop, name="cerebro-pool-monitor", daemon=True
             )
@@ -589,20 +600,9 @@ class WorkerPool(Backend):
 
     def _spawn_locked(self, initial: list[int] | None) -> _Handle:
         """Launch one worker."""
-        assert self._job is not None and self._advertised is not None  # ok: started
         handle = _Handle(f"w{self._next_order}", self._next_order, initial)
         self._next_order += 1
-        handle.spec = WorkerSpec(
-            worker_id=handle.worker_id,
-            driver_host=self._advertised[0],
-            driver_port=self._advertised[1],
-            secret=self._secret,
-            job=self._job,
-            device=self._device,
-            heartbeat_s=self._heartbeat_s,
-            driver_timeout_s=self._heartbeat_timeout_s,
-            connect_timeout_s=self._start_timeout_s,
-        )
+        handle.spec = dataclasses.replace(self._spec, worker_id=handle.worker_id)
         self._handles[handle.worker_id] = handle
         self._stats.started += 1
         handle.ended = self._transport.launch(handle.spec)
