@@ -238,16 +238,13 @@ def _handshake(
     try:
         sock.sendall(HELLO + nonce)
         hello = _read_exact(sock, len(HELLO) + NONCE_BYTES, frame_start=False)
-    except (ProtocolError, OSError) as exc:
+        if not hmac.compare_digest(hello[: len(HELLO)], HELLO):
+            raise ProtocolError("not a cerebro control peer (bad hello)")
+    except OSError as exc:  # ProtocolError included
         logger.warning("control handshake with %s failed: %s", peer, exc)
         with contextlib.suppress(OSError):
             sock.close()
         raise ProtocolError(f"control handshake with {peer} failed: {exc}") from None
-    if not hmac.compare_digest(hello[: len(HELLO)], HELLO):
-        logger.warning("rejected a connection from %s: not a cerebro control peer", peer)
-        with contextlib.suppress(OSError):
-            sock.close()
-        raise ProtocolError(f"{peer} is not a cerebro control peer (bad hello)")
     theirs = hello[len(HELLO) :]
     session = nonce + theirs if driver_side else theirs + nonce
     sock.settimeout(None)
