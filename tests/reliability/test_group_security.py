@@ -34,6 +34,7 @@ import pytest
 
 from cerebro_spark.backends import WorkerJob, WorkerPool
 from cerebro_spark.engine import read_events, run_experiment
+from cerebro_spark.errors import ConfigError
 from cerebro_spark.search._registry import PROCEDURES
 from cerebro_spark.store import open_store
 from cerebro_spark.units import GroupBrokenError, UnitResult, UnitTask, group_tasks
@@ -336,3 +337,18 @@ def test_a_worker_killed_during_a_group_unit_fails_the_group_whole_and_loses_not
     assert len({e["group"] for e in failed}) == 1  # one group attempt, failed whole
     assert trained_once(events, trials=2)
     assert all(t.status == "completed" and t.epochs == 2 for t in result.trials)
+
+
+def test_a_group_task_logged_before_tokens_still_loads_and_a_token_never_shows_in_repr() -> None:
+    (rank0, _) = group_tasks(train_task(epoch_units=2), (0, 1), "g-old")
+    old = rank0.to_json()
+    del old["group"]["token"]  # as written before GroupSpec had a token
+    loaded = UnitTask.from_json(old)
+    assert loaded.group is not None and loaded.group.token == "" and loaded == rank0
+    assert rank0.group is not None
+    secret = dataclasses.replace(rank0.group, token="e" * 32)
+    assert "e" * 32 not in repr(secret) and "e" * 32 not in repr(
+        dataclasses.replace(rank0, group=secret)
+    )
+    with pytest.raises(ConfigError, match=r"GroupSpec\.token must be a str, got int"):
+        dataclasses.replace(rank0.group, token=5)  # type: ignore[arg-type]
