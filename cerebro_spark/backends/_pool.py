@@ -409,14 +409,10 @@ class WorkerPool(Backend):
                     f"cannot retire worker {worker_id!r}: no such live worker "
                     f"(live: {sorted(self.workers())})"
                 )
-            remaining = [h for h in self._handles.values() if h.listed and h is not handle]
-            sole = sorted(
-                p for p in handle.partitions if not any(p in h.partitions for h in remaining)
-            )
-            if sole and not remaining:
+            if handle.partitions and not self._holdings_locked(leaving=handle):
                 raise ValueError(
                     f"cannot retire worker {worker_id}: it is the last live worker and no "
-                    f"other holds its partitions {sole}"
+                    f"other holds its partitions {sorted(handle.partitions)}"
                 )
             handle.listed = False
             handle.state = "retiring"
@@ -425,10 +421,10 @@ class WorkerPool(Backend):
             retired: Future[None] = _running_future()
             handle.retired = retired
             self._change_locked(Membership.RETIRING, handle)
-            handle.retire_loads = self._rehome_locked(sole, handle, "retiring")
+            handle.retire_loads = self._rehome_locked(handle.partitions, handle, "retiring")
             for load in handle.retire_loads:
                 load.add_done_callback(functools.partial(self._retire_step, handle))
-            logger.info("retiring worker %s; partitions %s re-homed", worker_id, sole)
+            logger.info("retiring worker %s", worker_id)
         self._retire_step(handle)
         return retired
 
