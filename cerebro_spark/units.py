@@ -57,6 +57,9 @@ class GroupSpec:
         group_id: Identifies this group unit (unique per attempt, for logs and checks).
         timeout_s: Seconds a rank waits for its peers at the rendezvous and at each
             collective before the unit fails with :class:`GroupBrokenError`.
+        token: The group's secret: only ranks that present it can join the rendezvous.
+            ``""`` lets the backend's ``submit_group`` draw a fresh random one for each
+            attempt (it is not in ``repr`` and is never logged).
 
     Raises:
         ConfigError: A field breaks the rules above.
@@ -69,6 +72,7 @@ class GroupSpec:
     partitions: tuple[int, ...]
     group_id: str
     timeout_s: float = 60.0
+    token: str = dataclasses.field(default="", repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "partitions", tuple(self.partitions))
@@ -98,6 +102,8 @@ class GroupSpec:
         timeout = self.timeout_s
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ConfigError(f"GroupSpec.timeout_s must be a number > 0, got {timeout!r}")
+        if not isinstance(self.token, str):
+            raise ConfigError(f"GroupSpec.token must be a str, got {type(self.token).__name__}")
 
     def to_json(self) -> dict[str, Any]:
         """Return a JSON-serialisable dict (the inverse of :meth:`from_json`)."""
@@ -107,7 +113,7 @@ class GroupSpec:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> GroupSpec:
-        """Build a group spec from :meth:`to_json` output."""
+        """Build a group spec from :meth:`to_json` output (``token`` may be absent)."""
         fields = dict(data)
         fields["partitions"] = tuple(fields["partitions"])
         return cls(**fields)

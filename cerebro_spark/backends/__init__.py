@@ -1,12 +1,8 @@
 """Backends: where workers run (local processes, Spark executors).
 
-:class:`Backend` is the seam the engine sees (rules in :mod:`cerebro_spark.backends._base`).
-Every backend is a :class:`WorkerPool` (handles, futures, heartbeats, losses, re-homing,
-joins, group rendezvous, retire) over a small :class:`Transport` that starts workers and
-says when they end: :class:`LocalBackend` runs each worker in its own OS process on this
-machine, :class:`SparkBackend` as a long-lived task on a Spark executor. Both speak the same
-authenticated JSON frames. :class:`Worker` is the loop body that holds partitions and runs
-units. ``SparkBackend`` is imported lazily: importing this package does not import pyspark.
+:class:`Backend` is the seam the engine sees (rules in :mod:`._base`); every backend is a
+:class:`WorkerPool` over a small :class:`Transport` (:class:`LocalBackend`: OS processes;
+:class:`SparkBackend`, imported lazily without pyspark: long-lived Spark tasks).
 """
 
 from __future__ import annotations
@@ -21,10 +17,10 @@ from cerebro_spark.backends._base import (
     WorkerJob,
 )
 from cerebro_spark.backends._local import LocalBackend, LocalTransport
-from cerebro_spark.backends._pool import PoolStats, WorkerPool, next_worker_index, worker_name
+from cerebro_spark.backends._pool import PoolStats, WorkerPool, next_worker_index
 from cerebro_spark.backends._serve import TaskInfo, WorkerSpec, serve
 from cerebro_spark.backends._transport import Location, Transport
-from cerebro_spark.backends._worker import Worker, split_of
+from cerebro_spark.backends._worker import Worker
 
 if TYPE_CHECKING:
     from cerebro_spark.backends._spark import SparkBackend, SparkTransport
@@ -48,8 +44,6 @@ __all__ = [
     "WorkerSpec",
     "next_worker_index",
     "serve",
-    "split_of",
-    "worker_name",
 ]
 
 

@@ -1,50 +1,43 @@
 """The Backend seam: long-lived workers that hold partitions and run units.
 
-A backend starts workers, each of which loads its assigned train and validation
-partitions **once** and keeps them in memory; the engine then submits units to the worker
-holding the unit's partition. Models hop (through the store); data stays. Every backend
-of this package is a :class:`~cerebro_spark.backends.WorkerPool` over a small transport
-(worker processes, Spark tasks); the rules below are what the engine relies on.
+A backend starts workers, each of which loads its train and validation partitions
+**once** and keeps them in memory; the engine submits each unit to a worker holding its
+partition. Models hop (through the store); data stays. Every backend here is a
+:class:`~cerebro_spark.backends.WorkerPool` over a small transport. The rules the engine
+relies on (``tests/backends/contract.py`` is the shared suite):
 
-Rules every implementation keeps (``tests/backends/contract.py`` is the shared suite):
-
-* :meth:`Backend.start` returns when every initial worker has loaded its partitions. With
-  ``placement`` it starts one worker per entry holding those partitions (a resumed run
-  starts from its logged membership); worker ids count up from ``w<first_worker>``.
-* :meth:`Backend.workers` lists the live workers that take units and the partition
-  indices each holds; every partition is held by at least one live worker while any
-  worker lives.
+* :meth:`Backend.start` returns when every initial worker has loaded its partitions; with
+  ``placement`` it starts one worker per entry (a resumed run starts from its logged
+  membership). Worker ids count up from ``w<first_worker>``.
+* :meth:`Backend.workers` lists the live workers that take units; every partition is
+  held by at least one of them while any worker lives.
 * :meth:`Backend.submit` to a worker that is busy, unknown, retiring or lacks the
   partition raises :class:`ValueError` naming the worker and the partition.
-* A unit's future resolves to its :class:`~cerebro_spark.units.UnitResult`; a unit whose
-  user code raised fails with :class:`~cerebro_spark.errors.TrialError` (the worker lives
-  on); a unit whose worker died fails with :class:`~cerebro_spark.errors.WorkerLostError`.
-  After a loss, :meth:`Backend.workers` no longer lists the dead worker and its partitions
-  are re-homed on live workers (loaded from Parquet, the source of truth).
+* A unit's future resolves to its :class:`~cerebro_spark.units.UnitResult`, or fails with
+  :class:`~cerebro_spark.errors.TrialError` (user code raised; the worker lives on) or
+  :class:`~cerebro_spark.errors.WorkerLostError` (its worker died: the worker is no longer
+  listed and its partitions are re-homed on live workers, read from Parquet).
 * :meth:`Backend.retire` takes a worker out of service gracefully: it takes no new unit,
   finishes the one in flight, its sole-copy partitions are re-homed (and loaded) on the
   workers that remain, then it ends normally. A retire is not a loss: no unit fails.
-* :meth:`Backend.changes` reports every membership change (:class:`WorkerChange`), oldest
-  first, each once: the engine logs them as events.
-* :attr:`WorkerInfo.bytes_read` counts every byte a worker read from storage for
-  partitions, so that "each partition is read once" can be checked.
+* :meth:`Backend.changes` reports every membership change, oldest first, each once.
+* :attr:`WorkerInfo.bytes_read` counts every byte a worker read for partitions, so that
+  "each partition is read once" can be checked.
 * :meth:`Backend.close` stops every worker and is idempotent.
 
-Group units (Cerebro §5.7's "Horovod hybrid", semantics in
-:mod:`cerebro_spark.training._group`): :meth:`Backend.submit_group` starts the ``k`` rank
-tasks of one group unit on ``k`` workers *together* (a rank blocks until its peers join):
+Group units (Cerebro §5.7, semantics in :mod:`cerebro_spark.training._group`):
+:meth:`Backend.submit_group` starts the ``k`` rank tasks of one group unit on ``k`` idle
+workers *together* (a rank blocks until its peers join):
 
-* The tasks pass :func:`cerebro_spark.units.check_group`; every worker is live, idle and
-  holds its rank's partition; otherwise :class:`ValueError` (or
-  :class:`~cerebro_spark.errors.ConfigError`) is raised and **no** task is sent.
+* The tasks must pass :func:`cerebro_spark.units.check_group` and every worker must be
+  live, idle and hold its rank's partition, else :class:`ValueError` (or
+  :class:`~cerebro_spark.errors.ConfigError`) is raised and **no** task is sent;
+  :meth:`Backend.submit` refuses a group task.
 * When ``group.port`` is 0, rank 0's worker binds a free port on its host and the backend
-  passes that host and port on to the other ranks (it holds their tasks until then);
-  otherwise the tasks are sent as given. :meth:`Backend.submit` refuses a group task with
-  :class:`ValueError`.
-* Each rank's future resolves to that rank's :class:`~cerebro_spark.units.UnitResult`. A
-  rank whose worker died fails with ``WorkerLostError``; the surviving ranks fail with
-  :class:`~cerebro_spark.units.GroupBrokenError` (a ``WorkerLostError`` subclass) within
-  about ``group.timeout_s``, and their workers live on and serve the next unit.
+  passes that host and port on to the other ranks (it holds their tasks until then).
+* A rank whose worker died fails with ``WorkerLostError``; the surviving ranks fail with
+  :class:`~cerebro_spark.units.GroupBrokenError` (a ``WorkerLostError``) within about
+  ``group.timeout_s``, and their workers live on.
 """
 
 from __future__ import annotations
@@ -150,10 +143,10 @@ class Backend(abc.ABC):
 
         Args:
             job: What every worker needs.
-            placement: The partitions of each worker to start (one entry per worker);
-                ``None`` places partition ``i`` on worker ``i mod n``.
-            first_worker: Index of the first worker's id (``w<first_worker>``), so that
-                ids stay unique across the sessions of one experiment.
+            placement: The partitions of each worker to start; ``None`` places partition
+                ``i`` on worker ``i mod n``.
+            first_worker: Index of the first worker's id, so that ids stay unique across
+                the sessions of one experiment.
         """
 
     @abc.abstractmethod
@@ -166,10 +159,7 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def retire(self, worker_id: str) -> Future[None]:
-        """Take a worker out of service gracefully (see the module docstring).
-
-        Returns:
-            A future that resolves once the worker has ended normally.
+        """Take a worker out of service gracefully; the future resolves once it ended.
 
         Raises:
             ValueError: No such live worker, or no other worker would remain to hold its
@@ -182,10 +172,7 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def submit_group(self, assignments: Mapping[str, UnitTask]) -> dict[str, Future[UnitResult]]:
-        """Start the ranks of one group unit together (see the module docstring).
-
-        Args:
-            assignments: Worker id to the rank task it runs, one per rank.
+        """Start the ranks of one group unit together: worker id to rank task, one per rank.
 
         Returns:
             Worker id to the future of its rank's result.

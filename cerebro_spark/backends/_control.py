@@ -1,51 +1,34 @@
 """The authenticated control channel between the driver and its workers.
 
-The worker pool runs a :class:`ControlServer` on the driver; every worker (a Spark task,
-a local process) connects back to it (:func:`connect`), registers, and then receives
-commands and sends replies and heartbeats over one TCP connection. The channel carries
-**JSON only**, never pickle, and every message in both directions is authenticated with
-HMAC-SHA256 under a per-experiment secret (:func:`new_secret`, 32 random bytes).
+The pool's :class:`ControlServer` on the driver accepts one TCP connection per worker
+(:func:`connect`). The channel carries **JSON only**, never pickle; every message in both
+directions is authenticated with HMAC-SHA256 under a per-experiment secret
+(:func:`new_secret`). It does not encrypt: it guarantees that every message it accepts
+was sent by a holder of the secret, on this connection, in this order, exactly once.
 
-Trust boundary: the secret reaches Spark worker tasks inside the Spark task closure, as in
-Horovod's Spark runner (local worker processes get it from their parent). Whoever can read
-Spark's closure transport (task serialisation between driver and executors) can read the
-secret; on an untrusted network enable Spark's own RPC authentication and encryption
-(``spark.authenticate``, ``spark.network.crypto.enabled``). The channel itself does not
-encrypt: it guarantees that every message it accepts was sent by a holder of the secret,
-on this connection, in this order, exactly once.
+Trust boundary: the secret reaches Spark tasks inside the task closure, as in Horovod's
+Spark runner (local worker processes get it from their parent), so whoever can read
+Spark's task serialisation can read it; on an untrusted network enable Spark's RPC
+authentication and encryption (``spark.authenticate``, ``spark.network.crypto.enabled``).
 
-Wire format (all integers big-endian):
+Wire format (integers big-endian):
 
-* Handshake: on connect each side first sends ``HELLO`` (8 bytes, ``b"CRBCTL01"``)
-  followed by 16 fresh random bytes (its nonce), and reads the peer's. The connection's
-  *session id* is ``server_nonce || client_nonce``: fresh on both sides, so a frame
-  recorded on one connection fails authentication on any other.
-* Frame: ``length:u32 | seq:u64 | mac:32 bytes | payload:length bytes``, where
-  ``payload`` is a UTF-8 JSON object with a string ``"op"``,
-  ``mac = HMAC-SHA256(secret, direction || session_id || length || seq || payload)``,
-  ``direction`` is ``b"D"`` for driver → worker and ``b"W"`` for worker → driver (a frame
-  cannot be reflected back to its sender), and ``seq`` counts the sender's frames on this
-  connection from 0.
-* A receiver checks, in this order: ``length <= MAX_PAYLOAD_BYTES`` (before reading the
-  payload), the MAC (constant-time comparison), ``seq`` equal to the next expected number
-  (a replayed, dropped or reordered frame is refused), and only then decodes the JSON. Any
-  failure is logged at WARNING with the peer's address, the connection is closed and
-  :class:`ProtocolError` is raised; the payload of a frame that failed its MAC is never
-  parsed.
+* Handshake: each side sends ``HELLO`` (``b"CRBCTL01"``) and 16 fresh random bytes (its
+  nonce). The *session id* ``server_nonce || client_nonce`` is fresh on both sides, so a
+  frame recorded on one connection fails authentication on any other.
+* Frame: ``length:u32 | seq:u64 | mac:32 bytes | payload`` (a UTF-8 JSON object with a
+  string ``"op"``), ``mac = HMAC-SHA256(secret, direction || session || length || seq ||
+  payload)``; ``direction`` is ``b"D"`` to workers, ``b"W"`` to the driver (no frame can
+  be reflected back to its sender); ``seq`` counts the sender's frames from 0.
+* A receiver checks, in order: ``length <= MAX_PAYLOAD_BYTES`` (before reading the
+  payload), the MAC (constant time), ``seq`` (a replayed, dropped or reordered frame is
+  refused), then decodes the JSON. A failure is logged at WARNING with the peer's address,
+  closes the connection and raises :class:`ProtocolError`; a payload that failed its MAC
+  is never parsed.
 
-Messages (``op`` and fields; see ``_serve`` and ``_pool`` for their handling):
-
-* worker → driver: ``register`` (``worker_id``, ``attempt``, ``task_attempt_id``,
-  ``pid``, ``hostname``, ``device``, ``executor_hint``), ``reply`` (``id``, ``ok``,
-  ``value`` or ``error``, ``state``), ``rendezvous`` (``id`` of a group unit's ``run``,
-  ``port`` that rank 0 bound), ``heartbeat``.
-* driver → worker: ``welcome``, ``refuse`` (``reason``), ``load`` / ``drop`` (``id``,
-  ``partitions``), ``run`` (``id``, ``task``: :meth:`UnitTask.to_json`), ``ping``, ``stop``.
-
-Results travel as :meth:`UnitResult.to_json <cerebro_spark.units.UnitResult.to_json>`,
-worker exceptions as :func:`error_to_json` (type name, message, traceback text and how the
-driver should classify it; :func:`error_from_json` rebuilds them) -- never as pickled
-objects.
+The messages are described in :mod:`._serve` (the worker's side). Results travel as
+:meth:`UnitResult.to_json <cerebro_spark.units.UnitResult.to_json>`, worker exceptions as
+:func:`error_to_json` -- never as pickled objects.
 """
 
 from __future__ import annotations
@@ -68,16 +51,13 @@ from cerebro_spark.units import GroupBrokenError, UnitTask
 
 logger = logging.getLogger(__name__)
 
-HELLO = b"CRBCTL01"
-"""Protocol name and version, sent first by both sides."""
+HELLO = b"CRBCTL01"  # protocol name and version
 NONCE_BYTES = 16
 SECRET_BYTES = 32
 MIN_SECRET_BYTES = 16
 MAC_BYTES = hashlib.sha256().digest_size
-HEADER = struct.Struct("!IQ")
-"""Frame header: payload length, sequence number."""
-MAX_PAYLOAD_BYTES = 16 * 2**20
-"""Largest payload accepted; control messages are a few kilobytes."""
+HEADER = struct.Struct("!IQ")  # payload length, sequence number
+MAX_PAYLOAD_BYTES = 16 * 2**20  # control messages are a few kilobytes
 TO_WORKER = b"D"
 TO_DRIVER = b"W"
 
@@ -96,6 +76,7 @@ def new_secret() -> bytes:
 
 
 def _check_secret(secret: bytes) -> None:
+    """Refuse a secret shorter than ``MIN_SECRET_BYTES``."""
     if not isinstance(secret, bytes) or len(secret) < MIN_SECRET_BYTES:
         raise ValueError(
             f"the control channel secret must be at least {MIN_SECRET_BYTES} bytes, got "
@@ -148,22 +129,13 @@ def _read_exact(sock: socket.socket, size: int, *, frame_start: bool) -> bytes:
 class Channel:
     """One authenticated, ordered, replay-proof message stream over a connected socket.
 
-    :meth:`send` is thread-safe; :meth:`recv` must be called from one thread at a time.
-    Build one with :func:`connect` (worker side) or get one from :class:`ControlServer`
-    (driver side).
-
-    Args:
-        sock: The connected socket, handshake done.
-        secret: The shared secret.
-        session: The session id agreed in the handshake.
-        driver_side: Whether this end is the driver.
-        peer: The peer's address, for log messages.
+    Built by :func:`connect` (worker side) and :class:`ControlServer` (driver side) after
+    the handshake. :meth:`send` is thread-safe; :meth:`recv` is for one thread at a time.
     """
 
     def __init__(
         self, sock: socket.socket, secret: bytes, session: bytes, *, driver_side: bool, peer: str
     ) -> None:
-        _check_secret(secret)
         self._sock = sock
         self._secret = secret
         self._session = session
@@ -188,8 +160,8 @@ class Channel:
         """Send one message (a JSON object with a string ``"op"``).
 
         Raises:
-            ChannelClosed: The channel is closed.
-            OSError: The connection failed (the channel is closed too).
+            OSError: The channel is closed (:class:`ChannelClosed`) or the connection
+                failed (which closes it).
         """
         with self._send_lock:
             if self._closed.is_set():
@@ -205,17 +177,13 @@ class Channel:
             self._send_seq += 1
 
     def recv(self) -> dict[str, Any]:
-        """Receive, authenticate and decode the next message.
-
-        Returns:
-            The decoded JSON object; it has a string ``"op"``.
+        """Receive, authenticate and decode the next message (a dict with a string ``"op"``).
 
         Raises:
-            ChannelClosed: The peer closed the connection between frames.
-            ProtocolError: The frame failed a check (logged at WARNING, channel closed).
-            TimeoutError: The socket timeout passed (the channel is closed: a peer that
-                stays silent that long is treated as dead).
-            OSError: The connection failed (the channel is closed).
+            OSError: The channel is closed after any failure: the peer closed it between
+                frames (:class:`ChannelClosed`), a frame failed a check
+                (:class:`ProtocolError`), the socket timeout passed (a peer that silent
+                is treated as dead), or the connection failed.
         """
         try:
             header = _read_exact(self._sock, HEADER.size, frame_start=True)
@@ -270,16 +238,13 @@ def _handshake(
     try:
         sock.sendall(HELLO + nonce)
         hello = _read_exact(sock, len(HELLO) + NONCE_BYTES, frame_start=False)
-    except (ProtocolError, OSError) as exc:
+        if not hmac.compare_digest(hello[: len(HELLO)], HELLO):
+            raise ProtocolError("not a cerebro control peer (bad hello)")
+    except OSError as exc:  # ProtocolError included
         logger.warning("control handshake with %s failed: %s", peer, exc)
         with contextlib.suppress(OSError):
             sock.close()
         raise ProtocolError(f"control handshake with {peer} failed: {exc}") from None
-    if not hmac.compare_digest(hello[: len(HELLO)], HELLO):
-        logger.warning("rejected a connection from %s: not a cerebro control peer", peer)
-        with contextlib.suppress(OSError):
-            sock.close()
-        raise ProtocolError(f"{peer} is not a cerebro control peer (bad hello)")
     theirs = hello[len(HELLO) :]
     session = nonce + theirs if driver_side else theirs + nonce
     sock.settimeout(None)
@@ -287,17 +252,11 @@ def _handshake(
 
 
 def connect(host: str, port: int, secret: bytes, *, timeout_s: float = 30.0) -> Channel:
-    """Connect to a :class:`ControlServer` (worker side) and do the handshake.
-
-    Args:
-        host: The driver's address.
-        port: The control server's port.
-        secret: The shared secret.
-        timeout_s: Seconds for the TCP connect and the handshake.
+    """Connect to a :class:`ControlServer` at ``host:port`` (worker side); do the handshake.
 
     Raises:
-        OSError: The connection failed.
-        ProtocolError: The peer is not a control server.
+        OSError: The connection or the handshake failed (:class:`ProtocolError`), each
+            within ``timeout_s``.
     """
     _check_secret(secret)
     sock = socket.create_connection((host, port), timeout=timeout_s)
@@ -306,18 +265,11 @@ def connect(host: str, port: int, secret: bytes, *, timeout_s: float = 30.0) -> 
 
 
 class ControlServer:
-    """The driver's TCP server: accepts worker connections and hands each to a callback.
+    """The driver's TCP server, bound to ``host:port`` (0: a free port, see :attr:`address`).
 
-    Every accepted connection gets its own daemon thread, which performs the handshake
-    and then calls ``on_connection(channel)``; the callback owns the channel (it reads the
-    ``register`` message and serves the connection) and runs in that thread.
-
-    Args:
-        secret: The shared secret.
-        on_connection: Called with each handshaken :class:`Channel`.
-        host: Address to bind (the driver's host; ``127.0.0.1`` on one machine).
-        port: Port to bind; 0 picks a free one (see :attr:`address`).
-        handshake_timeout_s: Seconds a new connection has to complete the handshake.
+    Each accepted connection gets a daemon thread that does the handshake (within
+    ``handshake_timeout_s``) and then calls ``on_connection(channel)``, which owns and
+    serves the channel in that thread.
     """
 
     def __init__(
@@ -350,6 +302,7 @@ class ControlServer:
         return self._address
 
     def _accept_loop(self) -> None:
+        """Accept connections until closed; serve each in a thread of its own."""
         while not self._closed.is_set():
             try:
                 sock, peer = self._listener.accept()
@@ -368,6 +321,7 @@ class ControlServer:
             ).start()
 
     def _serve_connection(self, sock: socket.socket, peer: str) -> None:
+        """Handshake, then hand the channel to ``on_connection``."""
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             channel = _handshake(
@@ -402,14 +356,16 @@ class ControlServer:
 # -- message codecs ---------------------------------------------------------------------------
 
 
-def error_to_json(exc: BaseException) -> dict[str, Any]:
-    """Describe an exception raised in a worker (call inside the ``except`` block).
+def describe(task: UnitTask) -> str:
+    """``"train unit of trial t (epoch e, partition p)"``, for messages."""
+    return (
+        f"{task.kind.value} unit of trial {task.trial_id} "
+        f"(epoch {task.epoch}, partition {task.partition})"
+    )
 
-    The driver classifies it by the flags: ``group_broken`` (a group unit's peer was
-    lost; this worker lives on and the unit is queued again), ``trial_error`` (user code,
-    the trial fails), ``transient`` (an :class:`OSError`, the unit is retried); anything
-    else fails the trial with the worker's traceback.
-    """
+
+def error_to_json(exc: BaseException) -> dict[str, Any]:
+    """Describe an exception raised in a worker (call inside the ``except`` block)."""
     return {
         "type_name": type(exc).__name__,
         "message": str(exc),
@@ -443,19 +399,17 @@ def error_from_json(
 ) -> Exception:
     """The driver's exception for a worker's :func:`error_to_json` (its traceback as cause).
 
-    A ``run`` fails with :class:`~cerebro_spark.units.GroupBrokenError`,
-    :class:`~cerebro_spark.errors.TrialError` or (I/O) :class:`~cerebro_spark.errors.StoreError`
-    by the flags; a ``load`` is re-raised as its own type when it is a known one.
+    A ``run`` fails with :class:`~cerebro_spark.units.GroupBrokenError` (a peer was lost;
+    the unit is queued again), :class:`~cerebro_spark.errors.StoreError` (an ``OSError``:
+    retried) or :class:`~cerebro_spark.errors.TrialError` (anything else: the trial fails);
+    a ``load`` is re-raised as its own type when it is a known one.
     """
     type_name = str(error.get("type_name", "Exception"))
     message = str(error.get("message", ""))
     text = str(error.get("traceback", ""))
     exc: Exception
     if op == "run" and task is not None:
-        what = (
-            f"{task.kind.value} unit of trial {task.trial_id} "
-            f"(epoch {task.epoch}, partition {task.partition})"
-        )
+        what = describe(task)
         if error.get("group_broken"):
             exc = GroupBrokenError(f"on worker {worker}: {message}")
         elif error.get("trial_error"):

@@ -1,15 +1,11 @@
 """LocalBackend: every worker is a separate OS process on this machine.
 
-The transport beneath the :class:`~cerebro_spark.backends.WorkerPool`: each worker is a
-:mod:`multiprocessing` process (``spawn`` or ``forkserver``; ``fork`` is refused, torch and
-a threaded driver do not survive it) running :func:`~._serve.serve`, which connects back
-to the pool's control server on 127.0.0.1 -- the same authenticated JSON frames a Spark
-task speaks, so every local test exercises the production wire format. The worker's spec
-(dataset, store, secret) reaches it as the process's argument, from its own parent.
-
-A process that ends is reported with its exit code (and signal); a worker also exits when
-its driver's connection closes, so a driver that dies leaves no orphans, and worker
-processes are daemonic and killed at interpreter exit as well.
+Each worker is a daemonic :mod:`multiprocessing` process (``spawn`` or ``forkserver``;
+``fork`` is refused: torch and a threaded driver do not survive it) that gets its spec
+(and the secret) from its parent and runs :func:`~._serve.serve` against the pool's
+control server on 127.0.0.1: the wire format Spark tasks speak. Its end is reported with
+its exit code (and signal); it also exits when the driver's connection closes, so a
+driver that dies leaves no orphans.
 """
 
 from __future__ import annotations
@@ -31,7 +27,7 @@ from typing import Any
 
 from cerebro_spark.backends._pool import WorkerPool
 from cerebro_spark.backends._serve import TaskInfo, WorkerSpec, serve
-from cerebro_spark.backends._transport import Location, Transport
+from cerebro_spark.backends._transport import Transport
 from cerebro_spark.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -40,11 +36,7 @@ _JOIN_S = 5.0
 
 
 def _process_main(spec: WorkerSpec) -> None:
-    """Entry point of a worker process: serve, then exit without interpreter teardown.
-
-    Tearing down an interpreter that imported torch takes seconds; a worker owns nothing
-    that needs it, so it flushes its output and leaves with ``os._exit``.
-    """
+    """Serve, then leave with ``os._exit``: tearing down torch takes seconds, for nothing."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     code = 0
     try:
@@ -132,11 +124,6 @@ class LocalTransport(Transport):
         if process is not None and process.is_alive():
             process.kill()
 
-    def locate(self, worker_id: str, registration: Mapping[str, Any], peer: str) -> Location:
-        """Every worker runs on this machine."""
-        del worker_id, registration, peer
-        return Location("127.0.0.1")
-
     def close(self) -> None:
         """Kill and reap any process still alive."""
         self._finalizer()
@@ -150,33 +137,14 @@ class LocalBackend(WorkerPool):
             number of partitions.
         start_method: :mod:`multiprocessing` start method, ``"spawn"`` or
             ``"forkserver"``.
-        device: Torch device every worker trains on.
-        start_timeout_s: Seconds :meth:`start` and :meth:`add_worker` wait for workers to
-            load their partitions.
-        heartbeat_s: Seconds between heartbeats and pings.
-        heartbeat_timeout_s: Seconds of silence after which a worker is lost.
+        **options: The rest of :class:`WorkerPool`'s arguments (``device``,
+            ``start_timeout_s``, ``heartbeat_s``, ``heartbeat_timeout_s``).
 
     Raises:
         ConfigError: An argument breaks the rules above.
     """
 
-    def __init__(
-        self,
-        num_workers: int,
-        *,
-        start_method: str = "spawn",
-        device: str = "cpu",
-        start_timeout_s: float = 300.0,
-        heartbeat_s: float = 5.0,
-        heartbeat_timeout_s: float = 30.0,
-    ) -> None:
+    def __init__(self, num_workers: int, *, start_method: str = "spawn", **options: Any) -> None:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise ConfigError(f"num_workers must be an integer >= 1, got {num_workers!r}")
-        super().__init__(
-            LocalTransport(start_method),
-            num_workers,
-            device=device,
-            start_timeout_s=start_timeout_s,
-            heartbeat_s=heartbeat_s,
-            heartbeat_timeout_s=heartbeat_timeout_s,
-        )
+        super().__init__(LocalTransport(start_method), num_workers, **options)

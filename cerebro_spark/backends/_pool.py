@@ -1,66 +1,53 @@
-"""WorkerPool: the one worker pool beneath every backend.
+"""WorkerPool: the one worker pool beneath every backend (the seam's rules are in ``_base``).
 
-A :class:`WorkerPool` is a :class:`~cerebro_spark.backends.Backend` over a
-:class:`~cerebro_spark.backends._transport.Transport`. The transport starts workers (OS
-processes, Spark tasks, test threads) and says when they end; the pool owns the rest, once:
+The transport starts workers and says when they end; the pool owns the rest, once:
 
-* **Control.** A :class:`~._control.ControlServer` on the driver receives one connection
-  per worker; every message is HMAC-SHA256-authenticated JSON (wire format and trust
-  boundary in :mod:`._control`, the worker's side in :mod:`._serve`). The pool sends
-  ``load``/``run``/``drop``/``stop`` and a ``ping`` every ``heartbeat_s``; workers reply
-  in command order and send a ``heartbeat`` every ``heartbeat_s``. Data never goes
-  through the driver; checkpoints hop through the store.
+* **Control.** Each worker connects to the pool's :class:`~._control.ControlServer`; the
+  pool sends ``load``/``run``/``stop`` and a ``ping`` every ``heartbeat_s``, the worker
+  replies in command order and sends a ``heartbeat`` every ``heartbeat_s``.
 * **Placement.** Partition ``i`` starts on worker ``w{i mod n}``, or as ``placement``
   says; more workers than partitions is refused (such a worker could never run a unit).
-* **Losses** (Cerebro §5.6). A worker is lost when its control connection closes or
-  fails a check, when nothing came from it for ``heartbeat_timeout_s`` (dead or hung),
-  when its process or task ends without being stopped, or when it fails to load its
-  partitions. Then its queued and running units fail with
-  :class:`~cerebro_spark.errors.WorkerLostError` (the engine puts them back in Q), it
-  leaves :meth:`WorkerPool.workers`, each partition no live worker holds any more is
-  re-homed on the live worker holding the fewest (which reads it from Parquet), and the
-  transport is told to kill what is left of it. A worker id registers once: a lost
-  worker is never revived (a retried Spark task attempt is **refused**), capacity is
-  refilled by new workers with new ids.
-* **Joins.** :meth:`WorkerPool.add_worker`, and the transport's arrivals (new executors),
-  start workers that hold *replicas* of a fair share of the partitions (Cerebro §5.5-5.6),
-  so the replica-aware scheduler can use them at once and nobody gives anything up.
-* **Group rendezvous** (Cerebro §5.7). Rank 0 of a group unit whose port is 0 binds a
-  free port on its own host and announces it; the pool holds the other ranks' tasks until
-  then and sends them with rank 0's host (its executor's host, as the transport locates
-  it) and that port. A rank 0 that ends or is lost before announcing fails the held ranks
-  with :class:`~cerebro_spark.units.GroupBrokenError` without sending them.
-* **Retire.** :meth:`WorkerPool.retire` takes a worker out of service: no new unit; its
-  sole-copy partitions are re-homed and loaded on the workers that remain; once its unit
-  in flight and those loads are done it is told to ``stop``, its process or task ends
-  normally (a Spark job that *succeeds*: releasing its executor afterwards re-runs
-  nothing) and the retire's future resolves. No unit fails.
-* **Membership.** Every change is queued as a :class:`~._base.WorkerChange` for
-  :meth:`WorkerPool.changes` (the engine logs them).
+* **Losses** (Cerebro §5.6). A worker is lost when its connection closes or fails a
+  check, when it was silent for ``heartbeat_timeout_s``, when its process or task ends
+  unasked, or when its initial load fails. Each orphaned partition is re-homed on the
+  live worker holding the fewest. A worker id registers once: a retried Spark task
+  attempt of a lost worker is refused; capacity is refilled by workers with new ids.
+* **Joins.** :meth:`WorkerPool.add_worker` and the transport's arrivals start workers
+  holding *replicas* of a fair share of the partitions (Cerebro §5.5-5.6).
+* **Group rendezvous** (Cerebro §5.7). Rank 0 of a group whose port is 0 binds a port on
+  its own host and announces it; the pool holds the other ranks' tasks until then and
+  sends them with rank 0's host (as the transport locates it) and that port.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import copy
 import dataclasses
 import functools
 import logging
-import math
+import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, Literal
 
 from cerebro_spark.backends._base import Backend, Membership, WorkerChange, WorkerInfo, WorkerJob
-from cerebro_spark.backends._control import Channel, ControlServer, error_from_json, new_secret
+from cerebro_spark.backends._control import (
+    Channel,
+    ControlServer,
+    describe,
+    error_from_json,
+    new_secret,
+)
 from cerebro_spark.backends._placement import rehome, replica_share
 from cerebro_spark.backends._serve import WorkerSpec
 from cerebro_spark.backends._transport import Transport
 from cerebro_spark.errors import ConfigError, WorkerLostError
-from cerebro_spark.units import GroupBrokenError, UnitResult, UnitTask, check_group
+from cerebro_spark.units import GroupBrokenError, GroupSpec, UnitResult, UnitTask, check_group
 
 logger = logging.getLogger(__name__)
 
@@ -74,18 +61,13 @@ _TICK_S = 0.25
 _State = Literal["starting", "live", "retiring", "retired", "lost", "closed"]
 
 
-def worker_name(index: int) -> str:
-    """The id of the pool's ``index``-th worker (``"w3"``)."""
-    return f"w{index}"
-
-
 def next_worker_index(worker_ids: Collection[str]) -> int:
-    """The first index whose :func:`worker_name` is after every id in ``worker_ids``."""
+    """The first index whose worker id (``w<index>``) is after every id in ``worker_ids``."""
     indices = [int(w[1:]) for w in worker_ids if w[:1] == "w" and w[1:].isdigit()]
     return max(indices, default=-1) + 1
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class PoolStats:
     """Counters of a :class:`WorkerPool`, for tests, logs and benchmarks.
 
@@ -94,32 +76,26 @@ class PoolStats:
         registered: Workers that registered with the driver.
         refused: Registrations refused (a retried task attempt of a lost worker, an
             unknown worker id, or a registration after close).
-        lost: Workers lost, by how the loss was noticed: ``"connection"`` (closed or
-            failed a check), ``"heartbeat"`` (silent), ``"ended"`` (its process or task
-            ended unasked), ``"load"`` (its initial load failed), ``"start"`` (not ready
-            in time).
+        lost: Workers lost, by how the loss was noticed: ``"connection"``,
+            ``"heartbeat"``, ``"ended"`` (its process or task ended unasked), ``"load"``
+            (its initial load failed), ``"start"`` (not ready in time).
         retired: Workers retired.
         register_seconds: Per worker, seconds from launch to registration.
-        ready_seconds: Per worker, seconds from launch until it had loaded its partitions
-            (includes the first ``import torch``).
+        ready_seconds: Per worker, seconds from launch until it had loaded its partitions.
     """
 
-    started: int
-    registered: int
-    refused: int
-    lost: Mapping[str, int]
-    retired: int
-    register_seconds: Mapping[str, float]
-    ready_seconds: Mapping[str, float]
+    started: int = 0
+    registered: int = 0
+    refused: int = 0
+    lost: dict[str, int] = dataclasses.field(default_factory=dict)
+    retired: int = 0
+    register_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    ready_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(eq=False)
 class _Pending:
-    """A command for a worker whose reply has not arrived yet.
-
-    ``message`` is ``None`` while the command is held (a group rank waiting for its rank
-    0's port); commands are sent in order, so nothing behind a held one is sent either.
-    """
+    """A command whose reply has not arrived; ``message=None`` holds it (and those after)."""
 
     id: int
     op: str
@@ -153,9 +129,7 @@ class _Handle:
         self.located = False
         self.pid: int | None = None
         self.registration: Mapping[str, Any] = {}
-        self.spawned_at = time.monotonic()
-        self.last_seen = self.spawned_at
-        self.registered_at = self.spawned_at
+        self.spawned_at = self.last_seen = self.registered_at = time.monotonic()
         self.ready: Future[None] = _running_future()
         self.retired: Future[None] | None = None
         self.retire_loads: list[Future[Any]] = []
@@ -166,38 +140,36 @@ class _Handle:
     @property
     def running(self) -> UnitTask | None:
         """The unit sent to (or held for) this worker and not finished, if any."""
-        for pending in self.pending:
-            if pending.op == "run":
-                return pending.task
-        return None
+        return next((p.task for p in self.pending if p.op == "run"), None)
 
     def info(self) -> WorkerInfo:
+        """The worker as :meth:`WorkerPool.workers` reports it."""
         return WorkerInfo(
-            worker_id=self.worker_id,
-            partitions=frozenset(self.partitions),
-            host=self.host,
-            device=self.device,
-            bytes_read=self.bytes_read,
-            executor_id=self.executor_id,
+            self.worker_id,
+            frozenset(self.partitions),
+            self.host,
+            self.device,
+            self.bytes_read,
+            self.executor_id,
         )
 
 
 def _running_future() -> Future[Any]:
+    """A future that cannot be cancelled (the worker runs its command anyway)."""
     future: Future[Any] = Future()
-    future.set_running_or_notify_cancel()  # not cancellable: the worker runs it anyway
+    future.set_running_or_notify_cancel()
     return future
 
 
-def _describe(task: UnitTask) -> str:
-    return (
-        f"{task.kind.value} unit of trial {task.trial_id} "
-        f"(epoch {task.epoch}, partition {task.partition})"
-    )
-
-
 def _fail(future: Future[Any], exc: BaseException) -> None:
+    """Fail ``future`` unless it is done."""
     if not future.done():
         future.set_exception(exc)
+
+
+def _order(handle: _Handle) -> int:
+    """Sort key: the order workers were started in."""
+    return handle.order
 
 
 class WorkerPool(Backend):
@@ -236,12 +208,13 @@ class WorkerPool(Backend):
             isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1
         ):
             raise ConfigError(f"num_workers must be an integer >= 1 or None, got {num_workers!r}")
-        for name, value in (
-            ("start_timeout_s", start_timeout_s),
-            ("heartbeat_s", heartbeat_s),
-            ("heartbeat_timeout_s", heartbeat_timeout_s),
-            ("poll_s", poll_s),
-        ):
+        seconds = {
+            "start_timeout_s": start_timeout_s,
+            "heartbeat_s": heartbeat_s,
+            "heartbeat_timeout_s": heartbeat_timeout_s,
+            "poll_s": poll_s,
+        }
+        for name, value in seconds.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"{name} must be a number > 0, got {value!r}")
         if heartbeat_timeout_s < 2 * heartbeat_s:
@@ -269,14 +242,9 @@ class WorkerPool(Backend):
         self._stopping = threading.Event()
         self._server: ControlServer | None = None
         self._advertised: tuple[str, int] | None = None
+        self._spec: WorkerSpec  # what every worker gets but its id (set by start)
         self._monitor: threading.Thread | None = None
-        self._started = 0
-        self._registered = 0
-        self._refused = 0
-        self._retired = 0
-        self._lost_by: dict[str, int] = {}
-        self._register_seconds: dict[str, float] = {}
-        self._ready_seconds: dict[str, float] = {}
+        self._stats = PoolStats()
 
     # -- Backend -------------------------------------------------------------------------
 
@@ -305,13 +273,8 @@ class WorkerPool(Backend):
             raise ConfigError(f"WorkerJob.torch_threads must be >= 1, got {job.torch_threads}")
         if isinstance(first_worker, bool) or not isinstance(first_worker, int) or first_worker < 0:
             raise ConfigError(f"first_worker must be an integer >= 0, got {first_worker!r}")
-        with self._lock:
-            if self._closed:
-                raise RuntimeError(f"{type(self).__name__} is closed; create a new one")
-            if self._job is not None:
-                raise RuntimeError(f"{type(self).__name__}.start was already called")
-        manifest = read_manifest(job.dataset_uri)
-        partitions = manifest.num_partitions
+        self._check_startable()
+        partitions = read_manifest(job.dataset_uri).num_partitions
         requested = len(placement) if placement is not None else self._num_workers
         if requested is not None:
             _check_worker_count(requested, partitions, job.dataset_uri)
@@ -319,14 +282,23 @@ class WorkerPool(Backend):
         _check_worker_count(count, partitions, job.dataset_uri)
         shares = _shares(placement, count, partitions)
         with self._lock:
-            if self._closed or self._job is not None:
-                raise RuntimeError(f"{type(self).__name__} was closed or started meanwhile")
+            self._check_startable()
             self._job = job
             self._num_partitions = partitions
             self._next_order = first_worker
             bind, advertised = self._transport.control_address()
             self._server = ControlServer(self._secret, self._on_connection, host=bind)
             self._advertised = (advertised, self._server.address[1])
+            self._spec = WorkerSpec(
+                "",  # each worker's id
+                *self._advertised,
+                secret=self._secret,
+                job=job,
+                device=self._device,
+                heartbeat_s=self._heartbeat_s,
+                driver_timeout_s=self._heartbeat_timeout_s,
+                connect_timeout_s=self._start_timeout_s,
+            )
             self._monitor = threading.Thread(
                 target=self._monitor_loop, name="cerebro-pool-monitor", daemon=True
             )
@@ -343,13 +315,8 @@ class WorkerPool(Backend):
         for handle in handles:  # report where the workers run (Spark's listener may lag)
             if not handle.located:
                 self._locate(handle, wait_s=max(0.0, deadline - time.monotonic()))
-        logger.info(
-            "%s started %d workers on %s: %s",
-            type(self).__name__,
-            len(handles),
-            job.dataset_uri,
-            {h.worker_id: f"{h.host} ({h.executor_id or 'no executor'})" for h in handles},
-        )
+        where = {h.worker_id: f"{h.host} ({h.executor_id or 'no executor'})" for h in handles}
+        logger.info("%s started %d workers: %s", type(self).__name__, len(handles), where)
 
     def workers(self) -> dict[str, WorkerInfo]:
         """Return the live workers that take units, by id, in the order they were started."""
@@ -379,10 +346,7 @@ class WorkerPool(Backend):
                     f"the task is rank {task.group.rank} of group {task.group.group_id!r}; "
                     "use submit_group"
                 )
-            future: Future[UnitResult] = self._send_locked(
-                handle, "run", {"task": task.to_json()}, task
-            ).future
-            return future
+            return self._send_locked(handle, "run", task.to_json(), task).future
 
     def submit_group(self, assignments: Mapping[str, UnitTask]) -> dict[str, Future[UnitResult]]:
         """Start the ``k`` ranks of one group unit, one per worker (rules in ``_base``).
@@ -393,41 +357,41 @@ class WorkerPool(Backend):
                 partition; nothing was sent.
         """
         check_group(list(assignments.values()))
-        by_rank = sorted(assignments.items(), key=lambda item: _rank(item[1]))
-        group = by_rank[0][1].group
-        assert group is not None  # ok: check_group
+        by_rank = sorted(assignments.items(), key=lambda item: _group_of(item[1]).rank)
+        group = _group_of(by_rank[0][1])
+        held = group.port == 0
         with self._lock:
             handles = [
                 self._usable_locked(
                     worker_id,
                     task.partition,
-                    f"rank {_rank(task)} (partition {task.partition}) of group {group.group_id!r}",
+                    f"rank {_group_of(task).rank} (partition {task.partition}) "
+                    f"of group {group.group_id!r}",
                 )
                 for worker_id, task in by_rank
             ]
-            futures: dict[str, Future[UnitResult]] = {}
-            lead_handle, lead_task = handles[0], by_rank[0][1]
-            lead = self._send_locked(lead_handle, "run", {"task": lead_task.to_json()}, lead_task)
-            futures[lead_handle.worker_id] = lead.future
-            held = group.port == 0
-            peers: list[tuple[_Handle, _Pending]] = []
-            for handle, (_, task) in zip(handles[1:], by_rank[1:], strict=True):
-                fields = None if held else {"task": task.to_json()}
-                pending = self._send_locked(handle, "run", fields, task)
-                peers.append((handle, pending))
-                futures[handle.worker_id] = pending.future
+            # Rank 0 binds the address it is announced at; a fresh token per attempt keeps
+            # whoever is not a rank out of the rendezvous (secrets: not the experiment seed).
+            address = handles[0].host if held else group.address
+            token = group.token or secrets.token_hex(16)
+            tasks = [
+                dataclasses.replace(
+                    task,
+                    group=dataclasses.replace(_group_of(task), address=address, token=token),
+                )
+                for _, task in by_rank
+            ]
+            sent = [
+                self._send_locked(handle, "run", None if held and rank else task.to_json(), task)
+                for rank, (handle, task) in enumerate(zip(handles, tasks, strict=True))
+            ]
             if held:
-                lead.peers = peers
-        logger.debug(
-            "group %s of trial %s started on workers %s",
-            group.group_id,
-            lead_task.trial_id,
-            [h.worker_id for h in handles],
-        )
-        return futures
+                sent[0].peers = list(zip(handles[1:], sent[1:], strict=True))
+        logger.debug("group %s started on workers %s", group.group_id, [w for w, _ in by_rank])
+        return {h.worker_id: pending.future for h, pending in zip(handles, sent, strict=True)}
 
     def retire(self, worker_id: str) -> Future[None]:
-        """Take a worker out of service gracefully (rules in the module docstring).
+        """Take a worker out of service gracefully (rules in ``_base``).
 
         Returns:
             A future that resolves when the worker's process or task has ended normally;
@@ -445,12 +409,10 @@ class WorkerPool(Backend):
                     f"cannot retire worker {worker_id!r}: no such live worker "
                     f"(live: {sorted(self.workers())})"
                 )
-            remaining = [h for h in self._handles.values() if h.listed and h is not handle]
-            sole = sorted(p for p in handle.partitions if not _held_by(p, remaining))
-            if sole and not remaining:
+            if handle.partitions and not self._holdings_locked(leaving=handle):
                 raise ValueError(
                     f"cannot retire worker {worker_id}: it is the last live worker and no "
-                    f"other holds its partitions {sole}"
+                    f"other holds its partitions {sorted(handle.partitions)}"
                 )
             handle.listed = False
             handle.state = "retiring"
@@ -459,16 +421,10 @@ class WorkerPool(Backend):
             retired: Future[None] = _running_future()
             handle.retired = retired
             self._change_locked(Membership.RETIRING, handle)
-            handle.retire_loads = self._rehome_locked(sole, handle, "retiring")
-            step = functools.partial(_ignore_future, functools.partial(self._retire_step, handle))
+            handle.retire_loads = self._rehome_locked(handle.partitions, handle, "retiring")
             for load in handle.retire_loads:
-                load.add_done_callback(step)
-            logger.info(
-                "retiring worker %s (executor %s); partitions %s re-homed",
-                worker_id,
-                handle.executor_id,
-                sole,
-            )
+                load.add_done_callback(functools.partial(self._retire_step, handle))
+            logger.info("retiring worker %s", worker_id)
         self._retire_step(handle)
         return retired
 
@@ -496,42 +452,31 @@ class WorkerPool(Backend):
         name = type(self).__name__
         for pending in abandoned:
             _fail(pending.future, WorkerLostError(f"{name} was closed before the unit ended"))
-        killed: set[str] = set()
-        for handle in handles:
-            channel = handle.channel
-            if handle.worker_id in busy or channel is None:
-                killed.add(handle.worker_id)  # abandoned work, or not connected
-                continue
-            try:
-                channel.send({"op": "stop"})
-            except OSError:
-                killed.add(handle.worker_id)
+        killed = {h.worker_id for h in handles if h.worker_id in busy or not _tell_stop(h)}
         for worker_id in sorted(killed):
             self._transport.kill(worker_id)
         ended = {h.ended: h for h in handles if h.ended is not None}
-        _, late = concurrent.futures.wait(ended, timeout=_STOP_GRACE_S)
+        late = concurrent.futures.wait(ended, timeout=_STOP_GRACE_S).not_done
         for future in late:
             logger.warning("worker %s did not stop; killing it", ended[future].worker_id)
             killed.add(ended[future].worker_id)
             self._transport.kill(ended[future].worker_id)
-        _, late = concurrent.futures.wait(late, timeout=_KILL_GRACE_S)
-        for future in late:
+        for future in concurrent.futures.wait(late, timeout=_KILL_GRACE_S).not_done:
             logger.warning("worker %s did not end after a kill", ended[future].worker_id)
         for handle in handles:
             if handle.channel is not None:
                 handle.channel.close()
         if self._server is not None:
             self._server.close()
-        monitor = self._monitor
-        if monitor is not None and monitor is not threading.current_thread():
-            monitor.join(timeout=_KILL_GRACE_S)
+        if self._monitor is not None and self._monitor is not threading.current_thread():
+            self._monitor.join(timeout=_KILL_GRACE_S)
         if self._job is not None:
             self._transport.close()
         with self._lock:
-            for handle in handles:
-                if handle.joined and handle.worker_id in killed:
+            for handle in (h for h in handles if h.joined):
+                if handle.worker_id in killed:
                     self._change_locked(Membership.LOST, handle, f"{name} was closed: killed")
-                elif handle.joined:
+                else:
                     self._change_locked(Membership.RETIRED, handle)
         for handle in handles:
             _fail(
@@ -568,23 +513,18 @@ class WorkerPool(Backend):
                 raise RuntimeError(f"{type(self).__name__} is closed; create a new one")
             if self._job is None:
                 raise RuntimeError("add_worker needs a started pool: call start first")
-            chosen: list[int] | None = None
-            if partitions is not None:
-                chosen = sorted(set(partitions))
-                bad = [p for p in chosen if not 0 <= p < self._num_partitions]
-                if bad:
-                    raise ValueError(
-                        f"partitions {bad} are outside range(num_partitions={self._num_partitions})"
-                    )
+            chosen = None if partitions is None else sorted(set(partitions))
+            bad = [p for p in chosen or () if not 0 <= p < self._num_partitions]
+            if bad:
+                raise ValueError(
+                    f"partitions {bad} are outside range(num_partitions={self._num_partitions})"
+                )
             handle = self._spawn_locked(chosen)
         try:
             self._await_ready([handle])
         except BaseException:
             self._lose(handle, "it was not ready in time", cause="start")
             raise
-        logger.info(
-            "worker %s joined with partitions %s", handle.worker_id, sorted(handle.partitions)
-        )
         return handle.worker_id
 
     def kill_worker(self, worker_id: str, timeout_s: float = 60.0) -> None:
@@ -618,17 +558,9 @@ class WorkerPool(Backend):
         return self._advertised
 
     def stats(self) -> PoolStats:
-        """Return the pool's counters and worker start latencies."""
+        """Return (a copy of) the pool's counters and worker start latencies."""
         with self._lock:
-            return PoolStats(
-                started=self._started,
-                registered=self._registered,
-                refused=self._refused,
-                lost=dict(self._lost_by),
-                retired=self._retired,
-                register_seconds=dict(self._register_seconds),
-                ready_seconds=dict(self._ready_seconds),
-            )
+            return copy.deepcopy(self._stats)
 
     def _worker_spec(self, worker_id: str) -> WorkerSpec:
         """The spec a worker was started with, live or lost (for tests)."""
@@ -639,6 +571,7 @@ class WorkerPool(Backend):
             return handle.spec
 
     def _live_handle(self, worker_id: str, verb: str) -> _Handle:
+        """The handle of a live worker, or :class:`ValueError` naming ``verb``."""
         with self._lock:
             handle = self._handles.get(worker_id)
             if handle is None:
@@ -646,6 +579,7 @@ class WorkerPool(Backend):
             return handle
 
     def _wait_gone(self, handle: _Handle, timeout_s: float) -> None:
+        """Wait until a killed worker's loss was handled."""
         if not handle.gone.wait(timeout_s):
             raise TimeoutError(
                 f"worker {handle.worker_id} was killed but its loss was not seen in {timeout_s} s"
@@ -653,49 +587,37 @@ class WorkerPool(Backend):
 
     # -- workers -------------------------------------------------------------------------
 
+    def _check_startable(self) -> None:
+        """Refuse a second start, or a start after close."""
+        if self._closed or self._job is not None:
+            raise RuntimeError(
+                f"{type(self).__name__} was closed or already started; create a new one"
+            )
+
     def _spawn_locked(self, initial: list[int] | None) -> _Handle:
-        """Launch one worker (caller holds the lock)."""
-        if self._job is None or self._advertised is None:
-            raise RuntimeError(f"{type(self).__name__} is not started")
-        order = self._next_order
+        """Launch one worker."""
+        handle = _Handle(f"w{self._next_order}", self._next_order, initial)
         self._next_order += 1
-        handle = _Handle(worker_name(order), order, initial)
-        spec = WorkerSpec(
-            worker_id=handle.worker_id,
-            driver_host=self._advertised[0],
-            driver_port=self._advertised[1],
-            secret=self._secret,
-            job=self._job,
-            device=self._device,
-            heartbeat_s=self._heartbeat_s,
-            driver_timeout_s=self._heartbeat_timeout_s,
-            connect_timeout_s=self._start_timeout_s,
-        )
-        handle.spec = spec
+        handle.spec = dataclasses.replace(self._spec, worker_id=handle.worker_id)
         self._handles[handle.worker_id] = handle
-        self._started += 1
-        ended = self._transport.launch(spec)
-        handle.ended = ended
-        ended.add_done_callback(functools.partial(self._on_ended, handle))
-        logger.debug("launched worker %s", handle.worker_id)
+        self._stats.started += 1
+        handle.ended = self._transport.launch(handle.spec)
+        handle.ended.add_done_callback(functools.partial(self._on_ended, handle))
         return handle
 
     def _await_ready(self, handles: list[_Handle]) -> None:
+        """Wait until ``handles`` are ready; re-raise a worker's failure, or time out."""
         futures = {h.ready: h for h in handles}
-        done, not_done = concurrent.futures.wait(
-            futures,
-            timeout=self._start_timeout_s,
-            return_when=concurrent.futures.FIRST_EXCEPTION,
+        done, late = concurrent.futures.wait(
+            futures, self._start_timeout_s, concurrent.futures.FIRST_EXCEPTION
         )
         for future in done:
-            if future.exception() is not None:
-                logger.error("worker %s failed to start", futures[future].worker_id)
-                future.result()  # re-raises the worker's error
-        if not_done:
-            late = sorted((futures[f] for f in not_done), key=_order)
-            unregistered = [h.worker_id for h in late if h.state == "starting"]
+            future.result()  # re-raises the worker's error
+        if late:
+            ids = sorted((futures[f] for f in late), key=_order)
+            unregistered = [h.worker_id for h in ids if h.state == "starting"]
             raise TimeoutError(
-                f"workers {[h.worker_id for h in late]} were not ready within start_timeout_s="
+                f"workers {[h.worker_id for h in ids]} were not ready within start_timeout_s="
                 f"{self._start_timeout_s}"
                 + (
                     f"; {unregistered} never registered (no free slot for their "
@@ -707,29 +629,20 @@ class WorkerPool(Backend):
             )
 
     def _usable_locked(self, worker_id: str, partition: int, what: str) -> _Handle:
-        """The idle, listed worker holding ``partition`` (caller holds the lock).
-
-        Raises:
-            ValueError: It is not; the message names ``what`` and the worker.
-        """
+        """The idle, listed worker holding ``partition``, or :class:`ValueError` naming ``what``."""
         handle = self._handles.get(worker_id)
         if handle is None or not handle.listed:
-            why = (
-                "it is retiring"
-                if handle is not None and handle.state == "retiring"
-                else f"no such live worker (live: {sorted(self.workers())})"
-            )
+            why = f"no such live worker (live: {sorted(self.workers())})"
+            if handle is not None and handle.state == "retiring":
+                why = "it is retiring"
             raise ValueError(f"cannot run {what} on worker {worker_id!r}: {why}")
-        running = handle.running
-        if running is not None:
-            raise ValueError(
-                f"cannot run {what} on worker {worker_id}: it is busy with the {_describe(running)}"
-            )
-        if partition not in handle.partitions:
-            raise ValueError(
-                f"cannot run {what} on worker {worker_id}: it holds partitions "
-                f"{sorted(handle.partitions)}"
-            )
+        why = ""
+        if handle.running is not None:
+            why = f"it is busy with the {describe(handle.running)}"
+        elif partition not in handle.partitions:
+            why = f"it holds partitions {sorted(handle.partitions)}"
+        if why:
+            raise ValueError(f"cannot run {what} on worker {worker_id}: {why}")
         return handle
 
     def _on_connection(self, channel: Channel) -> None:
@@ -741,29 +654,31 @@ class WorkerPool(Backend):
             return  # logged by the channel when it was a protocol violation
         channel.settimeout(None)
         worker_id = message.get("worker_id")
-        if message["op"] != "register" or not isinstance(worker_id, str):
-            logger.warning(
-                "control peer %s sent %r instead of register", channel.peer, message["op"]
-            )
-            channel.close()
-            return
         with self._lock:
-            handle = self._handles.get(worker_id)
-            accept = handle is not None and handle.state == "starting" and not self._closed
+            handle = self._handles.get(str(worker_id))
+            accept = (
+                message["op"] == "register"
+                and handle is not None
+                and handle.state == "starting"
+                and not self._closed
+            )
             if handle is not None and accept:
                 handle.state = "live"
                 handle.channel = channel
                 handle.registration = dict(message)
                 handle.last_seen = handle.registered_at = time.monotonic()
-                handle.pid = _int_or_none(message.get("pid"))
+                pid = message.get("pid")
+                handle.pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
                 handle.device = str(message.get("device") or "cpu")
                 handle.host = channel.peer.rsplit(":", 1)[0]
                 hint = message.get("executor_hint")
                 handle.executor_id = hint if isinstance(hint, str) else None
-                self._registered += 1
-                self._register_seconds[worker_id] = time.monotonic() - handle.spawned_at
+                self._stats.registered += 1
+                self._stats.register_seconds[handle.worker_id] = (
+                    handle.registered_at - handle.spawned_at
+                )
             else:
-                self._refused += 1
+                self._stats.refused += 1
         if handle is None or not accept:
             reason = (
                 "the pool is closed"
@@ -772,7 +687,8 @@ class WorkerPool(Backend):
                 "worker is never revived)"
             )
             logger.warning(
-                "refusing registration of worker %r (attempt %s) from %s: %s",
+                "refusing %r of worker %r (attempt %s) from %s: %s",
+                message["op"],
                 worker_id,
                 message.get("attempt"),
                 channel.peer,
@@ -786,33 +702,29 @@ class WorkerPool(Backend):
         with self._lock:
             if handle.state != "live":
                 return  # lost meanwhile
-            try:
+            with contextlib.suppress(OSError):  # the read loop below notices
                 channel.send({"op": "welcome"})
-            except OSError:
-                pass  # the read loop below notices
-            else:
                 if handle.initial is None:
                     handle.initial = replica_share(self._num_partitions, self._holdings_locked())
                     handle.partitions.update(handle.initial)
                 handle.joined = True
                 self._change_locked(Membership.JOINED, handle)
-                load = self._send_locked(handle, "load", {"partitions": handle.initial})
+                load = self._send_locked(handle, "load", handle.initial)
                 load.future.add_done_callback(functools.partial(self._on_initial_load, handle))
         logger.info(
-            "worker %s registered from %s (executor %s, pid %s, device %s) after %.1f s",
-            worker_id,
+            "worker %s registered from %s (executor %s, pid %s, device %s)",
+            handle.worker_id,
             channel.peer,
             handle.executor_id,
             handle.pid,
             handle.device,
-            self._register_seconds.get(worker_id, math.nan),
         )
         self._read_loop(handle, channel)
 
     def _on_initial_load(self, handle: _Handle, future: Future[Any]) -> None:
+        """List a worker once its partitions are loaded; lose it if the load failed."""
         error = future.exception()
         if error is not None:
-            logger.error("worker %s failed to load its partitions: %s", handle.worker_id, error)
             _fail(handle.ready, error)
             self._lose(handle, f"it failed to load its partitions ({error})", cause="load")
             return
@@ -820,18 +732,16 @@ class WorkerPool(Backend):
             if handle.state != "live":
                 return
             handle.listed = True
-            self._ready_seconds[handle.worker_id] = time.monotonic() - handle.spawned_at
+            self._stats.ready_seconds[handle.worker_id] = time.monotonic() - handle.spawned_at
             self._change_locked(Membership.READY, handle)
-        if not handle.ready.done():
+        if not handle.ready.done():  # close() may have failed it meanwhile
             handle.ready.set_result(None)
         logger.info(
-            "worker %s is ready with partitions %s after %.1f s",
-            handle.worker_id,
-            sorted(handle.partitions),
-            self._ready_seconds[handle.worker_id],
+            "worker %s is ready with partitions %s", handle.worker_id, sorted(handle.partitions)
         )
 
     def _read_loop(self, handle: _Handle, channel: Channel) -> None:
+        """Handle a worker's messages until its connection ends."""
         while True:
             try:
                 message = channel.recv()
@@ -841,14 +751,12 @@ class WorkerPool(Backend):
                 return
             handle.last_seen = time.monotonic()
             op = message["op"]
-            if op == "heartbeat":
-                continue
             try:
                 if op == "reply":
                     self._on_reply(handle, message)
                 elif op == "rendezvous":
                     self._on_rendezvous(handle, message)
-                else:
+                elif op != "heartbeat":
                     logger.warning("worker %s sent an unexpected %r message", handle.worker_id, op)
             except Exception as exc:
                 logger.exception("bad %s from worker %s", op, handle.worker_id)
@@ -858,17 +766,16 @@ class WorkerPool(Backend):
 
     def _connection_lost(self, handle: _Handle, exc: BaseException) -> None:
         """The connection closed: prefer the transport's word on how the worker ended."""
-        ended = handle.ended
-        if ended is not None:
-            concurrent.futures.wait([ended], timeout=_END_WAIT_S)
-            if ended.done():
+        if handle.ended is not None:
+            concurrent.futures.wait([handle.ended], timeout=_END_WAIT_S)
+            if handle.ended.done():
                 return  # _on_ended reports the loss with the exit status
         self._lose(handle, f"its control connection closed ({exc})", cause="connection")
 
     def _on_reply(self, handle: _Handle, message: Mapping[str, Any]) -> None:
+        """Resolve the oldest command's future with a worker's reply."""
         state = message["state"]
         held = {int(p) for p in state["partitions"]}
-        broken: list[tuple[Future[Any], BaseException]] = []
         with self._lock:
             if not handle.pending or not handle.pending[0].sent:
                 if handle.state in ("live", "retiring"):
@@ -884,39 +791,38 @@ class WorkerPool(Backend):
                 handle.partitions -= set(pending.partitions) - held
                 if handle.listed:  # a re-home load failed: the engine must know
                     self._change_locked(Membership.PARTITIONS, handle)
-            if pending.op == "drop":
-                handle.partitions -= set(pending.partitions)
-            if pending.peers is not None:
-                broken = self._abandon_peers_locked(pending, "ended before the rendezvous")
+                    logger.error(
+                        "worker %s failed to load partitions %s",
+                        handle.worker_id,
+                        pending.partitions,
+                    )
+            broken = self._abandon_peers_locked(pending, "ended before the rendezvous")
         for future, error in broken:
             _fail(future, error)
-        outcome: UnitResult | None = None
-        failure: Exception | None = None
         try:
-            if message.get("ok"):
-                value = message.get("value")
-                outcome = UnitResult.from_json(value) if pending.op == "run" and value else None
-                if outcome is not None and pending.task is not None and pending.task.group:
-                    outcome = dataclasses.replace(outcome, task=pending.task)  # its rendezvous
-            else:
-                failure = error_from_json(
+            if not message.get("ok"):
+                error = error_from_json(
                     message["error"], handle.worker_id, pending.op, pending.task, pending.partitions
                 )
+                _fail(pending.future, error)
+            elif pending.op == "run" and message.get("value"):
+                outcome = UnitResult.from_json(message["value"])
+                if pending.task is not None and pending.task.group:  # carry its rendezvous
+                    outcome = dataclasses.replace(outcome, task=pending.task)
+                pending.future.set_result(outcome)
+            else:
+                pending.future.set_result(None)
         except Exception as exc:  # a worker of another version? It cannot be trusted now
             _fail(
                 pending.future,
                 WorkerLostError(f"worker {handle.worker_id} sent a malformed reply: {exc!r}"),
             )
             raise
-        if failure is None:
-            pending.future.set_result(outcome)
-        else:
-            _fail(pending.future, failure)
         if handle.state == "retiring":
             self._retire_step(handle)
 
     def _on_rendezvous(self, handle: _Handle, message: Mapping[str, Any]) -> None:
-        """Rank 0 bound its port: send the held ranks their tasks with its host and port."""
+        """Rank 0 bound its port: send the held ranks their tasks with its address and port."""
         port = message.get("port")
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port <= 65535:
             raise ValueError(f"rendezvous port must be in [1, 65535], got {port!r}")
@@ -930,49 +836,48 @@ class WorkerPool(Backend):
                 )
                 return
             peers, lead.peers = lead.peers, None
-            lead.task = _at_rendezvous(lead.task, handle.host, port)
-            for peer, pending in peers:
-                if pending not in peer.pending:
-                    continue  # failed meanwhile (its worker was lost)
-                pending.task = _at_rendezvous(pending.task, handle.host, port)
-                assert pending.task is not None  # ok: a group rank
-                pending.message = {"op": "run", "id": pending.id, "task": pending.task.to_json()}
-                self._flush_locked(peer)
-        logger.debug("worker %s hosts a rendezvous at %s:%d", handle.worker_id, handle.host, port)
+            assert lead.task is not None  # ok: a rank 0
+            address = _group_of(lead.task).address
+            for peer, pending in [(handle, lead), *peers]:
+                assert pending.task is not None and pending.task.group is not None  # ok: a rank
+                group = dataclasses.replace(pending.task.group, address=address, port=port)
+                pending.task = dataclasses.replace(pending.task, group=group)
+                if pending is not lead and pending in peer.pending:  # else: lost meanwhile
+                    pending.message = {
+                        "op": "run",
+                        "id": pending.id,
+                        "task": pending.task.to_json(),
+                    }
+                    self._flush_locked(peer)
+        logger.debug("worker %s hosts a rendezvous at %s:%d", handle.worker_id, address, port)
 
     def _abandon_peers_locked(
         self, lead: _Pending, why: str
     ) -> list[tuple[Future[Any], BaseException]]:
-        """Drop the held ranks of a rank 0 that will never announce (caller fails them)."""
+        """Drop the held ranks of a rank 0 that will never announce (the caller fails them)."""
         peers, lead.peers = lead.peers or [], None
         broken: list[tuple[Future[Any], BaseException]] = []
-        task = lead.task
-        group = task.group if task is not None else None
         for peer, pending in peers:
             if pending in peer.pending and not pending.sent:
                 peer.pending.remove(pending)
                 self._flush_locked(peer)
+                assert lead.task is not None  # ok: a rank 0
                 text = (
-                    f"rank 0 of group {group.group_id if group else '?'} "
-                    f"({_describe(task) if task else '?'}) {why}; this rank was never sent"
+                    f"on worker {peer.worker_id}: rank 0 of group {_group_of(lead.task).group_id} "
+                    f"({describe(lead.task)}) {why}; this rank was never sent"
                 )
-                broken.append(
-                    (pending.future, GroupBrokenError(f"on worker {peer.worker_id}: {text}"))
-                )
+                broken.append((pending.future, GroupBrokenError(text)))
         return broken
 
     def _send_locked(
-        self,
-        handle: _Handle,
-        op: str,
-        fields: Mapping[str, Any] | None,
-        task: UnitTask | None = None,
+        self, handle: _Handle, op: str, payload: Any, task: UnitTask | None = None
     ) -> _Pending:
-        """Queue a command and send it, in order (``fields=None``: hold it)."""
+        """Queue a ``load`` (of partitions) or ``run`` (of a task's JSON; ``None``: held)."""
         command_id = handle.next_id
         handle.next_id += 1
-        partitions = tuple(int(p) for p in (fields or {}).get("partitions", ()))
-        message = None if fields is None else {"op": op, "id": command_id, **fields}
+        partitions = tuple(int(p) for p in payload) if op == "load" else ()
+        field = "partitions" if op == "load" else "task"
+        message = None if payload is None else {"op": op, "id": command_id, field: payload}
         pending = _Pending(command_id, op, partitions, task, _running_future(), message)
         handle.pending.append(pending)
         self._flush_locked(handle)
@@ -980,23 +885,20 @@ class WorkerPool(Backend):
 
     def _flush_locked(self, handle: _Handle) -> None:
         """Send the queued commands up to the first one held."""
-        channel = handle.channel
         for pending in handle.pending:
             if pending.sent:
                 continue
-            if pending.message is None or channel is None:
+            if pending.message is None or handle.channel is None:
                 return
             pending.sent = True
             try:
-                channel.send(pending.message)
-            except OSError:
-                # The connection is gone: the read loop (or the transport) reports the loss.
-                logger.debug("send to worker %s failed", handle.worker_id, exc_info=True)
-                channel.close()
+                handle.channel.send(pending.message)
+            except OSError:  # the read loop (or the transport) reports the loss
+                handle.channel.close()
                 return
 
     def _on_ended(self, handle: _Handle, ended: Future[str]) -> None:
-        """The transport says the worker's process or task ended."""
+        """The transport says the worker's process or task ended: retired, or lost."""
         try:
             how = f"its {self._transport.noun} ended: {ended.result() or 'no outcome'}"
         except BaseException as exc:  # the task failed: Spark's error, usually long
@@ -1007,17 +909,17 @@ class WorkerPool(Backend):
             if finished:
                 handle.state = "retired"
                 self._handles.pop(handle.worker_id, None)
-                self._retired += 1
+                self._stats.retired += 1
                 self._change_locked(Membership.RETIRED, handle)
-        if finished:
-            logger.info("worker %s retired: %s", handle.worker_id, how)
-            if handle.channel is not None:
-                handle.channel.close()
-            if handle.retired is not None and not handle.retired.done():
-                handle.retired.set_result(None)
-            handle.gone.set()
+        if not finished:
+            self._lose(handle, how, cause="ended")
             return
-        self._lose(handle, how, cause="ended")
+        logger.info("worker %s retired: %s", handle.worker_id, how)
+        if handle.channel is not None:
+            handle.channel.close()
+        if handle.retired is not None and not handle.retired.done():
+            handle.retired.set_result(None)
+        handle.gone.set()
 
     def _lose(self, handle: _Handle, reason: str, *, cause: str) -> None:
         """Handle the loss of a worker (idempotent): fail its units, re-home, kill."""
@@ -1032,50 +934,43 @@ class WorkerPool(Backend):
             if self._handles.get(handle.worker_id) is handle:
                 del self._handles[handle.worker_id]
             self._lost[handle.worker_id] = handle
-            self._lost_by[cause] = self._lost_by.get(cause, 0) + 1
+            self._stats.lost[cause] = self._stats.lost.get(cause, 0) + 1
             lost = list(handle.pending)
             handle.pending.clear()
             for pending in lost:
-                if pending.peers is not None:
-                    broken += self._abandon_peers_locked(pending, f"was lost ({reason})")
+                broken += self._abandon_peers_locked(pending, f"was lost ({reason})")
             if handle.joined:
                 self._change_locked(Membership.LOST, handle, reason)
             if serving:
                 self._rehome_locked(sorted(handle.partitions), handle, "lost")
-            channel = handle.channel
-        if channel is not None:
-            channel.close()
+        if handle.channel is not None:
+            handle.channel.close()
         self._transport.kill(handle.worker_id)
         logger.warning("worker %s is lost: %s", handle.worker_id, reason)
-        for future, error in broken:
-            _fail(future, error)
         for pending in lost:
             if pending.op == "run" and pending.task is not None:
-                what = f"while it ran the {_describe(pending.task)}"
-            elif serving:
-                what = f"while it loaded partitions {list(pending.partitions)}"
+                what = f"while it ran the {describe(pending.task)}"
             else:
-                what = f"before it had loaded partitions {list(pending.partitions)}"
-            _fail(
-                pending.future,
-                WorkerLostError(f"worker {handle.worker_id} was lost ({reason}) {what}"),
+                stage = "while it loaded" if serving else "before it had loaded"
+                what = f"{stage} partitions {list(pending.partitions)}"
+            broken.append(
+                (
+                    pending.future,
+                    WorkerLostError(f"worker {handle.worker_id} was lost ({reason}) {what}"),
+                )
             )
-        if not handle.ready.done():
-            stage = "before it registered" if starting else "before it was ready"
-            _fail(
-                handle.ready,
-                WorkerLostError(f"worker {handle.worker_id} was lost {stage}: {reason}"),
-            )
+        stage = "before it registered" if starting else "before it was ready"
+        broken.append(
+            (handle.ready, WorkerLostError(f"worker {handle.worker_id} was lost {stage}: {reason}"))
+        )
         if handle.retired is not None:
-            _fail(
-                handle.retired,
-                WorkerLostError(f"worker {handle.worker_id} was lost while retiring: {reason}"),
-            )
+            error = WorkerLostError(f"worker {handle.worker_id} was lost while retiring: {reason}")
+            broken.append((handle.retired, error))
+        for future, exc in broken:
+            _fail(future, exc)
         handle.gone.set()
 
-    # -- retire --------------------------------------------------------------------------
-
-    def _retire_step(self, handle: _Handle) -> None:
+    def _retire_step(self, handle: _Handle, _done: object = None) -> None:
         """Stop a retiring worker once its unit and its partitions' new loads are done.
 
         If a re-home load failed, the retire is called off: the worker stays in service.
@@ -1087,12 +982,9 @@ class WorkerPool(Backend):
                 return
             failed = [load.exception() for load in handle.retire_loads if load.exception()]
             if not failed:
-                if handle.pending:
-                    return  # its unit (or a load) is still in flight
-                handle.stopping = True
-                if handle.channel is not None:
-                    with contextlib.suppress(OSError):  # the loss path reports it
-                        handle.channel.send({"op": "stop"})
+                if not handle.pending:  # its unit (or a load) is no longer in flight
+                    handle.stopping = True
+                    _tell_stop(handle)  # if it fails, the loss path reports it
                 return
             handle.state = "live"
             handle.listed = True
@@ -1110,10 +1002,9 @@ class WorkerPool(Backend):
     # -- placement -----------------------------------------------------------------------
 
     def _holdings_locked(self, leaving: _Handle | None = None) -> list[tuple[str, set[int]]]:
-        live = sorted(
-            (h for h in self._handles.values() if h.listed and h is not leaving), key=_order
-        )
-        return [(h.worker_id, h.partitions) for h in live]
+        """The listed workers (but ``leaving``), oldest first, with their partitions."""
+        live = (h for h in self._handles.values() if h.listed and h is not leaving)
+        return [(h.worker_id, h.partitions) for h in sorted(live, key=_order)]
 
     def _rehome_locked(
         self, partitions: Collection[int], leaving: _Handle, why: str
@@ -1127,7 +1018,6 @@ class WorkerPool(Backend):
                 sorted(partitions),
                 leaving.worker_id,
             )
-            return []
         loads: list[Future[Any]] = []
         for worker_id, moved in rehome(partitions, holdings).items():
             target = self._handles[worker_id]
@@ -1140,17 +1030,16 @@ class WorkerPool(Backend):
                 leaving.worker_id,
                 worker_id,
             )
-            load = self._send_locked(target, "load", {"partitions": moved}).future
-            load.add_done_callback(functools.partial(_log_failed_rehome, worker_id, moved))
-            loads.append(load)
+            loads.append(self._send_locked(target, "load", moved).future)
         return loads
 
     def _change_locked(self, kind: Membership, handle: _Handle, reason: str | None = None) -> None:
+        """Queue a membership change for :meth:`changes`."""
         self._changes.append(WorkerChange(kind, handle.info(), reason))
 
     # -- monitor -------------------------------------------------------------------------
 
-    def _locate(self, handle: _Handle, wait_s: float = 0.0) -> bool:
+    def _locate(self, handle: _Handle, wait_s: float = 0.0) -> None:
         """Ask the transport where a registered worker runs, for up to ``wait_s`` seconds."""
         deadline = time.monotonic() + wait_s
         peer = handle.channel.peer.rsplit(":", 1)[0] if handle.channel is not None else ""
@@ -1160,16 +1049,14 @@ class WorkerPool(Backend):
             except Exception:
                 logger.debug("locating worker %s failed", handle.worker_id, exc_info=True)
                 where = None
-            if where is not None or time.monotonic() >= deadline:
-                break
+            if where is not None:
+                with self._lock:
+                    handle.host, handle.executor_id = where.host, where.executor_id
+                    handle.located = True
+                return
+            if time.monotonic() >= deadline:
+                return
             time.sleep(0.1)
-        if where is None:
-            return False
-        with self._lock:
-            handle.host = where.host
-            handle.executor_id = where.executor_id
-            handle.located = True
-        return True
 
     def _monitor_loop(self) -> None:
         """Ping workers, detect silent ones, locate new ones, start workers on arrivals."""
@@ -1188,16 +1075,14 @@ class WorkerPool(Backend):
                             f"(heartbeat_timeout_s={self._heartbeat_timeout_s})",
                             cause="heartbeat",
                         )
-                for handle in live:
-                    if not handle.located and now - handle.registered_at < _LOCATE_S:
+                    elif not handle.located and now - handle.registered_at < _LOCATE_S:
                         self._locate(handle)
                 if now >= next_ping:
                     next_ping = now + self._heartbeat_s
                     for handle in live:
-                        channel = handle.channel
-                        if channel is not None and handle.joined and not handle.stopping:
+                        if handle.joined and not handle.stopping and handle.channel is not None:
                             with contextlib.suppress(OSError):
-                                channel.send({"op": "ping"})
+                                handle.channel.send({"op": "ping"})
                 if now >= next_poll:
                     next_poll = now + self._poll_s
                     self._start_arrivals()
@@ -1207,42 +1092,36 @@ class WorkerPool(Backend):
                 logger.exception("%s monitor failed", type(self).__name__)
 
     def _start_arrivals(self) -> None:
+        """Start workers for the capacity the transport says appeared."""
         with self._lock:
             if self._closed:
                 return
             serving = sum(1 for h in self._handles.values() if h.state in ("starting", "live"))
             count = self._transport.arrivals(serving, self._draining)
-            spawned = [self._spawn_locked(None) for _ in range(max(0, count))]
+            spawned = [self._spawn_locked(None).worker_id for _ in range(max(0, count))]
         if spawned:
-            logger.info("new capacity appeared: started workers %s", [h.worker_id for h in spawned])
+            logger.info("new capacity appeared: started workers %s", spawned)
 
 
-def _at_rendezvous(task: UnitTask | None, host: str, port: int) -> UnitTask | None:
-    """A group rank's task with the rendezvous rank 0 chose."""
-    if task is None or task.group is None:
-        return task
-    return dataclasses.replace(task, group=dataclasses.replace(task.group, address=host, port=port))
+def _tell_stop(handle: _Handle) -> bool:
+    """Send ``stop`` to a worker; whether it could be sent."""
+    try:
+        if handle.channel is None:
+            return False
+        handle.channel.send({"op": "stop"})
+        return True
+    except OSError:
+        return False
 
 
-def _ignore_future(call: Callable[[], None], future: Future[Any]) -> None:
-    """A done-callback that ignores the future and makes ``call``."""
-    del future
-    call()
-
-
-def _order(handle: _Handle) -> int:
-    return handle.order
-
-
-def _rank(task: UnitTask) -> int:
-    return task.group.rank if task.group is not None else 0
-
-
-def _held_by(partition: int, handles: Collection[_Handle]) -> bool:
-    return any(partition in h.partitions for h in handles)
+def _group_of(task: UnitTask) -> GroupSpec:
+    """``task.group`` of a rank task (checked by ``check_group``)."""
+    assert task.group is not None  # ok: check_group
+    return task.group
 
 
 def _check_worker_count(count: int, num_partitions: int, uri: str) -> None:
+    """Refuse more workers than partitions."""
     if count > num_partitions:
         raise ConfigError(
             f"num_workers={count} exceeds num_partitions={num_partitions} of dataset {uri}: "
@@ -1276,15 +1155,3 @@ def _summarise(exc: BaseException) -> str:
         if "Exception" in line or "Error" in line:
             return line[:400]
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:400]
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _log_failed_rehome(worker_id: str, partitions: list[int], future: Future[Any]) -> None:
-    exc = future.exception()
-    if exc is not None and not isinstance(exc, WorkerLostError):
-        logger.error(
-            "worker %s failed to load re-homed partitions %s: %s", worker_id, partitions, exc
-        )

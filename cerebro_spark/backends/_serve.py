@@ -1,26 +1,24 @@
 """The worker's side of the control channel: register, then serve the driver's commands.
 
-Every transport runs the same :func:`serve` -- a Spark task (``SparkBackend``), a worker
-process (``LocalBackend``) or a thread (the test fake) -- so every backend speaks the
-production wire format (:mod:`._control`). A worker:
+Every transport runs the same :func:`serve` (a Spark task, a worker process, a test
+thread), so every backend speaks the production wire format (:mod:`._control`). A worker:
 
-1. chooses its torch device (:func:`choose_device`) from what its host says about it
-   (:class:`TaskInfo`: attempt, task attempt id, resources);
-2. connects back to the driver's control server and registers (worker id, attempt,
-   task attempt id, pid, hostname, device, an executor-id hint);
-3. waits for ``welcome`` -- or ``refuse``, which the driver answers to a worker id that
-   already registered once or was lost: a task attempt that Spark retried after its
-   executor died then ends at once instead of serving as a ghost of a lost worker;
-4. serves commands in order with a :class:`~._worker.Worker` (``load`` reads partitions
-   once and keeps them, ``run`` runs a unit, ``drop``), replying to each, while a thread
-   sends a ``heartbeat`` every ``heartbeat_s``. Rank 0 of a group unit whose port is 0
-   binds the rendezvous port itself and announces it with a ``rendezvous`` message
-   (``id`` of the ``run`` command, ``port``) before it waits for its peers;
-5. ends on ``stop``, when the driver closes the connection, or when the driver has been
-   silent (no ``ping``) for ``driver_timeout_s``.
+1. chooses its torch device (:func:`choose_device`) from its :class:`TaskInfo`;
+2. connects to the driver and sends ``register`` (``worker_id``, ``attempt``,
+   ``task_attempt_id``, ``pid``, ``hostname``, ``device``, ``executor_hint``);
+3. waits for ``welcome``, or ``refuse`` (``reason``): the driver's answer to a worker id
+   that registered before, so a task attempt Spark retried after its executor died ends
+   at once instead of serving as a ghost of a lost worker;
+4. serves commands in order with a :class:`~._worker.Worker`: ``load`` and ``drop``
+   (``id``, ``partitions``), ``run`` (``id``, ``task``: :meth:`UnitTask.to_json`), each
+   answered by a ``reply`` (``id``, ``ok``, ``value`` or ``error``, ``state``: partitions
+   held, bytes read); ``ping`` gets no answer. Meanwhile it sends a ``heartbeat`` every
+   ``heartbeat_s``. Rank 0 of a group unit whose port is 0 binds the rendezvous port and
+   sends ``rendezvous`` (``id`` of the ``run``, ``port``) before it waits for its peers;
+5. ends on ``stop``, when the connection closes, or when the driver was silent (no
+   ``ping``) for ``driver_timeout_s``.
 
-This module imports neither torch nor pyspark (the driver imports it to build worker
-specs); :class:`~._worker.Worker` imports torch when it loads partitions.
+This module imports neither torch nor pyspark.
 """
 
 from __future__ import annotations
@@ -51,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 _STANDALONE_WORK_DIR = re.compile(r"/app-[0-9]+-[0-9]+/([0-9]+)$")
 
-# How a worker ended (what its process or task reports).
+# How a worker ended (what serve returns).
 STOPPED = "stopped"
 REFUSED = "refused"
 DRIVER_GONE = "driver-gone"
@@ -101,37 +99,20 @@ class TaskInfo:
     resources: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
-class ServedWorker(Protocol):
+class _Served(Protocol):
     """What :func:`serve` needs of a worker (:class:`~._worker.Worker`, or a test fake)."""
 
     @property
-    def partitions(self) -> frozenset[int]:
-        """Indices held in memory."""
-
+    def partitions(self) -> frozenset[int]: ...
     @property
-    def bytes_read(self) -> int:
-        """Bytes of partition data read so far."""
-
-    def load(self, partitions: Collection[int]) -> int:
-        """Read the partitions not yet held."""
-
-    def drop(self, partitions: Collection[int]) -> None:
-        """Release partitions."""
-
-    def run(self, task: UnitTask, on_rendezvous: Callable[[int], None] | None = None) -> UnitResult:
-        """Run one unit."""
-
-
-WorkerFactory = Callable[[str, WorkerJob, str], ServedWorker]
-"""Builds the worker a :func:`serve` loop drives: ``(worker id, job, device)``."""
+    def bytes_read(self) -> int: ...
+    def load(self, partitions: Collection[int]) -> int: ...
+    def drop(self, partitions: Collection[int]) -> None: ...
+    def run(self, task: UnitTask, on_rendezvous: Callable[[int], None] | None) -> UnitResult: ...
 
 
 def choose_device(resources: Mapping[str, Iterable[str]]) -> str:
-    """Return the torch device for a task with these Spark resources.
-
-    A task that was given a ``gpu`` resource trains on ``cuda:<address>`` (its first
-    address; Spark's GPU addresses are the device indices it discovered), any other on
-    ``cpu``.
+    """Return ``cuda:<first gpu address>`` for a task given a Spark ``gpu``, else ``cpu``.
 
     Raises:
         ConfigError: A GPU address is not a non-negative integer.
@@ -151,8 +132,8 @@ def choose_device(resources: Mapping[str, Iterable[str]]) -> str:
 def executor_hint(environ: Mapping[str, str], cwd: str) -> str | None:
     """Guess the executor id from inside the task (the driver asks Spark first).
 
-    Kubernetes executors have ``SPARK_EXECUTOR_ID`` in their environment; standalone
-    executors run in ``<work-dir>/app-<id>/<executor id>``.
+    From ``SPARK_EXECUTOR_ID`` (Kubernetes), else the standalone work directory
+    ``<work-dir>/app-<id>/<executor id>``.
     """
     if environ.get("SPARK_EXECUTOR_ID"):
         return environ["SPARK_EXECUTOR_ID"]
@@ -183,13 +164,17 @@ def _connect(spec: WorkerSpec) -> Channel:
             delay = min(2.0, delay * 2)
 
 
-def serve(spec: WorkerSpec, info: TaskInfo, make_worker: WorkerFactory = Worker) -> str:
+def serve(
+    spec: WorkerSpec,
+    info: TaskInfo,
+    make_worker: Callable[[str, WorkerJob, str], _Served] = Worker,
+) -> str:
     """Register with the driver and serve its commands until told to stop.
 
     Args:
         spec: The worker's spec.
         info: What the host says about this worker (Spark's task context, or defaults).
-        make_worker: Builds the worker that holds partitions and runs units.
+        make_worker: Builds the worker from ``(worker id, job, device)``.
 
     Returns:
         Why the worker ended: ``"stopped"``, ``"refused"``, ``"driver-gone"``,
@@ -245,7 +230,8 @@ def serve(spec: WorkerSpec, info: TaskInfo, make_worker: WorkerFactory = Worker)
         channel.close()
 
 
-def _serve_commands(spec: WorkerSpec, channel: Channel, worker: ServedWorker) -> str:
+def _serve_commands(spec: WorkerSpec, channel: Channel, worker: _Served) -> str:
+    """Answer the driver's commands until ``stop``; send heartbeats meanwhile."""
     stop = threading.Event()
     beat = threading.Thread(
         target=_heartbeat,
@@ -272,6 +258,7 @@ def _serve_commands(spec: WorkerSpec, channel: Channel, worker: ServedWorker) ->
 
 
 def _heartbeat(channel: Channel, interval_s: float, stop: threading.Event) -> None:
+    """Send a heartbeat every ``interval_s`` until ``stop``."""
     while not stop.wait(interval_s):
         try:
             channel.send({"op": "heartbeat"})
@@ -279,7 +266,7 @@ def _heartbeat(channel: Channel, interval_s: float, stop: threading.Event) -> No
             return
 
 
-def _execute(worker: ServedWorker, message: Mapping[str, Any], channel: Channel) -> dict[str, Any]:
+def _execute(worker: _Served, message: Mapping[str, Any], channel: Channel) -> dict[str, Any]:
     """Run one command on ``worker`` and return its ``reply`` message."""
     command_id = message.get("id")
     reply: dict[str, Any] = {"op": "reply", "id": command_id}

@@ -1,39 +1,28 @@
 """SparkBackend: every worker is a long-lived Spark task on an executor.
 
-The transport beneath the :class:`~cerebro_spark.backends.WorkerPool`
-(``shared/design.md``, "Runtime on Spark"):
+The transport beneath the :class:`~cerebro_spark.backends.WorkerPool` (``shared/design.md``,
+"Runtime on Spark"):
 
-* **One Spark job per worker.** Each worker is the single task of its own Spark job,
-  started from a driver thread under its own job group
-  (``setJobGroup(group, ..., interruptOnCancel=True)``), so it can be cancelled alone.
-  Not a barrier stage: barrier stages refuse dynamic allocation and die whole when one
-  executor dies. The task body is :func:`run_worker_task`; a worker that is told to stop
-  (a retire) ends its task normally and its job *succeeds*, so releasing its executor
-  afterwards makes Spark re-run nothing.
-* **Slots.** A worker occupies one task slot (``spark.task.cpus`` cores) for its life.
-  Set ``spark.task.cpus`` to the executor's cores to give each worker a whole executor
-  (torch then uses its cores through ``WorkerJob.torch_threads``); in ``local[N]`` every
-  task gets one core and there are ``N`` slots. ``num_workers=None`` means one worker per
-  slot: ``sum(executor cores // spark.task.cpus)`` over the registered executors
-  (``local[N]``: ``N``). Spark jobs the application runs besides the workers need free
-  slots of their own.
-* **Where.** Tasks land wherever Spark puts them (PySpark cannot set preferred
-  locations); the executor and host of a worker are read from Spark's status store by the
-  task attempt id the worker reports when it registers (:meth:`SparkTransport.locate`).
-  That host is a group's rendezvous address when the worker is rank 0.
-* **Arrivals.** Executors that appear after the start (and ``join_new_executors``) get as
-  many new workers as they have task slots, but no more than the cluster's free slots
-  (executors that merely registered late while the start filled them bring nothing). A
-  new worker's task can only land where a slot is free, so in a cluster whose slots are
-  all held by workers it lands on the new executor.
-* **Devices.** A task given the Spark resource ``gpu`` trains on ``cuda:<address>``,
-  others on ``cpu`` (:func:`~._serve.choose_device`).
+* **One Spark job per worker**, its single task run from a driver thread under its own
+  job group (``interruptOnCancel=True``), so it can be cancelled alone (:func:`run_worker_task`
+  is the task body). Not a barrier stage: those refuse dynamic allocation and die whole
+  when one executor dies. A worker told to stop ends its task normally and its job
+  *succeeds*, so releasing its executor afterwards makes Spark re-run nothing.
+* **Slots.** A worker holds one task slot (``spark.task.cpus`` cores) for its life; set
+  ``spark.task.cpus`` to the executor's cores to give each worker a whole executor.
+  ``num_workers=None`` means one worker per slot (``local[N]``: ``N``). Other Spark jobs
+  of the application need free slots of their own.
+* **Where.** Spark places the tasks (PySpark cannot set preferred locations); a worker's
+  executor and host are read from Spark's status store by the task attempt id it reports
+  when it registers (:meth:`SparkTransport.locate`).
+* **Arrivals.** Executors that appear after the start get as many new workers as they
+  have task slots, but no more than the cluster's free slots.
+* **Devices.** A task given the Spark resource ``gpu`` trains on ``cuda:<address>``.
 
-Killing a worker cancels its job group (Spark interrupts the task and kills its Python
-process); Spark may also retry a task whose executor died, and that attempt is refused
-when it registers. ``spark.task.maxFailures`` is left alone; ``spark.speculation`` is
-refused (:func:`check_spark_conf`). User code (``ModelSpec`` modules) must be importable
-on the executors (installed, ``--py-files``, or ``spark.executorEnv.PYTHONPATH``).
+Killing a worker cancels its job group; a task attempt Spark retries after its executor
+died is refused when it registers. ``spark.speculation`` is refused
+(:func:`check_spark_conf`). User code (``ModelSpec`` modules) must be importable on the
+executors (installed, ``--py-files``, or ``spark.executorEnv.PYTHONPATH``).
 """
 
 from __future__ import annotations
@@ -61,15 +50,14 @@ logger = logging.getLogger(__name__)
 def check_spark_conf(get: Callable[[str], str | None]) -> None:
     """Refuse Spark settings under which long-lived worker tasks cannot work.
 
-    Speculative execution (``spark.speculation``) would start a copy of a worker's
-    never-ending task; the driver refuses the copy, which then ends first and makes Spark
-    kill the real worker as the "slower" attempt.
+    A speculative copy of a worker's task (``spark.speculation``) is refused by the
+    driver, ends first, and makes Spark kill the real worker as the "slower" attempt.
 
     Args:
         get: Reads a Spark setting (``SparkConf.get``); ``None`` when unset.
 
     Raises:
-        ConfigError: A setting breaks the rule above.
+        ConfigError: ``spark.speculation`` is true.
     """
     if (get("spark.speculation") or "false").strip().lower() == "true":
         raise ConfigError(
@@ -80,7 +68,7 @@ def check_spark_conf(get: Callable[[str], str | None]) -> None:
 
 
 def spark_task_info() -> TaskInfo:
-    """Read :class:`~._serve.TaskInfo` from :class:`pyspark.TaskContext` (in a task)."""
+    """Read the :class:`~._serve.TaskInfo` of the running Spark task."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
@@ -130,7 +118,7 @@ class SparkTransport(Transport):
         return self._sc
 
     def open(self, requested: int | None, num_partitions: int, timeout_s: float) -> int:
-        """Check the Spark settings; count slots; wait for executors when asked for none.
+        """Check the Spark settings and count slots (waiting for executors if none requested).
 
         Raises:
             ConfigError: A refused setting, or (in ``local[N]``) more workers than slots.
@@ -202,11 +190,7 @@ class SparkTransport(Transport):
             logger.warning("could not cancel the Spark job of worker %s", worker_id, exc_info=True)
 
     def kill_executor(self, executor_id: str) -> bool:
-        """Kill an executor as if it crashed; the cluster manager may replace it.
-
-        Returns:
-            Whether the cluster manager accepted the request.
-        """
+        """Kill an executor as if it crashed; return whether the cluster manager agreed."""
         # killAndReplaceExecutor: killExecutor would lower the application's executor
         # target for good in standalone mode.
         self._killed.add(executor_id)  # its slots are no capacity while Spark removes it
@@ -215,8 +199,8 @@ class SparkTransport(Transport):
     def locate(self, worker_id: str, registration: Mapping[str, Any], peer: str) -> Location | None:
         """The executor and host of the worker's task, from Spark's status store.
 
-        In local mode the executor is the driver (Spark calls its host ``localhost``).
-        ``None`` while Spark's listener does not list the task yet.
+        ``None`` while Spark's listener does not list the task yet; in local mode the
+        executor is the driver (``localhost``).
         """
         del peer
         sc = self._sc
@@ -245,8 +229,8 @@ class SparkTransport(Transport):
     def arrivals(self, workers: int, draining: Collection[str]) -> int:
         """Task slots of executors that appeared since the last call, up to the free ones.
 
-        Free slots of ``draining`` executors do not count: a new worker's task could land
-        there (Spark places it) and die when the executor is released.
+        Free slots of ``draining`` executors do not count: a task landing there would die
+        when the executor is released.
         """
         sc = self._sc
         if sc is None or sc._jsc is None:  # not open, or the SparkContext was stopped
@@ -272,9 +256,8 @@ class SparkTransport(Transport):
     def _executor_slots(self, sc: SparkContext) -> dict[str, int]:
         """Return the live executors and their task slots (``{"driver": N}`` locally).
 
-        Cores come from Spark's status store, whose listener lags: an executor killed a
-        moment ago may still be listed as active there, so only executors the scheduler
-        still has (``getExecutorIds``) count.
+        The status store's listener lags (a killed executor may still be listed active),
+        so only executors the scheduler still has (``getExecutorIds``) count.
         """
         cpus = _task_cpus(sc)
         jsc = sc._jsc.sc()
@@ -314,16 +297,9 @@ class SparkBackend(WorkerPool):
         num_workers: Workers :meth:`start` starts; ``None``: one per executor task slot.
             At most the number of partitions; in ``local[N]`` at most ``N``.
         spark: The Spark session; ``None`` uses the active one or creates one.
-        device: Torch device of every worker; ``None`` chooses per task (``cuda:<i>``
-            for a task given a Spark ``gpu`` resource, else ``cpu``).
-        start_timeout_s: Seconds :meth:`start` and :meth:`add_worker` wait for workers to
-            register and load their partitions.
-        heartbeat_s: Seconds between heartbeats (worker → driver) and pings (driver →
-            worker).
-        heartbeat_timeout_s: Seconds without a message after which a worker is lost (and
-            a worker ends when its driver was silent that long).
-        poll_s: Seconds between looks at the executor list (arrivals).
         join_new_executors: Start workers on executors that appear after :meth:`start`.
+        **options: The rest of :class:`WorkerPool`'s arguments (``device``,
+            ``start_timeout_s``, ``heartbeat_s``, ``heartbeat_timeout_s``, ``poll_s``).
 
     Raises:
         ConfigError: An argument breaks the rules above.
@@ -334,23 +310,11 @@ class SparkBackend(WorkerPool):
         num_workers: int | None = None,
         *,
         spark: SparkSession | None = None,
-        device: str | None = None,
-        start_timeout_s: float = 300.0,
-        heartbeat_s: float = 5.0,
-        heartbeat_timeout_s: float = 30.0,
-        poll_s: float = 2.0,
         join_new_executors: bool = True,
+        **options: Any,
     ) -> None:
         self._spark_transport = SparkTransport(spark, join_new_executors)
-        super().__init__(
-            self._spark_transport,
-            num_workers,
-            device=device,
-            start_timeout_s=start_timeout_s,
-            heartbeat_s=heartbeat_s,
-            heartbeat_timeout_s=heartbeat_timeout_s,
-            poll_s=poll_s,
-        )
+        super().__init__(self._spark_transport, num_workers, **options)
 
     def kill_worker(
         self, worker_id: str, timeout_s: float = 60.0, *, executor: bool = False
@@ -358,9 +322,8 @@ class SparkBackend(WorkerPool):
         """End a worker abruptly and wait until the loss has been handled.
 
         By default its Spark job group is cancelled; with ``executor=True`` its whole
-        executor is killed, as if it had crashed (cluster managers only: the cluster
-        manager may start a replacement, which then gets a new worker). For tests and
-        failure drills.
+        executor is killed, as if it had crashed (the cluster manager may replace it).
+        For tests and failure drills.
 
         Raises:
             ValueError: No such live worker, or ``executor=True`` for a worker whose
@@ -392,4 +355,5 @@ def _is_local(master: str) -> bool:
 
 
 def _task_cpus(sc: SparkContext) -> int:
+    """``spark.task.cpus`` (1 when unset)."""
     return max(1, int(sc.getConf().get("spark.task.cpus") or "1"))

@@ -1,35 +1,17 @@
 """The Transport seam: how a worker is started, where it runs and how it is stopped.
 
-The :class:`~cerebro_spark.backends.WorkerPool` owns everything else (handles, pending
-futures, heartbeats, loss detection, re-homing, joins, group rendezvous, retire). A
-transport starts something -- a process, a Spark task, a thread -- that runs
-:func:`cerebro_spark.backends._serve.serve` with the :class:`~._serve.WorkerSpec` it is
-given; that worker then connects back to the pool's control server, so the bytes of every
-transport travel in the same authenticated JSON frames.
-
-Rules a transport keeps:
-
-* :meth:`Transport.open` is called once, before any launch; it checks its settings and
-  returns how many workers to start (``requested``, or its own default when ``None``).
-* :meth:`Transport.launch` returns at once with a future that resolves -- with a short
-  text saying how, or with an exception -- when the worker's process or task has ended,
-  for whatever reason. The pool treats the end of a worker it did not stop as a loss.
-* :meth:`Transport.kill` ends a worker abruptly (as a crash would); it is idempotent and
-  never raises for a worker that already ended.
-* :meth:`Transport.locate` says where a registered worker runs (its host and executor);
-  by default, the address its control connection came from. ``None`` means "not known
-  yet": the pool asks again for a while and meanwhile uses that address.
-* :meth:`Transport.arrivals` says how many workers the pool should start for capacity
-  that appeared since the last call (new executors); most transports have none.
-* :meth:`Transport.close` is called once, after every worker ended or was killed.
-
-A test fake needs :meth:`Transport.launch` only::
+A transport starts something -- a process, a Spark task, a thread -- that runs
+:func:`~._serve.serve` with the :class:`~._serve.WorkerSpec` it is given; the worker then
+connects back to the pool's control server. The :class:`~cerebro_spark.backends.WorkerPool`
+owns everything else. Only :meth:`Transport.launch` is required; a test fake is::
 
     class ThreadTransport(Transport):
         def launch(self, spec: WorkerSpec) -> Future[str]:
             ended: Future[str] = Future()
             threading.Thread(target=lambda: ended.set_result(serve(spec, TaskInfo()))).start()
             return ended
+
+The pool treats the end of a worker it did not stop as a loss.
 """
 
 from __future__ import annotations
@@ -46,25 +28,19 @@ from cerebro_spark.errors import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class Location:
-    """Where a worker runs.
-
-    Attributes:
-        host: The host other workers reach it at (a group's rendezvous address).
-        executor_id: Its Spark executor (``"driver"`` in local mode); ``None`` outside Spark.
-    """
+    """Where a worker runs: the host peers reach it at, and its Spark executor (if any)."""
 
     host: str
     executor_id: str | None = None
 
 
 class Transport(abc.ABC):
-    """Starts workers and tells when they end (rules in the module docstring)."""
+    """Starts workers and tells when they end (see the module docstring)."""
 
-    #: What a worker is called in messages ("process", "Spark task").
-    noun = "worker"
+    noun = "worker"  # what a worker is called in messages ("process", "Spark task")
 
     def open(self, requested: int | None, num_partitions: int, timeout_s: float) -> int:
-        """Prepare to launch; return the number of workers to start.
+        """Prepare to launch (once); return how many workers to start.
 
         Args:
             requested: Workers asked for; ``None`` for the transport's default.
@@ -85,13 +61,18 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     def launch(self, spec: WorkerSpec) -> Future[str]:
-        """Start a worker that runs ``serve(spec, ...)``; the future resolves when it ends."""
+        """Start a worker that runs ``serve(spec, ...)``; return at once.
+
+        Returns:
+            A future that resolves (with a short text saying how, or with an exception)
+            when the worker's process or task has ended, for whatever reason.
+        """
 
     def kill(self, worker_id: str) -> None:  # noqa: B027 (optional: a fake may not kill)
-        """End a worker abruptly (idempotent)."""
+        """End a worker abruptly, as a crash would (idempotent, never raises)."""
 
     def locate(self, worker_id: str, registration: Mapping[str, Any], peer: str) -> Location | None:
-        """Where a registered worker runs, or ``None`` if not known (yet).
+        """Where a registered worker runs; ``None``: not known yet (the pool asks again).
 
         Args:
             worker_id: The worker.
@@ -102,15 +83,14 @@ class Transport(abc.ABC):
         return Location(peer)
 
     def arrivals(self, workers: int, draining: Collection[str]) -> int:
-        """Workers to start for capacity that appeared since the last call.
+        """Workers to start for capacity that appeared since the last call (new executors).
 
         Args:
             workers: Workers starting or taking units.
-            draining: Executors whose workers retired: their free slots are not capacity
-                (they are about to be released).
+            draining: Executors whose workers retired (about to be released: no capacity).
         """
         del workers, draining
         return 0
 
     def close(self) -> None:  # noqa: B027 (optional)
-        """Release what :meth:`open` acquired (called once, after the workers ended)."""
+        """Release what :meth:`open` acquired (once, after the workers ended)."""

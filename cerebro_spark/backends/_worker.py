@@ -1,12 +1,10 @@
 """The backend-agnostic worker: holds partitions in memory and runs units on them.
 
-A :class:`Worker` is what runs inside a worker process (``LocalBackend``) or a long-lived
-Spark task (``SparkBackend``). It knows nothing about processes, pipes or Spark: it reads
-the dataset's manifest once, loads train **and** validation partition ``i`` together for
-every index it is given (Cerebro §3.1: the data stays, the models hop), and runs units on
-the partition a unit names. A task with ``task.group`` set is one rank of a group unit
-(data-parallel training of one trial by several workers, Cerebro §5.7) and runs through
-:func:`cerebro_spark.training.run_group_unit`.
+A :class:`Worker` runs inside a worker process or a long-lived Spark task, and knows
+nothing about either: it reads the dataset's manifest once, loads the train **and**
+validation split of every partition index it is given (Cerebro §3.1: the data stays, the
+models hop), and runs each unit on the partition it names; a task with ``task.group`` is
+one rank of a group unit (Cerebro §5.7, :func:`cerebro_spark.training.run_group_unit`).
 """
 
 from __future__ import annotations
@@ -23,21 +21,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_SPLIT_OF_KIND: dict[UnitKind, str] = {
-    UnitKind.TRAIN: "train",
-    UnitKind.VALIDATE: "validation",
-}
-
-
-def split_of(kind: UnitKind) -> str:
-    """Return the dataset split a unit of ``kind`` reads (``"train"`` or ``"validation"``)."""
-    return _SPLIT_OF_KIND[kind]
+_SPLITS = ("train", "validation")
+_SPLIT_OF_KIND = {UnitKind.TRAIN: "train", UnitKind.VALIDATE: "validation"}
 
 
 class Worker:
-    """Holds partitions of one prepared dataset in memory and runs units on them.
-
-    Not thread-safe: a worker runs one unit at a time (the backend guarantees it).
+    """Holds partitions of one prepared dataset in memory and runs units on them, one at a time.
 
     Args:
         worker_id: The worker's id, reported in every :class:`UnitResult`.
@@ -53,16 +42,6 @@ class Worker:
         self._data: dict[tuple[str, int], PartitionData] = {}
         self._bytes_read = 0
         self._torch_ready = False
-
-    @property
-    def worker_id(self) -> str:
-        """The worker's id."""
-        return self._worker_id
-
-    @property
-    def job(self) -> WorkerJob:
-        """The job this worker serves."""
-        return self._job
 
     @property
     def manifest(self) -> Manifest:
@@ -84,17 +63,10 @@ class Worker:
         return self._bytes_read
 
     def load(self, partitions: Collection[int]) -> int:
-        """Read the train and validation split of every partition not yet held.
+        """Read both splits of every partition not yet held; return the bytes read.
 
-        Partitions already in memory are not read again. Either every requested partition
-        ends up held or, when a read fails, none of this call's partitions do (the bytes
-        already read still count in :attr:`bytes_read`).
-
-        Args:
-            partitions: Partition indices, each in ``range(num_partitions)``.
-
-        Returns:
-            Bytes read from storage by this call.
+        Either every requested partition ends up held or, when a read fails, none of this
+        call's partitions do (the bytes already read still count in :attr:`bytes_read`).
 
         Raises:
             ValueError: An index is outside ``range(num_partitions)``.
@@ -113,84 +85,56 @@ class Worker:
         self._prepare_torch()
         loaded: dict[tuple[str, int], PartitionData] = {}
         before = self._bytes_read
-        for index in wanted:
-            if ("train", index) in self._data:
-                continue
-            for split in ("train", "validation"):
+        for index in (i for i in wanted if ("train", i) not in self._data):
+            for split in _SPLITS:
                 data = read_partition(self._job.dataset_uri, split, index, manifest=manifest)
                 self._bytes_read += data.bytes_read
                 loaded[(split, index)] = data
         self._data.update(loaded)
         read = self._bytes_read - before
         if loaded:
-            logger.info(
-                "worker %s loaded partitions %s (%d bytes)",
-                self._worker_id,
-                sorted({index for _, index in loaded}),
-                read,
-            )
+            indices = sorted({index for _, index in loaded})
+            logger.info("worker %s loaded partitions %s (%d bytes)", self._worker_id, indices, read)
         return read
 
     def drop(self, partitions: Collection[int]) -> None:
         """Release the given partitions from memory (indices not held are ignored)."""
         for index in partitions:
-            for split in ("train", "validation"):
+            for split in _SPLITS:
                 self._data.pop((split, index), None)
 
     def run(self, task: UnitTask, on_rendezvous: Callable[[int], None] | None = None) -> UnitResult:
         """Run one unit on the held partition of the split its kind reads.
 
         Args:
-            task: The unit; ``task.partition`` must be held. With ``task.group`` set it is
-                this worker's rank of a group unit: it blocks until the group's other
-                ranks join (they run on other workers at the same time).
+            task: The unit; ``task.partition`` must be held. With ``task.group`` it is one
+                rank of a group unit and blocks until the other ranks join.
             on_rendezvous: For rank 0 of a group unit whose port is 0: told the port it
                 bound on this host, for the backend to pass on to the peers.
-
-        Returns:
-            The unit's result.
 
         Raises:
             ValueError: The partition is not held by this worker.
             cerebro_spark.errors.TrialError: The trial's user code raised.
             cerebro_spark.units.GroupBrokenError: A group unit's peer was lost.
         """
-        split = split_of(task.kind)
-        data = self._data.get((split, task.partition))
+        data = self._data.get((_SPLIT_OF_KIND[task.kind], task.partition))
         if data is None:
             raise ValueError(
                 f"worker {self._worker_id} does not hold partition {task.partition} "
                 f"(holds {sorted(self.partitions)})"
             )
         self._prepare_torch()
+        from cerebro_spark.training import run_group_unit, run_unit
+
+        args = (task, data, self._job.store, self.manifest.info)
         if task.group is not None:
-            from cerebro_spark.training import run_group_unit
-
             return run_group_unit(
-                task,
-                data,
-                self._job.store,
-                self.manifest.info,
-                worker_id=self._worker_id,
-                device=self._device,
-                on_rendezvous=on_rendezvous,
+                *args, worker_id=self._worker_id, device=self._device, on_rendezvous=on_rendezvous
             )
-        from cerebro_spark.training import run_unit
-
-        return run_unit(
-            task,
-            data,
-            self._job.store,
-            self.manifest.info,
-            worker_id=self._worker_id,
-            device=self._device,
-        )
+        return run_unit(*args, worker_id=self._worker_id, device=self._device)
 
     def _prepare_torch(self) -> None:
-        """Import torch and the unit code and pin torch's intra-op threads, once per worker.
-
-        Done while loading, so that the first unit's time is not inflated by imports.
-        """
+        """Import torch and the unit code and pin torch's threads, once (not in a unit's time)."""
         if self._torch_ready:
             return
         import torch

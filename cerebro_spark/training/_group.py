@@ -16,6 +16,13 @@ A *group unit* covers ``k = group.size`` partitions of one trial's epoch at once
   ``"gloo"`` on CPU, ``"nccl"`` on CUDA), waiting at most ``group.timeout_s``. The group
   is destroyed when the unit ends, however it ends, so a worker can join another group
   for its next unit; a process runs one unit at a time (the lock of ``run_unit``).
+* **Who may join.** Rank 0's store listens on ``group.address`` only (the address it is
+  announced at), not on every interface. With a ``group.token`` (``submit_group`` draws
+  one per attempt) every key of the rendezvous lives under a prefix derived from the
+  token, so a process that connects without it can neither take a rank nor read the
+  group's keys; rank 0 publishes only a fingerprint of the token, and a rank whose token
+  does not match it fails at once with :class:`~cerebro_spark.units.GroupBrokenError`.
+  Rank 0 waits until every peer has announced itself under the prefix.
 * **Start.** Every rank reads the same ``checkpoint_in`` (or initialises from the trial
   seed), so all replicas start equal; a handshake exchanges the ranks' row counts and a
   digest of the shared task fields (ranks given different tasks fail with
@@ -77,11 +84,14 @@ import hashlib
 import json
 import logging
 import math
+import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import PrefixStore
+from torch.distributed.distributed_c10d import Store as DistStore
 
 from cerebro_spark.data import DatasetInfo, PartitionData
 from cerebro_spark.errors import ConfigError, TrialError
@@ -116,7 +126,7 @@ from cerebro_spark.units import GroupBrokenError, GroupSpec, UnitKind, UnitResul
 logger = logging.getLogger(__name__)
 
 _LOOPBACK = "127.0.0.1"
-"""Rank 0 reaches its own TCP store (which listens on every interface) here."""
+"""Where rank 0's store listens when a group names no address (a group on one host)."""
 
 # Failure codes exchanged between ranks (0: none).
 _USER_FAILURE = 1  # user code, config or data: the trial's fault (TrialError)
@@ -303,8 +313,9 @@ def _process_group(
 ) -> Iterator[_Comm]:
     """Join the group's process group; destroy it on exit, however the unit ends.
 
-    Rank 0 with ``group.port == 0`` binds a free port (all interfaces) and announces it
-    through ``on_rendezvous`` before it waits for its peers.
+    Rank 0 hosts the TCP store on ``group.address`` only; with ``group.port == 0`` it
+    binds a free port there and announces it through ``on_rendezvous`` before it waits for
+    its peers. Who may join is decided by the token (see the module docstring).
     """
     if dist.is_initialized():
         raise ConfigError(
@@ -313,25 +324,32 @@ def _process_group(
         )
     backend = "nccl" if dev.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=group.timeout_s)
-    where = f"{group.address}:{group.port}"
-    chooses = group.port == 0
+    host = group.address or _LOOPBACK
+    where = f"{host}:{group.port}"
     try:
+        listen_fd = None
+        port = group.port
+        if group.rank == 0:  # the store owns (and closes) the socket bound here
+            listener = socket.create_server((host, port), family=_family(host))
+            port = int(listener.getsockname()[1])
+            listen_fd = listener.detach()
+        where = f"{host}:{port}"
         # TCPStore is re-exported without __all__ (mypy: attr-defined)
         rendezvous = dist.TCPStore(  # type: ignore[attr-defined]
-            _LOOPBACK if chooses else group.address,
-            group.port,
+            host,
+            port,
             group.size,
             is_master=group.rank == 0,
             timeout=timeout,
-            wait_for_workers=not chooses,
+            wait_for_workers=False,
+            master_listen_fd=listen_fd,
         )
-        if chooses:
-            where = f"port {rendezvous.port} of rank 0's host"
+        if group.port == 0:
             assert on_rendezvous is not None  # ok: _check_group_task
-            on_rendezvous(int(rendezvous.port))
+            on_rendezvous(port)
         dist.init_process_group(
             backend,
-            store=rendezvous,
+            store=_admitted(rendezvous, group),
             rank=group.rank,
             world_size=group.size,
             timeout=timeout,
@@ -341,11 +359,14 @@ def _process_group(
         with contextlib.suppress(Exception):
             if dist.is_initialized():
                 dist.destroy_process_group()
-        raise GroupBrokenError(
+        broken = GroupBrokenError(
             f"{_where(task)}: rank {group.rank} of group {group.group_id!r} (size "
             f"{group.size}) could not join the rendezvous at {where} within "
-            f"{group.timeout_s} s: {type(error).__name__}: {error}"
-        ) from error
+            f"{group.timeout_s} s: {type(error).__name__}: {_scrubbed(error, group)}"
+        )
+        if group.token:  # torch's message names the store's keys: keep their prefix out
+            raise broken from None
+        raise broken from error
     logger.debug("rank %d joined group %s at %s", group.rank, group.group_id, where)
     try:
         yield _Comm(task, group, dev)
@@ -355,6 +376,53 @@ def _process_group(
         except Exception:
             logger.warning("destroying group %s failed", group.group_id, exc_info=True)
         del rendezvous
+
+
+def _family(host: str) -> socket.AddressFamily:
+    """The address family ``host`` resolves to first (IPv4 or IPv6)."""
+    return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][0]
+
+
+def _admitted(store: DistStore, group: GroupSpec) -> DistStore:
+    """The group's view of rank 0's store, once this rank (rank 0: every rank) is admitted.
+
+    Without a token (a group built by hand) the store itself. Otherwise rank 0 publishes
+    the token's fingerprint, a peer refuses to go on when its token does not match it,
+    every rank announces itself under the token's prefix, and rank 0 waits for all.
+    """
+    if not group.token:
+        return store
+    fingerprint = _token_hash("fingerprint", group.token)
+    key = f"cerebro/{group.group_id}/fingerprint"
+    if group.rank == 0:
+        store.set(key, fingerprint)
+    else:
+        store.wait([key])
+        if store.get(key).decode() != fingerprint:
+            raise GroupBrokenError(
+                f"rank {group.rank} of group {group.group_id!r} presented a token that is not "
+                "the group's: it is not one of the group's ranks"
+            )
+    prefix = _token_hash("prefix", group.token)
+    prefixed: DistStore = PrefixStore(prefix, store)
+    prefixed.set(f"rank/{group.rank}", "1")
+    if group.rank == 0:
+        prefixed.wait([f"rank/{r}" for r in range(1, group.size)])
+    return prefixed
+
+
+def _scrubbed(error: BaseException, group: GroupSpec) -> str:
+    """The error's text without the group's token or key prefix."""
+    text = str(error)
+    if group.token:
+        text = text.replace(_token_hash("prefix", group.token), "<group key prefix>")
+        text = text.replace(group.token, "<group token>")
+    return text
+
+
+def _token_hash(purpose: str, token: str) -> str:
+    """A digest of the token for one purpose (neither reveals the token nor the other)."""
+    return hashlib.sha256(f"cerebro-group-{purpose}:{token}".encode()).hexdigest()
 
 
 def _task_digest(task: UnitTask) -> int:
