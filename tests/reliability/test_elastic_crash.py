@@ -8,6 +8,9 @@ membership to settle, and only then logs ``stage_actual`` and ``resized``: the d
 killed once an executor is gone but before ``resized`` is in the log (a resize begun,
 its membership not settled).
 
+A last case runs the same search with ``manager: standalone`` (a master and worker
+daemons the driver starts on 127.0.0.1), killed after the release of an executor.
+
 Each case ends with: the log readable and folding, every unit done before the kill kept
 and every unit done exactly once, the results (checkpoint digests, metrics, best epochs)
 equal to an uninterrupted run of the same config, and no process of the killed driver
@@ -28,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from cerebro_spark.cluster._daemons import alive
+from cerebro_spark.cluster import SparkDaemons
+from cerebro_spark.cluster._daemons import MASTER_CLASS, WORKER_CLASS, alive, wait_until
 from cerebro_spark.engine import experiment_spec, parse_config
 from tests.reliability.conftest import (
     Driver,
@@ -285,3 +290,37 @@ def test_a_driver_sigint_during_a_resize_exits_130_and_resumes(
     finally:
         driver.kill(signal.SIGKILL)
     resume_and_check(store, "sigint", reference)
+
+
+def test_a_driver_sigkilled_during_a_resize_of_its_own_standalone_cluster(
+    setup: tuple[Path, Path], reference: dict[str, Any]
+) -> None:
+    """``manager: standalone``: the driver started a master and worker daemons on 127.0.0.1;
+    killed mid-resize, its daemons are stopped all the same (by the cluster's watcher), and
+    the resumed run (a new cluster under the same root) ends as the reference did."""
+    store, config = setup
+    raw = yaml.safe_load(config.read_text())
+    root = config.parent / "standalone"
+    del raw["spark"]["master"]
+    raw["elastic"]["manager"] = "standalone"
+    raw["elastic"]["standalone"] = {"root": str(root), "cores": 1, "memory": "1g",
+                                    "max_executors": 2}  # fmt: skip
+    del raw["elastic"]["spark"]
+    path = write_config(config.parent / "standalone.yaml", raw)
+    daemons = SparkDaemons(root)
+    driver = Driver(["run", str(path), "--experiment-id", "standalone"], env=ENV)
+    try:
+        events_file = store / "experiments/standalone/events.jsonl"
+        signal_mid_resize(driver, events_file, "released", signal.SIGKILL)
+        started = [p for p in map(daemons.pid_of, [MASTER_CLASS, WORKER_CLASS], [1, 1]) if p]
+        assert started
+        wait_until(lambda: not any(alive(p) for p in started), "the daemons to stop", 60)
+        check_nothing_left(driver.process.pid)
+    finally:
+        driver.kill(signal.SIGKILL)
+    try:
+        resume_and_check(store, "standalone", reference)
+    finally:
+        left = daemons.worker_instances()
+        daemons.stop_all()
+    assert not left, f"worker daemons {left} still run after the resumed run"
