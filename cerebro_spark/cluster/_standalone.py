@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from cerebro_spark.cluster._base import Capabilities, ClusterManager, Executor
 from cerebro_spark.cluster._daemons import WORKER_CLASS, SparkDaemons, descendants, wait_until
+from cerebro_spark.cluster._reaper import start_reaper
 from cerebro_spark.cluster._spark import SparkExecutors
 from cerebro_spark.errors import ConfigError
 
@@ -291,6 +293,8 @@ class LocalStandaloneCluster(StandaloneCluster):
             max_executors=max_executors,
             instance_type=instance_type,
         )
+        # Stops the daemons if this process dies without closing the cluster (SIGKILL).
+        self._reaper = start_reaper(self.daemons, os.getpid(), self._own_root)
         self._start(workers, register_timeout_s)
         logger.info("local standalone cluster %s with %d workers", self.master_url, workers)
 
@@ -299,6 +303,8 @@ class LocalStandaloneCluster(StandaloneCluster):
         super().close()
         if self._own_root:
             shutil.rmtree(self.daemons.root, ignore_errors=True)
+        self._reaper.terminate()
+        self._reaper.wait()
 
     def _start_workers(self, count: int) -> None:
         for _ in range(count):

@@ -404,7 +404,10 @@ def resume_experiment(
 
     Its workers start with the placement logged last (who held which partitions). The
     experiment's lease is taken first (a stale one, or one whose driver on this host is
-    gone, is taken over); while another driver holds it, ``resume`` is refused.
+    gone, is taken over); while another driver holds it, ``resume`` is refused. An
+    elastic experiment goes on elastic (with the default backend and no ``on_stage``): its
+    cluster is started again and resized at the stage boundaries left as its plan says
+    (the plan's clock starts again at the resume).
 
     Args:
         store_uri: The root store.
@@ -423,7 +426,13 @@ def resume_experiment(
     _check_lease_timeout(lease_timeout)
     store = open_store(store_uri)
     config = load_experiment_config(store, experiment_id, secrets=secrets, need_secrets=True)
-    with _lease(store, experiment_id, lease_timeout) as lease:  # before the log is read
+    with contextlib.ExitStack() as stack:
+        lease = stack.enter_context(_lease(store, experiment_id, lease_timeout))  # log read after
+        if config.elastic is not None and on_stage is None and backend_factory is default_backend:
+            # An elastic run goes on elastic: its cluster again, resized as its plan says.
+            from cerebro_spark.engine._elastic import elastic_run
+
+            backend_factory, on_stage = stack.enter_context(elastic_run(config))
         experiment = Experiment(
             config, store, experiment_id, backend_factory, on_stage=on_stage, lease=lease
         )

@@ -431,6 +431,13 @@ class ElasticController:
                 # new worker (_top_up).
                 victims = victims_to_retire(workers, len(workers) - target)
                 executors = [workers[w].executor_id for w in victims]
+                logger.info(
+                    "stage %d: shrinking %d -> %d workers: retiring %s",
+                    index,
+                    len(workers),
+                    target,
+                    victims,
+                )
                 retiring = [backend.retire(w) for w in victims]
                 _, late = wait_futures(retiring, timeout=self.resize_timeout)
                 if late:
@@ -440,6 +447,7 @@ class ElasticController:
                 fields["victims"] = victims
                 chosen = [e for e in executors if e] if caps.choose_victims else []
                 self.manager.resize(target, chosen)
+                logger.info("stage %d: executors released; waiting for %d", index, target)
                 self.manager.wait(target, self.resize_timeout)
                 if not caps.choose_victims:
                     self._top_up(backend, target)
