@@ -46,7 +46,13 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cerebro_spark.errors import ConfigError, DataError, StoreError, TrialError
+from cerebro_spark.errors import (
+    CheckpointCorruptError,
+    ConfigError,
+    DataError,
+    StoreError,
+    TrialError,
+)
 from cerebro_spark.units import GroupBrokenError, UnitTask
 
 logger = logging.getLogger(__name__)
@@ -366,7 +372,7 @@ def describe(task: UnitTask) -> str:
 
 def error_to_json(exc: BaseException) -> dict[str, Any]:
     """Describe an exception raised in a worker (call inside the ``except`` block)."""
-    return {
+    out: dict[str, Any] = {
         "type_name": type(exc).__name__,
         "message": str(exc),
         "traceback": traceback.format_exc(),
@@ -374,6 +380,9 @@ def error_to_json(exc: BaseException) -> dict[str, Any]:
         "trial_error": isinstance(exc, TrialError),
         "transient": isinstance(exc, OSError),
     }
+    if isinstance(exc, CheckpointCorruptError):
+        out["checkpoint_corrupt"] = [exc.where, exc.expected, exc.actual, exc.size]
+    return out
 
 
 # Exceptions a failed load is re-raised as, by the remote type name (never unpickled).
@@ -400,9 +409,10 @@ def error_from_json(
     """The driver's exception for a worker's :func:`error_to_json` (its traceback as cause).
 
     A ``run`` fails with :class:`~cerebro_spark.units.GroupBrokenError` (a peer was lost;
-    the unit is queued again), :class:`~cerebro_spark.errors.StoreError` (an ``OSError``:
-    retried) or :class:`~cerebro_spark.errors.TrialError` (anything else: the trial fails);
-    a ``load`` is re-raised as its own type when it is a known one.
+    the unit is queued again), :class:`~cerebro_spark.errors.CheckpointCorruptError` (bytes
+    other than those the log recorded), :class:`~cerebro_spark.errors.StoreError` (an
+    ``OSError``: retried) or :class:`~cerebro_spark.errors.TrialError` (anything else: the
+    trial fails); a ``load`` is re-raised as its own type when it is a known one.
     """
     type_name = str(error.get("type_name", "Exception"))
     message = str(error.get("message", ""))
@@ -414,6 +424,9 @@ def error_from_json(
             exc = GroupBrokenError(f"on worker {worker}: {message}")
         elif error.get("trial_error"):
             exc = TrialError(message)
+        elif error.get("checkpoint_corrupt"):
+            where, expected, actual, size = error["checkpoint_corrupt"]
+            exc = CheckpointCorruptError(str(where), str(expected), str(actual), int(size))
         elif error.get("transient"):
             exc = StoreError(f"{what} hit an I/O error on worker {worker}: {type_name}: {message}")
         else:

@@ -998,15 +998,15 @@ class Experiment:
         """The driver's own check of a trial's latest checkpoint after a worker found it corrupt.
 
         A worker that reads checkpoint bytes other than those the log recorded raises
-        :class:`CheckpointCorruptError`; it reaches the driver as a
-        :class:`StoreError` naming that type. The driver then reads the checkpoint and
-        compares its SHA-256 itself: bytes that differ make the trial fail with
+        :class:`CheckpointCorruptError`, which the backend rebuilds on the driver. The
+        driver then reads the checkpoint and compares its SHA-256 itself: bytes that
+        differ make the trial fail with
         ``"checkpoint corrupt: <url> ..."`` (rolling back to an earlier checkpoint would
         repeat training the log already counts, and the earlier ones are deleted once
         superseded). Bytes that match (the fault was in transit) or a store the driver
         cannot read either give ``None``: the unit is retried like after any I/O error.
         """
-        if not any(isinstance(e, CheckpointCorruptError) or _names_corruption(e) for e in errors):
+        if not any(isinstance(e, CheckpointCorruptError) for e in errors):
             return None
         trial = self.state.trials[trial_id]
         key, expected = trial.checkpoint, trial.checkpoint_sha256
@@ -1294,17 +1294,6 @@ def _drain(finished: queue.SimpleQueue[_Running], *, block: bool) -> list[_Runni
 def _short(key: str, folder: str) -> str:
     """A checkpoint key relative to the experiment's checkpoint folder, for logs."""
     return key[len(folder) :] if key.startswith(folder) else key
-
-
-def _names_corruption(error: BaseException) -> bool:
-    """Whether a worker's error (rebuilt from its JSON by the backend) was a corrupt read.
-
-    The control protocol carries a worker's exception as its type name and message, not
-    its class: a :class:`CheckpointCorruptError` arrives as a :class:`StoreError` whose
-    text holds that name or the error's own ``"checkpoint corrupt: "`` opening.
-    """
-    text = str(error)
-    return CheckpointCorruptError.__name__ in text or "checkpoint corrupt: " in text
 
 
 def _traffic(result: UnitResult) -> dict[str, int]:

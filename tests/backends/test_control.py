@@ -50,7 +50,13 @@ from cerebro_spark.backends._serve import (
     executor_hint,
     serve,
 )
-from cerebro_spark.errors import ConfigError, DataError, StoreError, TrialError
+from cerebro_spark.errors import (
+    CheckpointCorruptError,
+    ConfigError,
+    DataError,
+    StoreError,
+    TrialError,
+)
 from cerebro_spark.store import open_store
 from cerebro_spark.units import UnitKind, UnitResult, UnitTask
 
@@ -377,6 +383,20 @@ def test_results_and_errors_travel_as_json() -> None:
         back_exc = error_from_json(described, "w4", "run", task, ())
         assert type(back_exc) is (StoreError if transient else TrialError)
         assert "worker w4 traceback" in str(back_exc.__cause__)
+    try:
+        raise CheckpointCorruptError("s3://b/t/e1.pt", "a" * 64, "b" * 64, 7)
+    except CheckpointCorruptError as caught:
+        corrupt = error_from_json(
+            json.loads(json.dumps(error_to_json(caught))), "w4", "run", task, ()
+        )
+    assert isinstance(corrupt, CheckpointCorruptError)
+    assert (corrupt.where, corrupt.expected, corrupt.actual, corrupt.size) == (
+        "s3://b/t/e1.pt",
+        "a" * 64,
+        "b" * 64,
+        7,
+    )
+    assert str(corrupt).startswith("checkpoint corrupt: s3://b/t/e1.pt has SHA-256 " + "b" * 64)
     loaded = error_from_json({"type_name": "DataError", "message": "bad"}, "w4", "load", None, [1])
     assert isinstance(loaded, DataError) and str(loaded) == "bad"
     other = error_from_json({"type_name": "KeyError", "message": "x"}, "w4", "load", None, [1])
