@@ -164,6 +164,8 @@ class SparkDaemons:
 
     def _daemon(self, action: str, klass: str, instance: int, *args: str) -> None:
         script = Path(self.spark_home) / "sbin" / "spark-daemon.sh"
+        if action == "start":
+            self._clear_stale_pid(klass, instance)
         done = subprocess.run(
             ["bash", str(script), action, klass, str(instance), *args],
             env=self.env,
@@ -177,11 +179,26 @@ class SparkDaemons:
                 f"{(done.stderr or done.stdout).strip()[-2000:]}"
             )
 
+    def _pid_file(self, klass: str, instance: int) -> Path:
+        return self.root / "pids" / f"spark-{_IDENT}-{klass}-{instance}.pid"
+
+    def _clear_stale_pid(self, klass: str, instance: int) -> None:
+        """Delete the pid file of a daemon that no longer runs.
+
+        ``spark-daemon.sh start`` refuses to start a daemon whose pid file names a
+        process ``ps`` shows as ``java``, and a daemon killed by a watcher is a zombie
+        (shown as ``java``) until its parent reaps it: where the machine's init does not
+        reap, that is forever. A daemon :func:`alive` counts gone is gone.
+        """
+        pid = self.pid_of(klass, instance)
+        if pid is not None and not alive(pid):
+            logger.info("removing the stale pid file of %s %d (pid %d)", klass, instance, pid)
+            self._pid_file(klass, instance).unlink(missing_ok=True)
+
     def pid_of(self, klass: str, instance: int) -> int | None:
         """The pid a daemon was started with, if it was."""
-        path = self.root / "pids" / f"spark-{_IDENT}-{klass}-{instance}.pid"
         with contextlib.suppress(FileNotFoundError, ValueError):
-            return int(path.read_text())
+            return int(self._pid_file(klass, instance).read_text())
         return None
 
     def work_dir(self, instance: int) -> Path:
