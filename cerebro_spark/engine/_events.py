@@ -68,6 +68,11 @@ list indices, e.g. ``[["metrics", "loss"]]``). :func:`read_events` turns them ba
 floats and drops ``nonfinite``, so readers see the floats that were logged. Logs written
 before, with bare ``NaN`` tokens, still read.
 
+**Where it is.** On a local disk, ``events.jsonl`` in the experiment's folder, appended to
+in place. On an object store, which cannot append, ``events.jsonl`` and then segments
+``events.jsonl.d/00000001.jsonl``, ``…/00000002.jsonl`` …, written in groups of events
+(:class:`EventLog`); read them together with :func:`read_events`.
+
 **What a reader accepts.** A crash can leave exactly one thing: a torn last line (no
 newline after it), which readers ignore with a warning and the next append cuts off
 (:meth:`EventLog.repair`). Anything else that is not an event, anywhere else, is refused
@@ -96,6 +101,16 @@ EventListener = Callable[[dict[str, Any]], None]
 """Called with each event appended, after it is written (:attr:`EventLog.listeners`)."""
 
 EVENTS_NAME = "events.jsonl"
+
+SEGMENTS_SUFFIX = ".d"
+"""An object store's log goes on in segments in ``events.jsonl.d/`` (:class:`EventLog`)."""
+
+SEGMENT_BYTES = 256 * 1024
+"""An object store's log starts a new segment once the one it writes holds this much."""
+
+FLUSH_SECONDS = 1.0
+"""The longest an event appended to an object store's log waits in the buffer while the
+driver is busy (:class:`EventLog`)."""
 
 EVENT_KINDS = frozenset(
     {
@@ -147,49 +162,103 @@ class EventList(list[dict[str, Any]]):
 
     Attributes:
         where: URI of the log.
-        lines: The line number of each event (1-based).
+        lines: The line number of each event (1-based) in its segment.
+        segments: The URI of the segment each event came from (all ``where`` for a log
+            of one file).
     """
 
-    def __init__(self, events: list[dict[str, Any]], where: str, lines: list[int]) -> None:
+    def __init__(
+        self,
+        events: list[dict[str, Any]],
+        where: str,
+        lines: list[int],
+        segments: list[str] | None = None,
+    ) -> None:
         super().__init__(events)
         self.where = where
         self.lines = lines
+        self.segments = segments if segments is not None else [where] * len(lines)
 
     def position(self, index: int) -> str:
-        """``"<log>, line N"`` for the event at ``index``."""
-        line = self.lines[index] if 0 <= index < len(self.lines) else index + 1
-        return f"{self.where}, line {line}"
+        """``"<log or segment>, line N"`` for the event at ``index``."""
+        if 0 <= index < len(self.lines):
+            return f"{self.segments[index]}, line {self.lines[index]}"
+        return f"{self.where}, line {index + 1}"
 
 
 class EventLog:
     """Appends events to ``events.jsonl`` in an experiment's store.
 
-    A driver killed in the middle of an append can leave a torn last line (no newline at
-    its end). The first append of a session repairs that tail (:meth:`repair`) before it
-    writes, so an event never lands behind half a line.
+    **On a local disk** every append writes its line in place at once. A driver killed in
+    the middle of an append can leave a torn last line (no newline at its end): the first
+    append of a session repairs that tail (:meth:`repair`) before it writes, so an event
+    never lands behind half a line.
+
+    **On an object store** (S3), which cannot append, a log rewritten whole per event
+    would cost time quadratic in its length. There the log is a series of segments,
+    ``events.jsonl`` and then ``events.jsonl.d/00000001.jsonl``, ``…/00000002.jsonl`` …,
+    each rewritten (atomically) only while it is under ``segment_bytes``; and appends
+    are committed in groups: an appended event is buffered and written with the others
+    at the next :meth:`flush`, which an append makes itself once the oldest buffered
+    event waited ``flush_seconds`` (or the buffer holds ``segment_bytes``). The driver
+    flushes whenever it waits for workers, at stage boundaries and at its end, so a log
+    lags the run by at most ``flush_seconds`` of busy work; a crash loses at most that
+    tail, which resume treats as never done (as it treats a crash just before it).
+    Whatever must wait until the events before it are durable (deleting a checkpoint
+    they superseded) goes through :meth:`after_flush`.
 
     Attributes:
-        listeners: Called with each event once it is written (trackers follow the run
+        listeners: Called with each event once it is appended (trackers follow the run
             this way). A listener that raises is logged and does not fail the append.
+        before_write: Called before buffered events are written; raises to stop the
+            write (the driver checks it still holds the experiment's lease).
     """
 
-    def __init__(self, store: Store, key: str = EVENTS_NAME) -> None:
+    def __init__(
+        self,
+        store: Store,
+        key: str = EVENTS_NAME,
+        *,
+        flush_seconds: float = FLUSH_SECONDS,
+        segment_bytes: int = SEGMENT_BYTES,
+    ) -> None:
         self.store = store
         self.key = key
-        self._repaired = False
+        self.flush_seconds = flush_seconds
+        self.segment_bytes = segment_bytes
         self.listeners: list[EventListener] = []
+        self.before_write: Callable[[], None] | None = None
+        self._in_place = isinstance(store, FileSystemStore) and store.appends_in_place
+        self._repaired = False
+        self._segment_key = key  # object stores: the segment being written, its bytes
+        self._segment = b""
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._pending_since = 0.0
+        self._after_flush: list[Callable[[], None]] = []
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
-        """Append one event and return it."""
+        """Append one event and return it (on an object store: buffered, see above)."""
         if not self._repaired:
             self.repair()
         record = {"event": event, "time": round(time.time(), 6), **fields}
-        line = encode_event(record) + "\n"
-        try:
-            self.store.append(self.key, line.encode())
-        except BaseException:
-            self._repaired = False  # a failed append may have torn the tail: repair first
-            raise
+        line = (encode_event(record) + "\n").encode()
+        if self._in_place:
+            try:
+                self.store.append(self.key, line)
+            except BaseException:
+                self._repaired = False  # a failed append may have torn the tail: repair first
+                raise
+        else:
+            if not self._pending:
+                self._pending_since = time.monotonic()
+            self._pending.append(line)
+            self._pending_bytes += len(line)
+            if (
+                self._pending_bytes >= self.segment_bytes
+                or time.monotonic() - self._pending_since >= self.flush_seconds
+            ):
+                self.flush()
         for listener in list(self.listeners):
             try:
                 listener(record)
@@ -197,8 +266,36 @@ class EventLog:
                 logger.warning("event listener %r failed on %s: %s", listener, event, error)
         return record
 
+    def flush(self) -> None:
+        """Write the buffered events, then run what waited for them (:meth:`after_flush`).
+
+        Raises:
+            StoreUnavailableError: The store did not answer (the events stay buffered).
+        """
+        if self._pending:
+            if self.before_write is not None:
+                self.before_write()
+            data = b"".join(self._pending)
+            if self._segment and len(self._segment) + len(data) > self.segment_bytes:
+                self._segment_key = _segment_key(self.key, self._segment_key)
+                self._segment = b""
+            self.store.put(self._segment_key, self._segment + data)
+            self._segment += data
+            self._pending = []
+            self._pending_bytes = 0
+        while self._after_flush:
+            self._after_flush.pop(0)()
+
+    def after_flush(self, action: Callable[[], None]) -> None:
+        """Run ``action`` once every event appended so far is durable (local: at once)."""
+        self._after_flush.append(action)
+        if self._in_place or not self._pending:
+            self.flush()
+
     def read(self) -> list[dict[str, Any]]:
-        """Return every event in order (see :func:`read_events`)."""
+        """Return every event in order (see :func:`read_events`), buffered ones included."""
+        if self._pending:
+            self.flush()
         return read_events(self.store, self.key)
 
     def repair(self) -> int:
@@ -206,28 +303,50 @@ class EventLog:
 
         A torn last line that is a whole event short of its newline gets the newline; any
         other torn tail is cut off (it was never acknowledged: the append did not return).
+        On an object store this finds the last segment, which the next appends go on.
         """
         self._repaired = True
-        if not self.store.exists(self.key):
+        segments = _segment_keys(self.store, self.key)
+        if len(segments) > 1:  # written on an object store (then maybe copied here)
+            self._in_place = False
+        key = self.key if self._in_place else segments[-1]
+        if not self.store.exists(key):
             return 0
-        data = self.store.get(self.key)
+        data = self.store.get(key)
         body, tail = _split_tail(data)
+        if not self._in_place:
+            self._segment_key, self._segment = key, body
         if not tail:
             return 0
         if _event_or_none(tail) is not None:
-            self.store.append(self.key, b"\n")
-            logger.warning("%s: ended without a newline; added it", self.store.url(self.key))
+            if self._in_place:
+                self.store.append(key, b"\n")
+            else:
+                self._segment = data + b"\n"
+                self.store.put(key, self._segment)
+            logger.warning("%s: ended without a newline; added it", self.store.url(key))
             return 0
-        if isinstance(self.store, FileSystemStore):
-            self.store.truncate(self.key, len(body))  # in place: works on a full disk
+        if isinstance(self.store, FileSystemStore) and self._in_place:
+            self.store.truncate(key, len(body))  # in place: works on a full disk
         else:
-            self.store.put(self.key, body)
+            self.store.put(key, body)
         logger.warning(
             "%s: dropped a torn last line of %d bytes (a driver stopped mid-append)",
-            self.store.url(self.key),
+            self.store.url(key),
             len(tail),
         )
         return len(tail)
+
+
+def _segment_keys(store: Store, key: str) -> list[str]:
+    """The keys of a log's segments in order: ``key`` first, then those in ``key.d/``."""
+    return [key, *store.list(f"{key}{SEGMENTS_SUFFIX}")]
+
+
+def _segment_key(key: str, after: str) -> str:
+    """The key of the segment after segment ``after`` of log ``key``."""
+    number = 0 if after == key else int(after.rsplit("/", 1)[1].split(".", 1)[0])
+    return f"{key}{SEGMENTS_SUFFIX}/{number + 1:08d}.jsonl"
 
 
 def read_events(store: Store, key: str = EVENTS_NAME) -> list[dict[str, Any]]:
@@ -236,21 +355,25 @@ def read_events(store: Store, key: str = EVENTS_NAME) -> list[dict[str, Any]]:
     A crash can leave one torn last line (no newline after it): it is ignored, with a
     warning, unless it is a whole event. Anything else that is not an event (an invalid
     line that a newline ends, a JSON value that is not an event) was not written by a
-    crash, and is refused.
+    crash, and is refused. A log in segments (object stores, see :class:`EventLog`) is
+    read segment by segment; only the last one can end torn.
 
     Raises:
         EventLogError: A line other than the torn tail is not an event (the message names
-            the log and the line).
+            the log or segment and the line).
     """
     where = store.url(key)
-    if not store.exists(key):
-        return EventList([], where, [])
+    keys = [k for k in _segment_keys(store, key) if k != key or store.exists(key)]
     events: list[dict[str, Any]] = []
     lines: list[int] = []
-    for number, record in _parse(store.get(key), where):
-        events.append(record)
-        lines.append(number)
-    return EventList(events, where, lines)
+    segments: list[str] = []
+    for index, segment in enumerate(keys):
+        url = store.url(segment)
+        for number, record in _parse(store.get(segment), url, last=index == len(keys) - 1):
+            events.append(record)
+            lines.append(number)
+            segments.append(url)
+    return EventList(events, where, lines, segments)
 
 
 def encode_event(record: dict[str, Any]) -> str:
@@ -325,8 +448,8 @@ def _event_or_none(line: bytes) -> dict[str, Any] | None:
     return None
 
 
-def _parse(data: bytes, where: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line number, event)`` of each event in ``data``."""
+def _parse(data: bytes, where: str, last: bool = True) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, event)`` of each event in ``data`` (``last``: it may end torn)."""
     body, tail = _split_tail(data)
     lines = body.split(b"\n")[:-1]
     for number, line in enumerate(lines, start=1):
@@ -343,6 +466,12 @@ def _parse(data: bytes, where: str) -> Iterator[tuple[int, dict[str, Any]]]:
         yield number, _decoded(record, where, number)
     if tail.strip():
         record = _event_or_none(tail)
+        if record is None and not last:
+            raise EventLogError(
+                f"{where}: its last line {len(lines) + 1} is torn, but a later segment "
+                "follows it; a crash cannot leave that (segments are written whole): "
+                "restore the log from a copy"
+            )
         if record is None:
             logger.warning(
                 "%s: ignoring a torn last line %d (a driver stopped mid-append; the next "

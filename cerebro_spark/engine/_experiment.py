@@ -278,6 +278,7 @@ class Experiment:
         if group_plans is not None and visit_orders is None:
             raise ConfigError("group_plans size groups along visit orders: impose both")
         self.log = EventLog(self.store)
+        self.log.before_write = self._check_lease  # buffered events: still the holder?
         self.state = ExperimentState.from_events(self.log.read())
         self._time_before = self.state.experiment_seconds
         self._session_started = time.monotonic()
@@ -345,7 +346,23 @@ class Experiment:
     # -- the run --------------------------------------------------------------------------
 
     def run(self) -> list[TrialState]:
-        """Run the experiment to the end and return the trials best first."""
+        """Run the experiment to the end and return the trials best first.
+
+        However it ends, the events it appended are written (:meth:`EventLog.flush`)
+        before it returns or raises, so that ``resume`` goes on from all of them.
+        """
+        try:
+            ranked = self._run()
+        except BaseException:
+            try:
+                self.log.flush()
+            except Exception as error:  # the run's own error says more; this is logged
+                logger.error("could not write the last events of the run: %s", error)
+            raise
+        self.log.flush()
+        return ranked
+
+    def _run(self) -> list[TrialState]:
         started = time.monotonic()
         resumed = bool(self.state.trials) or self.state.round >= 0
         if self.state.finished:
@@ -420,6 +437,7 @@ class Experiment:
             failed=len(self.state.failures),
             seconds=round(time.monotonic() - started, 3),
         )
+        self.log.flush()
         from cerebro_spark.report import refresh_report  # here: the report imports the engine
 
         refresh_report(self.store, self.experiment_id, self.config, final=True)
@@ -522,6 +540,7 @@ class Experiment:
         logged, a superseded one not yet deleted).
         """
         folder = f"{self.prefix}/checkpoints/"
+        self.log.flush()  # what the state says must be durable before deleting by it
         self._check_lease()  # only the lease holder deletes checkpoints
         for key in self.root.list(folder):
             if not self.state.needs_checkpoint(key):
@@ -609,6 +628,7 @@ class Experiment:
         self._sync_membership(backend, None)
         if self.on_stage is None:
             return None
+        self.log.flush()  # a resize acts on the cluster: the log is current first
         directive = self.on_stage(stage, backend)
         self._sync_membership(backend, None)
         if directive is None:
@@ -744,10 +764,14 @@ class Experiment:
                         "no live worker holds the partitions the remaining units need; "
                         f"workers: {dict(scheduler.workers)}"
                     )
+                self.log.flush()  # idle: the log is made current while the driver waits
                 time.sleep(_WAIT_SECONDS)
                 self._sync_membership(backend, scheduler)
                 continue
-            ready = _drain(finished, block=False) or _drain(finished, block=True)
+            ready = _drain(finished, block=False)
+            if not ready:
+                self.log.flush()  # idle until a worker reports: make the log current
+                ready = _drain(finished, block=True)
             ready.sort(key=lambda r: r.number)  # in submission order, as they were started
             self._sync_membership(backend, scheduler)  # the workers of `ready` still count
             for item in ready:
@@ -1041,9 +1065,15 @@ class Experiment:
             return
         if self.state.needs_checkpoint(key):
             return
-        self._check_lease()  # only the lease holder deletes checkpoints
-        logger.debug("deleting checkpoint %s (trial %s moved past it)", key, trial_id)
-        self.root.delete(key)
+
+        def delete() -> None:  # once the events that moved past it are durable
+            if self.state.needs_checkpoint(key):  # a later event needs it again
+                return
+            self._check_lease()  # only the lease holder deletes checkpoints
+            logger.debug("deleting checkpoint %s (trial %s moved past it)", key, trial_id)
+            self.root.delete(key)
+
+        self.log.after_flush(delete)
 
     def _maybe_finish_epoch(self, trial_id: str) -> None:
         """Emit a trial's epoch metrics once all its validation units are in."""
@@ -1227,6 +1257,7 @@ class Experiment:
             )
         self._emit("round_end", round=state.round, procedure_state=self.procedure.state_dict())
         self._write_leaderboard()
+        self.log.flush()  # the report reads the log
         from cerebro_spark.report import refresh_report  # here: the report imports the engine
 
         refresh_report(self.store, self.experiment_id, self.config, final=False)

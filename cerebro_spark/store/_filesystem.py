@@ -342,6 +342,15 @@ class FileSystemStore(Store):
         return self._uri
 
     @property
+    def appends_in_place(self) -> bool:
+        """Whether :meth:`append` writes only the new bytes (a local disk).
+
+        Elsewhere an append rewrites the whole object: fine for a small file, quadratic
+        for a growing log (the event log writes segments there instead).
+        """
+        return self._local
+
+    @property
     def filesystem(self) -> pafs.FileSystem:
         """The pyarrow file system (for pyarrow readers and writers)."""
         return self._filesystem

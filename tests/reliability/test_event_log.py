@@ -63,9 +63,12 @@ def test_a_torn_tail_on_s3_is_repaired_before_the_next_append(s3_server):
     store = open_store(s3_server.uri("exp"))
     small_log_store = EventLog(store)
     small_log_store.append("experiment_start", experiment_id="e", config={}, resumed=False)
+    small_log_store.flush()
     store.put("events.jsonl", store.get("events.jsonl") + b'{"event":"trial_ad')
     assert [e["event"] for e in read_events(store)] == ["experiment_start"]
-    EventLog(store).append("trial_added", **TRIAL, clone_from=None)
+    log = EventLog(store)
+    log.append("trial_added", **TRIAL, clone_from=None)
+    log.flush()
     data = store.get("events.jsonl")
     assert [e["event"] for e in strict_lines(data)] == ["experiment_start", "trial_added"]
     assert data.endswith(b"\n")
@@ -76,17 +79,19 @@ APPENDER = textwrap.dedent(
     import sys
     from cerebro_spark.engine import EventLog
     from cerebro_spark.store import open_store
-    log = EventLog(open_store(sys.argv[1]))
+    log = EventLog(open_store(sys.argv[1]), segment_bytes=2048)
     for i in range(100000):
         log.append("tracking", backend="x", trial=None, run_id=str(i) * 50, experiment="e",
                    uri="u")
+        log.flush()  # acknowledged: written
         print(i, flush=True)
     """
 )
 
 
 def test_a_driver_killed_while_s3_rewrites_the_log_loses_no_acknowledged_event(s3_server):
-    """On S3 an append rewrites the whole object; a kill mid-rewrite leaves the old object."""
+    """On S3 a flush rewrites the log's last segment whole; a kill mid-rewrite leaves the old
+    object, and segments are written in order."""
     uri = s3_server.uri("killed")
     child = subprocess.Popen(
         [sys.executable, "-c", APPENDER, uri],
@@ -106,7 +111,11 @@ def test_a_driver_killed_while_s3_rewrites_the_log_loses_no_acknowledged_event(s
     runs = [int(e["run_id"][: len(e["run_id"]) // 50]) for e in events]
     assert runs == list(range(len(runs)))  # no gap, no duplicate: earlier events all kept
     assert len(runs) >= acknowledged + 1
-    strict_lines(open_store(uri).get("events.jsonl"))
+    store = open_store(uri)
+    segments = store.list("events.jsonl.d")
+    assert segments, "the log never reached a second segment"
+    for key in ["events.jsonl", *segments]:
+        strict_lines(store.get(key))
 
 
 def test_an_invalid_line_in_the_middle_is_refused_naming_file_and_line(tmp_path):
