@@ -90,6 +90,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from cerebro_spark.errors import EventLogError
@@ -107,6 +108,8 @@ SEGMENTS_SUFFIX = ".d"
 
 SEGMENT_BYTES = 256 * 1024
 """An object store's log starts a new segment once the one it writes holds this much."""
+
+_READ_THREADS = 8  # segments fetched at once by read_events
 
 FLUSH_SECONDS = 1.0
 """The longest an event appended to an object store's log waits in the buffer while the
@@ -367,9 +370,14 @@ def read_events(store: Store, key: str = EVENTS_NAME) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     lines: list[int] = []
     segments: list[str] = []
-    for index, segment in enumerate(keys):
+    if len(keys) > 2:  # many objects: fetched side by side, parsed in order
+        with ThreadPoolExecutor(min(_READ_THREADS, len(keys))) as pool:
+            contents = list(pool.map(store.get, keys))
+    else:
+        contents = [store.get(k) for k in keys]
+    for index, (segment, data) in enumerate(zip(keys, contents, strict=True)):
         url = store.url(segment)
-        for number, record in _parse(store.get(segment), url, last=index == len(keys) - 1):
+        for number, record in _parse(data, url, last=index == len(keys) - 1):
             events.append(record)
             lines.append(number)
             segments.append(url)
