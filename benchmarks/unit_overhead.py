@@ -131,6 +131,7 @@ class Unit:
         self.info, self.device = info, device
         self.store = open_store(root)
         self.count = 0
+        self.sha256: str | None = None  # the digest the engine logged, sent with the next unit
 
     def run(self, data: PartitionData, task: UnitTask) -> None:
         previous = f"ckpt/{self.count - 1}.pt" if self.count else None
@@ -144,8 +145,10 @@ class Unit:
             partition=0,
             checkpoint_in=previous,
             checkpoint_out=f"ckpt/{self.count}.pt",
+            checkpoint_in_sha256=self.sha256 if previous else None,
         )
-        run_unit(unit_task, data, self.store, self.info, device=str(self.device))
+        result = run_unit(unit_task, data, self.store, self.info, device=str(self.device))
+        self.sha256 = result.checkpoint_sha256
         self.count += 1
 
 
