@@ -7,7 +7,9 @@ the phase, over every worker of every repetition. The phases are the worker's ow
 timestamps, sent with its first ``load`` reply (``PoolStats.startup``):
 
 * ``task`` (Spark only): Spark launched the worker's task (the status store's launch
-  time; with ``local[N]`` the executor is already there: a warm machine);
+  time; with ``local[N]`` the executor is already there: a warm machine). The first pool
+  of the session gets new Python workers; later pools get Spark's reused ones, where
+  torch is already imported (reported apart);
 * ``process``: the worker's Python process started (a Spark task's Python worker may be
   forked from Spark's Python daemon, or reused from an earlier task: then this is before
   the launch, and shows as negative);
@@ -192,11 +194,16 @@ def main() -> None:
             report("local backend (spawned processes)", runs)
         if args.backend in ("spark", "both"):
             with spark_pool_factory(args.master, args.workers) as make_pool:
-                measure(make_pool, job, spark=True)  # warm-up: the JVM, Spark's daemon
+                cold = measure(make_pool, job, spark=True)
                 runs = []
                 for _ in range(args.repeat):
                     runs += measure(make_pool, job, spark=True)
-            report(f"Spark backend ({args.master}, warm session)", runs)
+            report(f"Spark backend ({args.master}), first pool: new Python workers", cold)
+            report(
+                f"Spark backend ({args.master}), later pools: Python workers reused "
+                "(spark.python.worker.reuse), torch already imported",
+                runs,
+            )
     if args.importtime:
         import_times()
 

@@ -85,8 +85,8 @@ class PoolStats:
         startup: Per worker, when each start-up phase ended (``time.time()``):
             ``launched`` and ``listed`` as the driver saw them, the others as the worker
             reported them (:mod:`._serve`: ``process``, ``serve``, ``connected``,
-            ``welcomed``, ``partitions``, ``torch``, ``ready``); empty for a worker
-            that reported none.
+            ``welcomed``, ``partitions``, ``torch``, ``ready``); ``launched`` and
+            ``listed`` alone for a worker that reported none (an older version).
     """
 
     started: int = 0
