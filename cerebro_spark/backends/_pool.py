@@ -82,6 +82,11 @@ class PoolStats:
         retired: Workers retired.
         register_seconds: Per worker, seconds from launch to registration.
         ready_seconds: Per worker, seconds from launch until it had loaded its partitions.
+        startup: Per worker, when each start-up phase ended (``time.time()``):
+            ``launched`` and ``listed`` as the driver saw them, the others as the worker
+            reported them (:mod:`._serve`: ``process``, ``serve``, ``connected``,
+            ``welcomed``, ``partitions``, ``torch``, ``ready``); ``launched`` and
+            ``listed`` alone for a worker that reported none (an older version).
     """
 
     started: int = 0
@@ -91,6 +96,7 @@ class PoolStats:
     retired: int = 0
     register_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     ready_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    startup: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(eq=False)
@@ -733,6 +739,7 @@ class WorkerPool(Backend):
                 return
             handle.listed = True
             self._stats.ready_seconds[handle.worker_id] = time.monotonic() - handle.spawned_at
+            self._stats.startup[handle.worker_id] = _startup(handle, future.result())
             self._change_locked(Membership.READY, handle)
         if not handle.ready.done():  # close() may have failed it meanwhile
             handle.ready.set_result(None)
@@ -810,8 +817,8 @@ class WorkerPool(Backend):
                 if pending.task is not None and pending.task.group:  # carry its rendezvous
                     outcome = dataclasses.replace(outcome, task=pending.task)
                 pending.future.set_result(outcome)
-            else:
-                pending.future.set_result(None)
+            else:  # a first load's value is the worker's start-up phases
+                pending.future.set_result(message.get("value") if pending.op == "load" else None)
         except Exception as exc:  # a worker of another version? It cannot be trusted now
             _fail(
                 pending.future,
@@ -1101,6 +1108,21 @@ class WorkerPool(Backend):
             spawned = [self._spawn_locked(None).worker_id for _ in range(max(0, count))]
         if spawned:
             logger.info("new capacity appeared: started workers %s", spawned)
+
+
+def _startup(handle: _Handle, value: Any) -> dict[str, float]:
+    """A worker's start-up phases (:attr:`PoolStats.startup`) from its first load's value."""
+    now = time.time()
+    phases = {"launched": now - (time.monotonic() - handle.spawned_at)}
+    reported = value.get("startup") if isinstance(value, Mapping) else None
+    if isinstance(reported, Mapping):
+        phases.update(
+            (str(k), float(v))
+            for k, v in reported.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        )
+    phases["listed"] = now
+    return phases
 
 
 def _tell_stop(handle: _Handle) -> bool:

@@ -12,11 +12,20 @@ thread), so every backend speaks the production wire format (:mod:`._control`). 
 4. serves commands in order with a :class:`~._worker.Worker`: ``load`` and ``drop``
    (``id``, ``partitions``), ``run`` (``id``, ``task``: :meth:`UnitTask.to_json`), each
    answered by a ``reply`` (``id``, ``ok``, ``value`` or ``error``, ``state``: partitions
-   held, bytes read); ``ping`` gets no answer. Meanwhile it sends a ``heartbeat`` every
-   ``heartbeat_s``. Rank 0 of a group unit whose port is 0 binds the rendezvous port and
-   sends ``rendezvous`` (``id`` of the ``run``, ``port``) before it waits for its peers;
+   held, bytes read); ``ping`` gets no answer. The value of the first ``load`` that
+   succeeds is ``{"startup": {phase: time.time()}}``: when the worker's process started
+   (``process``, where the OS says), :func:`serve` began (``serve``), it was connected
+   (``connected``) and welcomed (``welcomed``), torch was imported (``torch``), its
+   partitions were read (``partitions``) and it answered (``ready``). Meanwhile it
+   sends a ``heartbeat`` every ``heartbeat_s``. Rank 0 of a group unit whose port is 0
+   binds the rendezvous port and sends ``rendezvous`` (``id`` of the ``run``, ``port``)
+   before it waits for its peers;
 5. ends on ``stop``, when the connection closes, or when the driver was silent (no
    ``ping``) for ``driver_timeout_s``.
+
+The worker is made (and told to :meth:`~._worker.Worker.warm_up`: torch is imported in
+a thread) before it connects, so that the import overlaps the registration and the
+reading of its partitions.
 
 This module imports neither torch nor pyspark.
 """
@@ -183,8 +192,17 @@ def serve(
     Raises:
         ConnectionError: The driver could not be reached (Spark may retry the task).
     """
+    startup = {"serve": time.time()}
+    started = process_start_time()
+    if started is not None:
+        startup["process"] = started
     device = spec.device or choose_device(info.resources)
+    worker = make_worker(spec.worker_id, spec.job, device)
+    warm_up = getattr(worker, "warm_up", None)
+    if callable(warm_up):
+        warm_up()  # torch is imported while we connect and read the partitions
     channel = _connect(spec)
+    startup["connected"] = time.time()
     try:
         channel.settimeout(spec.driver_timeout_s)
         channel.send(
@@ -211,8 +229,8 @@ def serve(
         if answer["op"] != "welcome":
             logger.warning("worker %s: expected welcome, got %r", spec.worker_id, answer["op"])
             return REJECTED
-        worker = make_worker(spec.worker_id, spec.job, device)
-        return _serve_commands(spec, channel, worker)
+        startup["welcomed"] = time.time()
+        return _serve_commands(spec, channel, worker, startup)
     except ChannelClosed:
         return DRIVER_GONE
     except ProtocolError:
@@ -230,8 +248,13 @@ def serve(
         channel.close()
 
 
-def _serve_commands(spec: WorkerSpec, channel: Channel, worker: _Served) -> str:
-    """Answer the driver's commands until ``stop``; send heartbeats meanwhile."""
+def _serve_commands(
+    spec: WorkerSpec, channel: Channel, worker: _Served, startup: dict[str, float] | None = None
+) -> str:
+    """Answer the driver's commands until ``stop``; send heartbeats meanwhile.
+
+    ``startup`` (phase times so far) goes with the first ``load`` that succeeds.
+    """
     stop = threading.Event()
     beat = threading.Thread(
         target=_heartbeat,
@@ -249,12 +272,42 @@ def _serve_commands(spec: WorkerSpec, channel: Channel, worker: _Served) -> str:
             if op == "stop":
                 logger.info("worker %s stops", spec.worker_id)
                 return STOPPED
-            channel.send(_execute(worker, message, channel))
+            reply = _execute(worker, message, channel)
+            if startup is not None and op == "load" and reply["ok"]:
+                reply["value"] = {"startup": _startup_phases(worker, startup)}
+                startup = None
+            channel.send(reply)
     finally:
         stop.set()
         channel.close()
         beat.join(timeout=spec.heartbeat_s + 5.0)
         worker.drop(worker.partitions)  # a reused Python worker must not keep the data
+
+
+def _startup_phases(worker: _Served, startup: dict[str, float]) -> dict[str, float]:
+    """The worker's start-up phases (its own and the worker's), in time order, and ``ready``."""
+    phases = dict(startup)
+    own = getattr(worker, "startup", None)
+    if isinstance(own, dict):
+        phases.update(own)
+    phases["ready"] = time.time()
+    return dict(sorted(phases.items(), key=lambda item: item[1]))
+
+
+def process_start_time() -> float | None:
+    """When this process started (``time.time()`` scale), from ``/proc``; ``None`` elsewhere.
+
+    In a Spark task whose Python worker was reused (``spark.python.worker.reuse``) or
+    forked from Spark's Python daemon, this is that process's start.
+    """
+    try:
+        with open("/proc/self/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime", encoding="ascii") as uptime:
+            boot = time.time() - float(uptime.read().split()[0])  # 10 ms, not btime's 1 s
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # starttime: field 22
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _heartbeat(channel: Channel, interval_s: float, stop: threading.Event) -> None:

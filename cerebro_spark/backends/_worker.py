@@ -5,11 +5,20 @@ nothing about either: it reads the dataset's manifest once, loads the train **an
 validation split of every partition index it is given (Cerebro §3.1: the data stays, the
 models hop), and runs each unit on the partition it names; a task with ``task.group`` is
 one rank of a group unit (Cerebro §5.7, :func:`cerebro_spark.training.run_group_unit`).
+
+**Start-up.** Importing torch, then ``torch._dynamo`` (which the first optimizer, or
+``torch.manual_seed``, imports), takes seconds: more than connecting to the driver and
+reading a few partitions. A worker starts both imports in a thread as soon as it is
+made (:meth:`Worker.warm_up`), before it connects, and reads its partitions meanwhile;
+its first ``load`` is answered once both are done, so a ready worker runs its first
+unit without import delays. It records when each phase ended (:attr:`Worker.startup`).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
@@ -42,6 +51,11 @@ class Worker:
         self._data: dict[tuple[str, int], PartitionData] = {}
         self._bytes_read = 0
         self._torch_ready = False
+        self._warming: threading.Thread | None = None
+        self._warm_error: BaseException | None = None
+        self.startup: dict[str, float] = {}
+        """When each start-up phase ended (``time.time()``): ``torch`` (imported and
+        warmed up), ``partitions`` (the first load's partitions read)."""
 
     @property
     def manifest(self) -> Manifest:
@@ -82,7 +96,6 @@ class Worker:
                     f"range(num_partitions={manifest.num_partitions}) of dataset "
                     f"{manifest.dataset_id}"
                 )
-        self._prepare_torch()
         loaded: dict[tuple[str, int], PartitionData] = {}
         before = self._bytes_read
         for index in (i for i in wanted if ("train", i) not in self._data):
@@ -90,6 +103,8 @@ class Worker:
                 data = read_partition(self._job.dataset_uri, split, index, manifest=manifest)
                 self._bytes_read += data.bytes_read
                 loaded[(split, index)] = data
+        self.startup.setdefault("partitions", time.time())
+        self._prepare_torch()  # the warm-up ran while the partitions were read
         self._data.update(loaded)
         read = self._bytes_read - before
         if loaded:
@@ -133,18 +148,50 @@ class Worker:
             )
         return run_unit(*args, worker_id=self._worker_id, device=self._device)
 
+    def warm_up(self) -> None:
+        """Start importing torch and the unit code in a background thread (once).
+
+        :meth:`load` and :meth:`run` wait for it; an import error is raised there.
+        """
+        if self._warming is not None or self._torch_ready:
+            return
+        self._warming = threading.Thread(
+            target=self._warm, name=f"cerebro-warm-up-{self._worker_id}", daemon=True
+        )
+        self._warming.start()
+
+    def _warm(self) -> None:
+        try:
+            self._import_torch()
+        except BaseException as error:  # re-raised by _prepare_torch in the serving thread
+            self._warm_error = error
+
     def _prepare_torch(self) -> None:
         """Import torch and the unit code and pin torch's threads, once (not in a unit's time)."""
         if self._torch_ready:
             return
+        if self._warming is not None:
+            self._warming.join()
+            if self._warm_error is not None:
+                error, self._warm_error, self._warming = self._warm_error, None, None
+                raise error
+            return
+        self._import_torch()
+
+    def _import_torch(self) -> None:
         import torch
 
         import cerebro_spark.training  # noqa: F401  (warm-up import)
 
         torch.set_num_threads(self._job.torch_threads)
-        # Its first call imports torch._inductor (seconds); run_unit calls it every unit.
+        # The first optimizer (any torch._disable_dynamo function) imports torch._dynamo,
+        # and use_deterministic_algorithms (every unit) torch._inductor.config: seconds,
+        # which belong to the start-up, not to the first unit.
+        import torch._dynamo
+
         torch.use_deterministic_algorithms(
             torch.are_deterministic_algorithms_enabled(),
             warn_only=torch.is_deterministic_algorithms_warn_only_enabled(),
         )
         self._torch_ready = True
+        self.startup.setdefault("torch", time.time())

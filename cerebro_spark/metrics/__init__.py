@@ -10,6 +10,7 @@ default is :func:`default_metrics` of the dataset's task.
 from cerebro_spark.metrics._base import (
     LOSS,
     Accumulator,
+    Batch,
     BatchMean,
     Loss,
     Metric,
@@ -47,6 +48,7 @@ __all__ = [
     "TOP_K",
     "Accumulator",
     "Accuracy",
+    "Batch",
     "BatchMean",
     "LogLoss",
     "Loss",

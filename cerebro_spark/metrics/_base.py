@@ -6,7 +6,9 @@ metric keeps a *state* that can be updated batch by batch and merged across unit
 
 * On a worker, :meth:`Metric.init` makes an *accumulator* (a dict of tensors on the
   unit's device) and :meth:`Metric.update` adds a batch to it in place with tensor
-  operations only (no host sync per batch).
+  operations only (no host sync per batch). A unit adds its rows in groups through
+  :meth:`Metric.update_batch`, whose :class:`Batch` computes what several metrics need
+  (the argmax, the label's score ...) once for all of them.
 * At the end of the unit, :meth:`Metric.state` turns the accumulator into a *state*:
   JSON values (numbers and lists), which travel in the unit's result and the event log.
 * On the driver, :meth:`Metric.merge` combines the states of the split's units (in
@@ -32,8 +34,8 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Hashable, Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, Literal, TypeVar
 
 import torch
 
@@ -45,6 +47,38 @@ Mode = Literal["max", "min"]
 
 LOSS = "loss"
 """The name under which the mean per-row loss is reported."""
+
+_T = TypeVar("_T")
+
+
+class Batch:
+    """Rows added to several metrics at once, with what they share computed once.
+
+    A unit hands each metric of a pass the same :class:`Batch` (:meth:`Metric.update_batch`);
+    a metric asks it for an intermediate with :meth:`shared`, so that, for instance, the
+    argmax of the outputs is computed once for accuracy, precision, recall and F1. Values
+    are cached by key for the life of the batch: a key must name one computation of
+    :attr:`outputs` and :attr:`labels` alone (``"predictions"``, ``("class_counts", 10)``).
+
+    Args:
+        outputs: The model's outputs for the rows (no gradient).
+        labels: The rows' labels (after the spec's ``transform``).
+    """
+
+    __slots__ = ("_cache", "labels", "outputs")
+
+    def __init__(self, outputs: torch.Tensor, labels: torch.Tensor) -> None:
+        self.outputs = outputs
+        self.labels = labels
+        self._cache: dict[Hashable, Any] = {}
+
+    def shared(self, key: Hashable, compute: Callable[[], _T]) -> _T:
+        """Return the value cached under ``key``, computing it with ``compute()`` the first time."""
+        try:
+            value: _T = self._cache[key]
+        except KeyError:
+            value = self._cache[key] = compute()
+        return value
 
 
 class Metric(abc.ABC):
@@ -90,6 +124,15 @@ class Metric(abc.ABC):
             outputs: The model's outputs for the batch (no gradient).
             labels: The batch's labels (after the spec's ``transform``).
         """
+
+    def update_batch(self, acc: Accumulator, batch: Batch) -> None:
+        """Add ``batch``'s rows to ``acc`` (default: :meth:`update` on its outputs and labels).
+
+        What a unit calls. Built-in metrics override it to share intermediates with the
+        other metrics of the batch (:meth:`Batch.shared`); the result is the same as
+        :meth:`update`'s.
+        """
+        self.update(acc, batch.outputs, batch.labels)
 
     def accumulator_key(self) -> Hashable | None:
         """Return a key shared by metrics whose accumulators are identical, else ``None``.

@@ -18,8 +18,11 @@ predictions (up to float rounding):
   softmax probabilities. ``nan`` when a class has no positive or no negative row.
   Exact: its state buffers every row's scores, compactly (base64 of their bytes); it is
   not computed on training passes.
-* ``log_loss``: ``log_loss(y, softmax)``, the mean of ``-log p(label)`` (from
-  ``log_softmax`` in float64, so no clipping is needed).
+* ``log_loss``: ``log_loss(y, softmax)``, the mean of ``-log p(label)`` (as
+  ``logsumexp(scores) - score of the label`` in float64, so no clipping is needed).
+
+Metrics of one batch share what they have in common (:class:`~cerebro_spark.metrics.Batch`):
+the argmax, the label's score and rank, and the per-class counts are computed once.
 """
 
 from __future__ import annotations
@@ -31,7 +34,16 @@ from typing import Literal
 import numpy as np
 import torch
 
-from cerebro_spark.metrics._base import Accumulator, Metric, Mode, State, count, ratio, scalar
+from cerebro_spark.metrics._base import (
+    Accumulator,
+    Batch,
+    Metric,
+    Mode,
+    State,
+    count,
+    ratio,
+    scalar,
+)
 
 
 def class_scores(outputs: torch.Tensor) -> torch.Tensor:
@@ -51,6 +63,73 @@ def predictions(outputs: torch.Tensor) -> torch.Tensor:
     return class_scores(outputs).argmax(dim=1)
 
 
+# What the classification metrics of one batch share, each computed once (Batch.shared).
+
+
+def _scores(batch: Batch) -> torch.Tensor:
+    return batch.shared("scores", lambda: class_scores(batch.outputs))
+
+
+def _labels(batch: Batch) -> torch.Tensor:
+    return batch.shared("labels", lambda: batch.labels.reshape(-1).long())
+
+
+def _predictions(batch: Batch) -> torch.Tensor:
+    return batch.shared("predictions", lambda: _scores(batch).argmax(dim=1))
+
+
+def _own_scores(batch: Batch) -> torch.Tensor:
+    """Each row's score of its label, ``(N, 1)``."""
+    return batch.shared("own", lambda: _scores(batch).gather(1, _labels(batch).reshape(-1, 1)))
+
+
+def _ahead(batch: Batch) -> torch.Tensor:
+    """How many classes rank ahead of each row's label (ties: the lower index first)."""
+
+    def compute() -> torch.Tensor:
+        scores, own = _scores(batch), _own_scores(batch)
+        index = torch.arange(scores.shape[1], device=scores.device).reshape(1, -1)
+        lower = index < _labels(batch).reshape(-1, 1)
+        return ((scores > own) | ((scores == own) & lower)).sum(dim=1)
+
+    return batch.shared("ahead", compute)
+
+
+def _class_counts(batch: Batch, num_classes: int) -> tuple[torch.Tensor, ...]:
+    """Per-class ``(true positives, predicted, true)`` counts of the batch's rows.
+
+    Classes outside ``range(num_classes)`` are not counted. On the CPU three
+    ``bincount``; elsewhere one-hot comparisons, since ``bincount`` on a GPU reads its
+    input's maximum back to the host.
+    """
+
+    def compute() -> tuple[torch.Tensor, ...]:
+        labels, predicted = _labels(batch), _predictions(batch)
+        if labels.device.type == "cpu" and (labels.numel() == 0 or int(labels.min()) >= 0):
+            hit = labels[predicted == labels]
+            return tuple(
+                torch.bincount(values, minlength=num_classes)[:num_classes]
+                for values in (hit, predicted, labels)
+            )
+        return _one_hot_counts(labels, predicted, num_classes)
+
+    return batch.shared(("class_counts", num_classes), compute)
+
+
+def _one_hot_counts(
+    labels: torch.Tensor, predicted: torch.Tensor, num_classes: int
+) -> tuple[torch.Tensor, ...]:
+    """:func:`_class_counts` by one-hot comparisons (no host sync on any device)."""
+    classes = torch.arange(num_classes, device=labels.device).reshape(1, -1)
+    is_label = labels.reshape(-1, 1) == classes
+    is_predicted = predicted.reshape(-1, 1) == classes
+    return (
+        (is_label & is_predicted).sum(dim=0),
+        is_predicted.sum(dim=0),
+        is_label.sum(dim=0),
+    )
+
+
 class Accuracy(Metric):
     """Share of rows whose highest-scoring class is the label."""
 
@@ -63,7 +142,12 @@ class Accuracy(Metric):
 
     def update(self, acc: Accumulator, outputs: torch.Tensor, labels: torch.Tensor) -> None:
         """Count the batch's correct rows."""
-        acc["correct"] += (predictions(outputs) == labels).sum()
+        self.update_batch(acc, Batch(outputs, labels))
+
+    def update_batch(self, acc: Accumulator, batch: Batch) -> None:
+        """Count the batch's correct rows (sharing the argmax)."""
+        labels = _labels(batch)
+        acc["correct"] += (_predictions(batch) == labels).sum()
         acc["count"] += labels.shape[0]
 
     def value(self, state: State) -> float:
@@ -92,13 +176,12 @@ class TopKAccuracy(Metric):
 
     def update(self, acc: Accumulator, outputs: torch.Tensor, labels: torch.Tensor) -> None:
         """Count the rows whose label is in the batch's top k."""
-        scores = class_scores(outputs)
-        label = labels.reshape(-1, 1).long()
-        own = scores.gather(1, label)
-        index = torch.arange(scores.shape[1], device=scores.device).reshape(1, -1)
-        ahead = (scores > own) | ((scores == own) & (index < label))
-        acc["correct"] += (ahead.sum(dim=1) < self.k).sum()
-        acc["count"] += labels.shape[0]
+        self.update_batch(acc, Batch(outputs, labels))
+
+    def update_batch(self, acc: Accumulator, batch: Batch) -> None:
+        """Count the rows whose label is in the top k (sharing the ranks with other k)."""
+        acc["correct"] += (_ahead(batch) < self.k).sum()
+        acc["count"] += batch.labels.shape[0]
 
     def value(self, state: State) -> float:
         """Return correct / rows."""
@@ -138,15 +221,14 @@ class _ClassCountMetric(Metric):
 
     def update(self, acc: Accumulator, outputs: torch.Tensor, labels: torch.Tensor) -> None:
         """Add the batch's per-class counts."""
-        predicted = predictions(outputs).reshape(-1, 1)
-        labels = labels.reshape(-1, 1).long()
-        # one-hot comparisons, not bincount or boolean indexing: no host sync on a GPU
-        classes = torch.arange(self.num_classes, device=labels.device).reshape(1, -1)
-        is_label = labels == classes
-        is_predicted = predicted == classes
-        acc["tp"] += (is_label & is_predicted).sum(dim=0)
-        acc["predicted"] += is_predicted.sum(dim=0)
-        acc["true"] += is_label.sum(dim=0)
+        self.update_batch(acc, Batch(outputs, labels))
+
+    def update_batch(self, acc: Accumulator, batch: Batch) -> None:
+        """Add the batch's per-class counts (counted once for every class and average)."""
+        tp, predicted, true = _class_counts(batch, self.num_classes)
+        acc["tp"] += tp
+        acc["predicted"] += predicted
+        acc["true"] += true
 
     def _per_class(self, tp: int, predicted: int, true: int) -> float:
         if self.kind == "precision":
@@ -284,9 +366,14 @@ class LogLoss(Metric):
 
     def update(self, acc: Accumulator, outputs: torch.Tensor, labels: torch.Tensor) -> None:
         """Add the batch's summed ``-log p(label)`` (float64)."""
-        log_p = torch.log_softmax(class_scores(outputs).to(torch.float64), dim=1)
-        acc["sum"] -= log_p.gather(1, labels.reshape(-1, 1).long()).sum()
-        acc["count"] += labels.shape[0]
+        self.update_batch(acc, Batch(outputs, labels))
+
+    def update_batch(self, acc: Accumulator, batch: Batch) -> None:
+        """Add ``sum(logsumexp(scores) - score of the label)`` in float64."""
+        scores = _scores(batch).to(torch.float64)
+        own = _own_scores(batch).reshape(-1).to(torch.float64)
+        acc["sum"] += (torch.logsumexp(scores, dim=1) - own).sum()
+        acc["count"] += batch.labels.shape[0]
 
     def value(self, state: State) -> float:
         """Return the mean."""

@@ -50,6 +50,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import pickle
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, TypedDict
@@ -127,15 +128,114 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
     Raises:
         CheckpointError: If a required key or counter is missing.
     """
+    return encode_payload(checkpoint_payload(checkpoint))
+
+
+def checkpoint_payload(checkpoint: Checkpoint) -> Checkpoint:
+    """Return what :func:`encode_checkpoint` saves: the checkpoint checked, on the CPU.
+
+    Its tensors may be the checkpoint's own (a CPU tensor is not copied); with
+    ``format_version`` set it is what :func:`decode_checkpoint` of its bytes returns.
+
+    Raises:
+        CheckpointError: If a required key or counter is missing.
+    """
     missing = [key for key in _KEYS if key not in checkpoint]
     if missing:
         raise CheckpointError(f"checkpoint to encode lacks keys {missing}; required: {_KEYS}")
     _check_counters(checkpoint["counters"])
     payload = _to_cpu(dict(checkpoint))
     payload["format_version"] = CHECKPOINT_FORMAT_VERSION
+    checked: Checkpoint = payload
+    return checked
+
+
+def encode_payload(payload: Checkpoint) -> bytes:
+    """The bytes of ``torch.save`` of a :func:`checkpoint_payload`."""
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     return buffer.getvalue()
+
+
+class PackedCheckpoint:
+    """A decoded checkpoint kept in memory: what restoring it needs, without its bytes.
+
+    :meth:`unpack` returns what :func:`decode_checkpoint` of the checkpoint's bytes
+    returns, down to which objects are shared: the containers and strings come from a
+    pickle of the payload (protocol 2, as ``torch.save`` writes them, so every string is
+    a new object after unpacking, as after ``torch.load``), the tensors are copies. That
+    matters because ``torch.save`` pickles shared objects once: a unit restored from an
+    unpacked checkpoint writes the same bytes as one restored from the decoded bytes.
+
+    Only plain payloads are packed (dicts, ordered dicts, lists, tuples, strings,
+    numbers, ``None`` and dense tensors): anything else would not decode with
+    ``weights_only=True``, so it is read from its bytes and refused there.
+    """
+
+    __slots__ = ("_skeleton", "_tensors", "nbytes")
+
+    def __init__(self, skeleton: bytes, tensors: tuple[torch.Tensor, ...]) -> None:
+        self._skeleton = skeleton
+        self._tensors = tensors
+        self.nbytes = len(skeleton) + sum(t.numel() * t.element_size() for t in tensors)
+
+    @classmethod
+    def pack(cls, payload: Checkpoint) -> PackedCheckpoint | None:
+        """Pack a :func:`checkpoint_payload` (copying its tensors); ``None`` if not plain."""
+        tensors: list[torch.Tensor] = []
+        index: dict[int, int] = {}
+        if not _plain(payload):
+            return None
+
+        class Pickler(pickle.Pickler):
+            def persistent_id(self, obj: Any) -> int | None:
+                if not isinstance(obj, torch.Tensor):
+                    return None
+                if id(obj) not in index:
+                    index[id(obj)] = len(tensors)
+                    tensors.append(obj.detach().to("cpu", copy=True))
+                return index[id(obj)]
+
+        buffer = io.BytesIO()
+        Pickler(buffer, protocol=2).dump(payload)
+        return cls(buffer.getvalue(), tuple(tensors))
+
+    def unpack(self, device: str | torch.device = "cpu") -> Checkpoint:
+        """Return a new decoded checkpoint with its own tensors on ``device``."""
+        target = torch.device(device)
+        tensors = self._tensors
+        loaded: dict[int, torch.Tensor] = {}
+
+        class Unpickler(pickle.Unpickler):
+            def persistent_load(self, pid: Any) -> torch.Tensor:
+                if pid not in loaded:
+                    loaded[pid] = tensors[pid].to(target, copy=True)
+                return loaded[pid]
+
+            def find_class(self, module: str, name: str) -> Any:
+                if (module, name) == ("collections", "OrderedDict"):
+                    return OrderedDict
+                raise pickle.UnpicklingError(f"{module}.{name} is not part of a plain checkpoint")
+
+        checkpoint: Checkpoint = Unpickler(io.BytesIO(self._skeleton)).load()
+        return checkpoint
+
+
+_PLAIN_LEAVES = (str, int, float, bool, type(None))
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` holds only what :class:`PackedCheckpoint` packs."""
+    if isinstance(value, torch.Tensor):
+        return value.layout == torch.strided and type(value) is torch.Tensor
+    if type(value) in (dict, OrderedDict):
+        extra = vars(value) if type(value) is OrderedDict else {}
+        if set(extra) - {"_metadata"} or not _plain(extra.get("_metadata")):
+            return False
+        return all(type(k) in _PLAIN_LEAVES and _plain(v) for k, v in value.items())
+    if type(value) in (list, tuple):
+        return all(_plain(item) for item in value)
+    return type(value) in _PLAIN_LEAVES
 
 
 def dataset_metadata(info: DatasetInfo) -> dict[str, Any]:

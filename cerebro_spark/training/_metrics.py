@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import pickle
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
@@ -22,6 +23,7 @@ from cerebro_spark.errors import ConfigError
 from cerebro_spark.metrics import (
     LOSS,
     Accumulator,
+    Batch,
     BatchMean,
     Loss,
     Metric,
@@ -85,11 +87,13 @@ class PassMetrics:
     Batches are buffered (their detached outputs, labels and mean loss) and added to the
     metrics in groups (:data:`GROUP_ELEMENTS`, :data:`GROUP_BATCHES`): one update per
     metric per group instead of per batch, since per-operation overhead, not arithmetic,
-    is what small batches cost. A metric's state is exact over any grouping of rows (the
-    :class:`~cerebro_spark.metrics.Metric` protocol), so the counts are the same as
-    batch by batch; float sums may differ in the last bits. Metrics with the same
-    :meth:`~cerebro_spark.metrics.Metric.accumulator_key` share one accumulator, updated
-    once.
+    is what small batches cost. The metrics of a group share one
+    :class:`~cerebro_spark.metrics.Batch`, so what several need (the argmax, the
+    label's score, per-class counts) is computed once. A metric's state is exact over
+    any grouping of rows (the :class:`~cerebro_spark.metrics.Metric` protocol), so the
+    counts are the same as batch by batch; float sums may differ in the last bits.
+    Metrics with the same :meth:`~cerebro_spark.metrics.Metric.accumulator_key` share
+    one accumulator, updated once and read once.
 
     Args:
         spec: The trial's spec.
@@ -156,17 +160,18 @@ class PassMetrics:
         assert isinstance(self.loss, Loss)  # ok: family_metrics puts Loss under "loss"
         self.loss.add_batches(self.loss_accumulator, torch.stack(self._losses), self._batch_rows)
         updated: set[int] = set()  # a shared accumulator is updated once
-        outputs = labels = None
+        batch = None
         for name, metric in self.metrics.items():
             accumulator = self.accumulators[name]
             if isinstance(metric, BatchMean) or id(accumulator) in updated:
                 continue
-            if outputs is None or labels is None:
+            if batch is None:  # one for all metrics: they share its intermediates
                 one = len(self._outputs) == 1
                 outputs = self._outputs[0] if one else torch.cat(self._outputs)
                 labels = self._labels[0] if one else torch.cat(self._labels)
+                batch = Batch(outputs, labels)
             updated.add(id(accumulator))
-            metric.update(accumulator, outputs, labels)
+            metric.update_batch(accumulator, batch)
         self._outputs, self._labels, self._losses, self._batch_rows = [], [], [], []
         self._elements = 0
 
@@ -191,14 +196,27 @@ class PassMetrics:
         self.flush()
         states = {LOSS: self.loss.state(self.loss_accumulator)}
         metrics: dict[str, Metric] = {LOSS: self.loss}
+        read: dict[tuple[int, object], State] = {}  # a shared accumulator is read once
         for name, metric in self.metrics.items():
-            states[name] = metric.state(self.accumulators[name])
+            accumulator = self.accumulators[name]
+            key = (id(accumulator), type(metric).state)
+            if key not in read:
+                read[key] = metric.state(accumulator)
+                states[name] = read[key]
+            else:
+                states[name] = _copy_state(read[key])
             metrics[name] = metric
         sums: dict[str, float] = {}
         for name, state in states.items():
             value = metrics[name].value(state)
             sums[name] = value * self.rows if self.rows else 0.0
         return states, sums
+
+
+def _copy_state(state: State) -> State:
+    """A deep copy of a JSON state, for a metric sharing another's accumulator."""
+    copied: State = pickle.loads(pickle.dumps(state, pickle.HIGHEST_PROTOCOL))
+    return copied
 
 
 def metric_value(metric: Metric, states: Iterable[State]) -> float:

@@ -354,3 +354,17 @@ def test_a_failed_rehome_load_is_reported_as_a_membership_change(
     changes = pool.changes()
     assert kinds(changes) == [("lost", "w1"), ("partitions", "w0"), ("partitions", "w0")]
     assert [c.worker.partitions for c in changes[1:]] == [{0, 1, 2, 3}, {0, 2}]
+
+
+def test_the_pool_records_when_each_worker_reached_each_start_up_phase(
+    pools: Callable[..., WorkerPool],
+) -> None:
+    before = time.time()
+    pool = pools(2)
+    startup = pool.stats().startup
+    assert sorted(startup) == ["w0", "w1"]
+    for phases in startup.values():
+        # the worker's own phases (serve.py) between the driver's launch and its listing
+        order = ["launched", "serve", "connected", "welcomed", "ready", "listed"]
+        assert [phases[name] for name in order] == sorted(phases[name] for name in order)
+        assert before - 1.0 <= phases["launched"] and phases["listed"] <= time.time()

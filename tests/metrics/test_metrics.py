@@ -16,6 +16,7 @@ from cerebro_spark.metrics import (
     F1,
     R2,
     Accuracy,
+    Batch,
     BatchMean,
     LogLoss,
     Loss,
@@ -33,6 +34,7 @@ from cerebro_spark.metrics import (
     merge_states,
     metric_modes,
 )
+from cerebro_spark.metrics._classification import _class_counts, _one_hot_counts
 
 pytestmark = pytest.mark.torch
 
@@ -132,6 +134,48 @@ def test_classification_metrics_equal_sklearn(seed, n, classes, units):
             assert math.isnan(got), metric.name
         else:
             assert got == pytest.approx(want, rel=1e-9, abs=1e-12), metric.name
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(0, 200), classes=st.integers(2, 12))
+def test_metrics_sharing_one_batch_get_what_each_computes_alone(seed, n, classes):
+    """A unit hands every metric one Batch (the argmax, the label's score and rank, the
+    class counts computed once): each state is the one the metric computes alone, also
+    for metrics whose shared values differ (two k, two numbers of classes)."""
+    logits, labels = classification_data(seed, n, classes)
+    metrics = [
+        *default_metrics("classification", classes),
+        TopKAccuracy(1),
+        TopKAccuracy(classes),
+        Precision(classes + 1),
+        F1(classes + 2, classes),
+    ]
+    shared = Batch(logits, labels)
+    for metric in metrics:
+        alone, together = metric.init(CPU), metric.init(CPU)
+        metric.update(alone, logits, labels)
+        metric.update_batch(together, shared)
+        assert metric.state(alone) == metric.state(together), metric.name
+    # the one-hot counts a GPU computes are the CPU's bincounts
+    counts = _class_counts(Batch(logits, labels), classes)
+    predicted = logits.argmax(dim=1)
+    assert [c.tolist() for c in counts] == [
+        c.tolist() for c in _one_hot_counts(labels, predicted, classes)
+    ]
+    # log loss as before (log_softmax in float64) to the last bits
+    acc = LogLoss().init(CPU)
+    LogLoss().update_batch(acc, shared)
+    before = -torch.log_softmax(logits.double(), dim=1).gather(1, labels.reshape(-1, 1)).sum()
+    assert float(acc["sum"]) == pytest.approx(float(before), rel=1e-12, abs=1e-12)
+
+
+def test_classes_outside_the_range_are_not_counted():
+    logits = torch.tensor([[0.0, 1.0, 3.0], [2.0, 0.0, 0.0], [0.0, 5.0, 0.0]])
+    labels = torch.tensor([2, 0, 1])
+    precision = Precision(2)  # the model has a third output the metric does not know
+    acc = precision.init(CPU)
+    precision.update(acc, logits, labels)
+    assert precision.state(acc) == {"tp": [1, 1], "predicted": [1, 1], "true": [1, 1]}
 
 
 @settings(max_examples=60, deadline=None)

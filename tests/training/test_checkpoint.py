@@ -13,6 +13,7 @@ from cerebro_spark.training import (
     state_digest,
     weights_digest,
 )
+from cerebro_spark.training._checkpoint import PackedCheckpoint, checkpoint_payload
 
 pytestmark = pytest.mark.torch
 
@@ -143,3 +144,53 @@ def test_bad_counters_are_refused_when_encoding_and_decoding():
         decode_checkpoint(buffer.getvalue())
     with pytest.raises(CheckpointError, match="lacks keys"):
         encode_checkpoint({"model": {}})
+
+
+def _restored_and_saved(checkpoint) -> bytes:
+    """Restore a model and its optimizer from ``checkpoint``, step once, encode again."""
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=5)
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    scheduler.load_state_dict(checkpoint["lr_scheduler"])
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    scheduler.step()
+    return encode_checkpoint(
+        {
+            **checkpoint,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "lr_scheduler": scheduler.state_dict(),
+        }
+    )
+
+
+def test_a_packed_checkpoint_unpacks_to_what_its_bytes_decode_to():
+    payload = checkpoint_payload(make_checkpoint())
+    packed = PackedCheckpoint.pack(payload)
+    assert packed is not None and packed.nbytes > 0
+    expected = encode_checkpoint(payload)
+    decoded = decode_checkpoint(expected)
+    unpacked = packed.unpack()
+    assert encode_checkpoint(unpacked) == encode_checkpoint(decoded) == expected
+    assert type(unpacked["model"]) is type(decoded["model"])
+    assert unpacked["model"]._metadata == decoded["model"]._metadata
+    # restoring from it writes the same bytes as restoring from the decoded bytes: the
+    # strings and containers it shares with nothing else are new objects, as after a load
+    assert _restored_and_saved(packed.unpack()) == _restored_and_saved(decoded)
+    # its tensors are its own: neither the payload's later changes nor an unpacked
+    # copy's reach it (the restore above stepped the optimizer's unpacked moments)
+    payload["model"]["0.weight"].add_(1.0)
+    unpacked["optimizer"]["state"][0]["exp_avg"].zero_()
+    assert encode_checkpoint(packed.unpack()) == expected
+
+
+def test_only_plain_payloads_are_packed():
+    payload = checkpoint_payload(make_checkpoint())
+    payload["trial"] = {"odd": {1, 2}}  # a set: torch.load(weights_only=True) refuses it
+    assert PackedCheckpoint.pack(payload) is None
+    payload["trial"] = {"odd": nn.Linear(1, 1)}
+    assert PackedCheckpoint.pack(payload) is None
