@@ -37,6 +37,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import cerebro_spark.report  # noqa: F401  # imported before timing: a one-off, not per unit
 from cerebro_spark.backends import Backend, Membership, WorkerChange, WorkerInfo, WorkerJob
 from cerebro_spark.data import read_manifest
 from cerebro_spark.engine import ExperimentConfig, parse_config, read_events
