@@ -1,0 +1,213 @@
+"""The MOP epoch model against measured runs, then its prediction at scale (issue 13, part 6).
+
+**Validation.** For each Spark master (default ``local[2]`` and ``local-cluster[2,1,1024]``,
+the Spark backend, 2 workers) two real runs of a small MLP grid search on sklearn's digits:
+
+* run A: 6 trials, P = 4, 3 epochs;
+* run B: 10 trials, P = 4, 2 epochs (another config).
+
+The overheads (:func:`~cerebro_spark.simulate.measure_overheads`: compute, hop, dispatch,
+start-up, round) are fitted on run A's **first epoch only**; the model
+(:func:`~cerebro_spark.simulate.predict_epoch`) then predicts run A's later epochs and
+both epochs of run B, none of which it saw. Driver CPU per unit is the driver process's
+CPU over the whole of run A (``time.process_time``: Spark's JVM and the workers are other
+processes) divided by its units: an upper bound, its start-up included. Each master runs
+in its own Python process (one SparkContext each).
+
+**At scale.** With the overheads fitted on ``local-cluster`` (the Spark backend with
+executors in their own JVMs), the predicted epoch makespan and driver load at p in {64,
+256, 1024} workers, |S| = 1,024 trials, P = 64 partitions (p > P: each partition has p / P
+replicas), for the measured tiny unit and for a unit of 1 s compute (a real model; same
+hop, dispatch and driver CPU), with the driver CPU per unit of ``--driver-cpu-ms`` (default
+0.2 ms: the bound ``benchmarks/driver_scale.py`` checks).
+
+    python benchmarks/simulator_validation.py
+    python benchmarks/simulator_validation.py --out benchmarks/results/simulator_validation.txt
+    python benchmarks/simulator_validation.py --quick     # local[2] only, no table at p = 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cerebro_spark.engine import parse_config, read_events, run_experiment
+from cerebro_spark.engine._experiment import experiment_prefix
+from cerebro_spark.simulate import (
+    UnitOverheads,
+    measure_overheads,
+    predict_epoch,
+    round_makespans,
+)
+from cerebro_spark.store import open_store
+
+RUNS = {"A": (6, 3), "B": (10, 2)}
+"""Run name -> (trials, epochs)."""
+PARTITIONS = 4
+WORKERS = 2
+
+
+def config(root: Path, master: str, trials: int, epochs: int) -> Any:
+    """A small MLP grid search on the Spark backend."""
+    return parse_config(
+        {
+            "name": "simval",
+            "seed": 7,
+            "store": str(root),
+            "data": {"source": "sklearn:digits", "partitions": PARTITIONS},
+            "procedure": "grid",
+            "epochs": epochs,
+            "metric": "loss",
+            "mode": "min",
+            "workers": WORKERS,
+            "backend": "spark",
+            "spark": {"master": master, "conf": {"spark.ui.enabled": "false"}},
+            "torch_threads": 1,
+            "model": "cerebro_spark.training:MLPSpec",
+            "space": {
+                "hidden_units": [64],
+                "batch_size": 32,
+                "lr": {"grid": [round(1e-3 * (i + 1), 6) for i in range(trials)]},
+            },
+        }
+    )
+
+
+def run_master(master: str, root: Path) -> dict[str, Any]:
+    """Run A and B on ``master``; return their event logs and run A's driver CPU."""
+    logs: dict[str, Any] = {}
+    cpu_run: dict[str, float] = {}
+    for name, (trials, epochs) in RUNS.items():
+        cfg = config(root, master, trials, epochs)
+        experiment = f"{name}-{int(time.time())}"
+        cpu = time.process_time()
+        result = run_experiment(cfg, experiment_id=experiment)
+        cpu_run[name] = time.process_time() - cpu
+        store = open_store(str(root)).child(experiment_prefix(result.experiment_id))
+        logs[name] = list(read_events(store))
+    return {"master": master, "logs": logs, "cpu_run": cpu_run}
+
+
+def validate(measured: dict[str, Any]) -> tuple[list[str], UnitOverheads, float, list[float]]:
+    """Fit on run A's first epoch, predict the rest; return table lines and the fit."""
+    logs = measured["logs"]
+    fit = measure_overheads(logs["A"], rounds=[0])
+    units0 = sum(1 for e in logs["A"] if e["event"] == "unit_end" and e["round"] == 0)
+    units = sum(1 for e in logs["A"] if e["event"] == "unit_end")
+    driver_cpu = measured["cpu_run"]["A"] / units
+    lines = [
+        f"{measured['master']}: fitted on run A epoch 1 ({units0} units): {fit.describe()}; "
+        f"driver CPU {driver_cpu * 1e3:.2f} ms/unit",
+        "",
+        "| master | run | trials | epoch | measured s | predicted s | error |",
+        "|:--|:--|--:|--:|--:|--:|--:|",
+    ]
+    errors = []
+    for name, (trials, _) in RUNS.items():
+        spans = round_makespans(logs[name])
+        for number, span in sorted(spans.items()):
+            if name == "A" and number == 0:
+                continue  # the epoch fitted on
+            predicted = predict_epoch(
+                fit,
+                trials=trials,
+                partitions=PARTITIONS,
+                workers=WORKERS,
+                driver_cpu_seconds=driver_cpu,
+            ).makespan
+            error = predicted / span - 1
+            errors.append(error)
+            lines.append(
+                f"| {measured['master']} | {name} | {trials} | {number + 1} | {span:.2f} "
+                f"| {predicted:.2f} | {error:+.1%} |"
+            )
+    return lines, fit, driver_cpu, errors
+
+
+def scale_table(fit: UnitOverheads, driver_cpu: float, workers: Sequence[int]) -> list[str]:
+    """Predicted epochs at scale for the measured unit and for 1 s of compute."""
+    trials, partitions = 1024, 64
+    lines = [
+        f"Predicted one epoch at |S| = {trials} trials, P = {partitions} partitions, "
+        f"driver CPU {driver_cpu * 1e3:.2f} ms/unit, overheads fitted on local-cluster "
+        "(no worker lost; start-up not in the epoch: workers ready at its start)",
+        "",
+        "| unit compute | p | units | makespan s | bound s | driver CPU s | driver load "
+        "(cores) | workers busy | predict s (CPU) |",
+        "|:--|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    variants = [("measured", fit), ("1 s", fit.with_compute(1.0, 0.25))]
+    for label, overheads in variants:
+        for p in workers:
+            took = time.process_time()
+            r = predict_epoch(
+                overheads,
+                trials=trials,
+                partitions=partitions,
+                workers=p,
+                driver_cpu_seconds=driver_cpu,
+            )
+            took = time.process_time() - took
+            compute = f"{label} ({overheads.train_seconds * 1e3:.0f} ms train)"
+            lines.append(
+                f"| {compute} | {p} | {r.units:,} | {r.makespan:,.1f} | {r.bound:,.1f} "
+                f"| {r.driver_cpu:,.1f} | {r.driver_load:.2f} | {r.worker_busy:.0%} "
+                f"| {took:.1f} |"
+            )
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--masters", nargs="*", help="Spark masters to validate on")
+    parser.add_argument("--quick", action="store_true", help="local[2] only, p in {64, 256}")
+    parser.add_argument("--driver-cpu-ms", type=float, default=0.2, help="for the table")
+    parser.add_argument("--out", type=Path, help="also write the text to this file")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one master
+    parser.add_argument("--json", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    logging.getLogger("cerebro_spark").setLevel(logging.WARNING)
+    if args.one:
+        with tempfile.TemporaryDirectory(prefix="simval-") as tmp:
+            args.json.write_text(json.dumps(run_master(args.one, Path(tmp))))
+        return ""
+    masters = args.masters or (
+        ["local[2]"] if args.quick else ["local[2]", "local-cluster[2,1,1024]"]
+    )
+    lines: list[str] = []
+    fits: dict[str, tuple[UnitOverheads, float]] = {}
+    errors: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="simval-json-") as tmp:
+        for master in masters:
+            out = Path(tmp) / "run.json"
+            command = [sys.executable, __file__, "--one", master, "--json", str(out)]
+            subprocess.run(command, check=True, env=os.environ.copy())
+            found, fit, cpu, errs = validate(json.loads(out.read_text()))
+            fits[master] = (fit, cpu)
+            errors += errs
+            lines += [*found, ""]
+            print("\n".join(found), flush=True)
+    worst = max(abs(e) for e in errors)
+    lines.append(f"largest prediction error: {worst:.1%} over {len(errors)} epochs not fitted on")
+    lines.append("")
+    fit, _ = fits.get("local-cluster[2,1,1024]", fits[masters[-1]])
+    table = scale_table(fit, args.driver_cpu_ms / 1e3, [64, 256] if args.quick else [64, 256, 1024])
+    lines += table
+    print("\n".join(lines[-len(table) - 2 :]), flush=True)
+    text = "\n".join(lines) + "\n"
+    if args.out is not None:
+        args.out.write_text(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
