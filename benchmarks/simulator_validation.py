@@ -3,14 +3,15 @@
 **Validation.** For each Spark master (default ``local[2]`` and ``local-cluster[2,1,1024]``,
 the Spark backend, 2 workers) two real runs of a small MLP grid search on sklearn's digits:
 
-* run A: 6 trials, P = 4, 3 epochs;
-* run B: 10 trials, P = 4, 2 epochs (another config).
+* run A: 6 trials, P = 4, 2 epochs;
+* run B: 10 trials, P = 4, 3 epochs (another config).
 
 The overheads (:func:`~cerebro_spark.simulate.measure_overheads`: compute, hop, dispatch,
-start-up, round) are fitted on run A's **first epoch only**; the model
-(:func:`~cerebro_spark.simulate.predict_epoch`) then predicts run A's later epochs and
-both epochs of run B, none of which it saw. Driver CPU per unit is the driver process's
-CPU over the whole of run A (``time.process_time``: Spark's JVM and the workers are other
+start-up, round) are fitted on one run and the model
+(:func:`~cerebro_spark.simulate.predict_epoch`) predicts epochs it did not see: fitted on
+all of run A, every epoch of run B (another config); fitted on run B's first epoch, its
+second and third (the next epochs). Driver CPU per unit is the driver process's CPU over
+the whole of the fitted run (``time.process_time``: Spark's JVM and the workers are other
 processes) divided by its units: an upper bound, its start-up included. Each master runs
 in its own Python process (one SparkContext each).
 
@@ -50,7 +51,7 @@ from cerebro_spark.simulate import (
 )
 from cerebro_spark.store import open_store
 
-RUNS = {"A": (6, 3), "B": (10, 2)}
+RUNS = {"A": (6, 2), "B": (10, 3)}
 """Run name -> (trials, epochs)."""
 PARTITIONS = 4
 WORKERS = 2
@@ -74,8 +75,8 @@ def config(root: Path, master: str, trials: int, epochs: int) -> Any:
             "torch_threads": 1,
             "model": "cerebro_spark.training:MLPSpec",
             "space": {
-                "hidden_units": [64],
-                "batch_size": 32,
+                "hidden_units": [256, 256],
+                "batch_size": 16,
                 "lr": {"grid": [round(1e-3 * (i + 1), 6) for i in range(trials)]},
             },
         }
@@ -94,29 +95,42 @@ def run_master(master: str, root: Path) -> dict[str, Any]:
         cpu_run[name] = time.process_time() - cpu
         store = open_store(str(root)).child(experiment_prefix(result.experiment_id))
         logs[name] = list(read_events(store))
+    from pyspark.sql import SparkSession
+
+    session = SparkSession.getActiveSession()
+    if session is not None:
+        session.stop()  # before the interpreter exits: no executor relaunched mid-shutdown
     return {"master": master, "logs": logs, "cpu_run": cpu_run}
 
 
+FITS = (("A", None, "B", None), ("B", [0], "B", [1, 2]))
+"""(run fitted on, its rounds (None: all), run predicted, its rounds): another config; the
+next epochs of the same run."""
+
+
 def validate(measured: dict[str, Any]) -> tuple[list[str], UnitOverheads, float, list[float]]:
-    """Fit on run A's first epoch, predict the rest; return table lines and the fit."""
+    """Fit and predict as :data:`FITS` says; return table lines, run A's fit and errors."""
     logs = measured["logs"]
-    fit = measure_overheads(logs["A"], rounds=[0])
-    units0 = sum(1 for e in logs["A"] if e["event"] == "unit_end" and e["round"] == 0)
-    units = sum(1 for e in logs["A"] if e["event"] == "unit_end")
-    driver_cpu = measured["cpu_run"]["A"] / units
-    lines = [
-        f"{measured['master']}: fitted on run A epoch 1 ({units0} units): {fit.describe()}; "
-        f"driver CPU {driver_cpu * 1e3:.2f} ms/unit",
-        "",
-        "| master | run | trials | epoch | measured s | predicted s | error |",
-        "|:--|:--|--:|--:|--:|--:|--:|",
-    ]
+    master = measured["master"]
+    lines = []
+    rows = []
     errors = []
-    for name, (trials, _) in RUNS.items():
-        spans = round_makespans(logs[name])
+    fits = {}
+    for fitted, fit_rounds, predicted_run, rounds in FITS:
+        fit = measure_overheads(logs[fitted], rounds=fit_rounds)
+        units = sum(1 for e in logs[fitted] if e["event"] == "unit_end")
+        driver_cpu = measured["cpu_run"][fitted] / units
+        fits[fitted, fit_rounds is None] = (fit, driver_cpu)
+        which = "all epochs" if fit_rounds is None else f"epoch {fit_rounds[0] + 1}"
+        lines.append(
+            f"{master}: fitted on run {fitted} {which}: {fit.describe()}; "
+            f"driver CPU {driver_cpu * 1e3:.2f} ms/unit (whole run)"
+        )
+        trials = RUNS[predicted_run][0]
+        spans = round_makespans(logs[predicted_run])
         for number, span in sorted(spans.items()):
-            if name == "A" and number == 0:
-                continue  # the epoch fitted on
+            if rounds is not None and number not in rounds:
+                continue
             predicted = predict_epoch(
                 fit,
                 trials=trials,
@@ -126,10 +140,17 @@ def validate(measured: dict[str, Any]) -> tuple[list[str], UnitOverheads, float,
             ).makespan
             error = predicted / span - 1
             errors.append(error)
-            lines.append(
-                f"| {measured['master']} | {name} | {trials} | {number + 1} | {span:.2f} "
-                f"| {predicted:.2f} | {error:+.1%} |"
+            rows.append(
+                f"| {master} | {fitted} {which} | {predicted_run} | {trials} | {number + 1} "
+                f"| {span:.2f} | {predicted:.2f} | {error:+.1%} |"
             )
+    lines += [
+        "",
+        "| master | fitted on | run | trials | epoch | measured s | predicted s | error |",
+        "|:--|:--|:--|--:|--:|--:|--:|--:|",
+        *rows,
+    ]
+    fit, driver_cpu = fits["A", True]
     return lines, fit, driver_cpu, errors
 
 
@@ -166,12 +187,18 @@ def scale_table(fit: UnitOverheads, driver_cpu: float, workers: Sequence[int]) -
     return lines
 
 
+def _file_name(master: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in master)
+
+
 def main(argv: Sequence[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--masters", nargs="*", help="Spark masters to validate on")
     parser.add_argument("--quick", action="store_true", help="local[2] only, p in {64, 256}")
     parser.add_argument("--driver-cpu-ms", type=float, default=0.2, help="for the table")
     parser.add_argument("--out", type=Path, help="also write the text to this file")
+    parser.add_argument("--keep", type=Path, help="keep each master's event logs (JSON) here")
+    parser.add_argument("--load", type=Path, help="re-analyse the logs --keep kept, run nothing")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one master
     parser.add_argument("--json", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -188,9 +215,11 @@ def main(argv: Sequence[str] | None = None) -> str:
     errors: list[float] = []
     with tempfile.TemporaryDirectory(prefix="simval-json-") as tmp:
         for master in masters:
-            out = Path(tmp) / "run.json"
-            command = [sys.executable, __file__, "--one", master, "--json", str(out)]
-            subprocess.run(command, check=True, env=os.environ.copy())
+            out = (args.load or args.keep or Path(tmp)) / f"{_file_name(master)}.json"
+            if args.load is None:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                command = [sys.executable, __file__, "--one", master, "--json", str(out)]
+                subprocess.run(command, check=True, env=os.environ.copy())
             found, fit, cpu, errs = validate(json.loads(out.read_text()))
             fits[master] = (fit, cpu)
             errors += errs

@@ -14,7 +14,8 @@ virtual clock, with every unit's time made of the measured parts of
   has handled the result, if that is later;
 * worker ``i`` is ready ``ready_at[i]`` seconds after the epoch starts (start-up: the
   first epoch of a run on workers still starting, 0 for later epochs);
-* the epoch ends ``round_seconds`` after its last unit (decisions, leaderboard, report).
+* the epoch ends ``round_seconds`` after its last unit (the procedure's decisions); the
+  next one starts ``between_rounds_seconds`` later (:attr:`EpochPrediction.period`).
 
 Worker ``k`` of ``p`` holds partitions ``k, k + p, ...`` when ``p <= P`` and partition
 ``k mod P`` (a replica) when ``p > P``, as the worker pool places them. The driver load is
@@ -53,6 +54,7 @@ class EpochPrediction:
         bound: :func:`epoch_bound` (seconds).
         driver_cpu: Driver CPU seconds the epoch costs.
         worker_busy: Share of the workers' time (from ready to the last unit) spent in units.
+        between_rounds: Seconds from the epoch's end to the next one's start.
     """
 
     workers: int
@@ -63,6 +65,12 @@ class EpochPrediction:
     bound: float
     driver_cpu: float
     worker_busy: float
+    between_rounds: float = 0.0
+
+    @property
+    def period(self) -> float:
+        """Seconds per epoch in a run of many: the makespan and the gap to the next."""
+        return self.makespan + self.between_rounds
 
     @property
     def driver_load(self) -> float:
@@ -210,6 +218,7 @@ def predict_epoch(
         ),
         driver_cpu=units * driver_cpu_seconds,
         worker_busy=busy / window if window > 0 else 0.0,
+        between_rounds=overheads.between_rounds_seconds,
     )
 
 

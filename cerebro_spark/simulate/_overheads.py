@@ -17,8 +17,9 @@ a scale no one can afford to measure, each measured on a real run's ``events.jso
   a worker ready (its ``worker_ready``: Python, torch, partitions loaded), median over the
   first session's workers;
 * **round**: per round, from ``round_start`` to its first ``unit_start`` plus from its last
-  ``unit_end`` to ``round_end`` (the procedure's decisions, the leaderboard, the report),
-  median over rounds;
+  ``unit_end`` to ``round_end`` (the procedure's decisions), median over rounds; **between
+  rounds**: from a ``round_end`` to the next ``round_start`` (the leaderboard, the report's
+  refresh, the procedure's next suggestions), median;
 * **re-homing**: from a worker's ``worker_lost``/``worker_retired`` to the next
   ``worker_partitions`` that hands its partitions to a survivor, median (``None`` when the
   run lost no worker).
@@ -50,6 +51,7 @@ class UnitOverheads:
         dispatch_seconds: Median time a worker spends per unit outside the unit.
         startup_seconds: Median from the backend's start to a worker ready.
         round_seconds: Median per round outside its units (its start and its end).
+        between_rounds_seconds: Median from a round's end to the next round's start.
         rehome_seconds: Median from a worker's loss to its partitions served again, or
             ``None`` when the run lost none.
         units: Units measured.
@@ -62,6 +64,7 @@ class UnitOverheads:
     dispatch_seconds: float
     startup_seconds: float
     round_seconds: float = 0.0
+    between_rounds_seconds: float = 0.0
     rehome_seconds: float | None = None
     units: int = 0
 
@@ -95,7 +98,8 @@ class UnitOverheads:
             f"validate {self.validate_seconds * 1e3:.1f} ms + "
             f"{self.validate_hop_seconds * 1e3:.1f} ms, dispatch "
             f"{self.dispatch_seconds * 1e3:.1f} ms, start-up {self.startup_seconds:.2f} s, "
-            f"round {self.round_seconds * 1e3:.0f} ms, re-homing {rehome} ({self.units} units)"
+            f"round {self.round_seconds * 1e3:.0f} ms + {self.between_rounds_seconds * 1e3:.0f} ms "
+            f"between, re-homing {rehome} ({self.units} units)"
         )
 
 
@@ -175,6 +179,11 @@ def measure_overheads(
         spans.sort()
         for (start, end, seconds), (following, _, _) in itertools.pairwise(spans):
             dispatch.append(max(0.0, end - start - seconds) + max(0.0, following - end))
+    gaps = [
+        round_open[n + 1] - round_close[n]
+        for n in sorted(round_close)
+        if n + 1 in round_open and (chosen is None or n in chosen)
+    ]
     overhead = [
         (first_start[n] - round_open[n]) + (round_close[n] - last_end[n])
         for n in sorted(first_start)
@@ -190,6 +199,7 @@ def measure_overheads(
         dispatch_seconds=statistics.median(dispatch) if dispatch else 0.0,
         startup_seconds=max(0.0, statistics.median(ready.values()) - backend_start),
         round_seconds=max(0.0, statistics.median(overhead)) if overhead else 0.0,
+        between_rounds_seconds=max(0.0, statistics.median(gaps)) if gaps else 0.0,
         rehome_seconds=max(0.0, statistics.median(rehome)) if rehome else None,
         units=len(ends),
     )

@@ -35,11 +35,12 @@ def test_a_balanced_epoch_takes_the_work_over_the_workers() -> None:
 
 def test_dispatch_and_round_overheads_add_up() -> None:
     slow = UnitOverheads(0.8, 0.3, 0.2, 0.2, dispatch_seconds=0.1, startup_seconds=0.0,
-                         round_seconds=0.5)  # fmt: skip
+                         round_seconds=0.5, between_rounds_seconds=0.25)  # fmt: skip
     found = predict_epoch(slow, trials=4, partitions=2, workers=2)
     # 8 units a worker, 7 dispatches between them, then the round's end
     assert found.makespan == pytest.approx(6.0 + 7 * 0.1 + 0.5)
     assert found.makespan == pytest.approx(found.bound)
+    assert found.period == pytest.approx(found.makespan + 0.25)
 
 
 def test_more_workers_and_trials_in_proportion_keep_the_epoch() -> None:

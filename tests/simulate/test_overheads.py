@@ -37,6 +37,7 @@ def log() -> list[dict[str, Any]]:
         unit("unit_end", 11.0, "w0", "t1", "validate", seconds=0.2, io_seconds=0.05, **end),
         unit("unit_end", 11.6, "w1", "t0", "validate", seconds=0.2, io_seconds=0.15, **end),
         {"event": "round_end", "time": 11.9, "round": 0},
+        {"event": "round_start", "time": 12.4, "round": 1},
         {"event": "worker_lost", "time": 20.0, "worker": "w1"},
         {"event": "worker_partitions", "time": 21.5, "worker": "w0", "partitions": [0, 1]},
     ]
@@ -51,6 +52,7 @@ def test_each_overhead_is_measured_as_documented() -> None:
     assert found.dispatch_seconds == pytest.approx((0.15 + 0.2) / 2)  # median of two
     assert found.startup_seconds == pytest.approx(5.5)  # median ready 6.5 - dataset 1.0
     assert found.round_seconds == pytest.approx(0.1 + 0.3)  # to the first start, from the last end
+    assert found.between_rounds_seconds == pytest.approx(0.5)
     assert found.rehome_seconds == pytest.approx(1.5)
     assert found.units == 4
     assert found.unit_seconds("train") == pytest.approx(0.7)
@@ -59,7 +61,7 @@ def test_each_overhead_is_measured_as_documented() -> None:
 
 
 def test_round_makespans_and_a_run_that_lost_no_worker() -> None:
-    events = log()[:-2]
+    events = log()[:-2]  # no loss
     assert round_makespans(events) == {0: pytest.approx(1.9)}
     assert measure_overheads(events).rehome_seconds is None
     with_more = measure_overheads(events, rounds=[0])
