@@ -10,10 +10,10 @@ The overheads (:func:`~cerebro_spark.simulate.measure_overheads`: compute, hop, 
 start-up, round) are fitted on one run and the model
 (:func:`~cerebro_spark.simulate.predict_epoch`) predicts epochs it did not see: fitted on
 all of run A, every epoch of run B (another config); fitted on run B's first epoch, its
-second and third (the next epochs). Driver CPU per unit is the driver process's CPU over
-the whole of the fitted run (``time.process_time``: Spark's JVM and the workers are other
-processes) divided by its units: an upper bound, its start-up included. Each master runs
-in its own Python process (one SparkContext each).
+second and third (the next epochs). Driver CPU per unit is the driver process's CPU
+(``time.process_time``: Spark's JVM and the workers are other processes) from the fitted
+run's first ``round_start`` to its last ``round_end``, divided by its units. Each master
+runs in its own Python process (one SparkContext each).
 
 **At scale.** With the overheads fitted on ``local-cluster`` (the Spark backend with
 executors in their own JVMs), the predicted epoch makespan and driver load at p in {64,
@@ -41,8 +41,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cerebro_spark.engine import parse_config, read_events, run_experiment
-from cerebro_spark.engine._experiment import experiment_prefix
+from cerebro_spark.engine import default_backend, parse_config, read_events
+from cerebro_spark.engine._experiment import Experiment, experiment_prefix
+from cerebro_spark.engine._preflight import preflight
 from cerebro_spark.simulate import (
     UnitOverheads,
     measure_overheads,
@@ -84,23 +85,40 @@ def config(root: Path, master: str, trials: int, epochs: int) -> Any:
 
 
 def run_master(master: str, root: Path) -> dict[str, Any]:
-    """Run A and B on ``master``; return their event logs and run A's driver CPU."""
+    """Run A and B on ``master``; return their event logs and driver CPU over their rounds.
+
+    The real engine (``Experiment.run``, as ``run_experiment`` runs it) with an event-log
+    listener that reads the process CPU time at the first ``round_start`` and at each
+    ``round_end``: the driver's CPU over the rounds, without the Spark session's and the
+    workers' start-up.
+    """
+    store = open_store(str(root))
     logs: dict[str, Any] = {}
-    cpu_run: dict[str, float] = {}
+    cpu: dict[str, float] = {}
     for name, (trials, epochs) in RUNS.items():
-        cfg = config(root, master, trials, epochs)
-        experiment = f"{name}-{int(time.time())}"
-        cpu = time.process_time()
-        result = run_experiment(cfg, experiment_id=experiment)
-        cpu_run[name] = time.process_time() - cpu
-        store = open_store(str(root)).child(experiment_prefix(result.experiment_id))
-        logs[name] = list(read_events(store))
+        checked = preflight(config(root, master, trials, epochs), store)
+        experiment_id = f"{name}-{int(time.time())}"
+        experiment = Experiment(
+            checked.config, store, experiment_id, default_backend, preflight=checked
+        )
+        marks: dict[str, float] = {}
+
+        def listen(event: dict[str, Any], marks: dict[str, float] = marks) -> None:
+            if event["event"] == "round_start":
+                marks.setdefault("start", time.process_time())
+            elif event["event"] == "round_end":
+                marks["end"] = time.process_time()
+
+        experiment.log.listeners.append(listen)
+        experiment.run()
+        logs[name] = list(read_events(store.child(experiment_prefix(experiment_id))))
+        cpu[name] = marks["end"] - marks["start"]
     from pyspark.sql import SparkSession
 
     session = SparkSession.getActiveSession()
     if session is not None:
         session.stop()  # before the interpreter exits: no executor relaunched mid-shutdown
-    return {"master": master, "logs": logs, "cpu_run": cpu_run}
+    return {"master": master, "logs": logs, "cpu_rounds": cpu}
 
 
 FITS = (("A", None, "B", None), ("B", [0], "B", [1, 2]))
@@ -119,12 +137,12 @@ def validate(measured: dict[str, Any]) -> tuple[list[str], UnitOverheads, float,
     for fitted, fit_rounds, predicted_run, rounds in FITS:
         fit = measure_overheads(logs[fitted], rounds=fit_rounds)
         units = sum(1 for e in logs[fitted] if e["event"] == "unit_end")
-        driver_cpu = measured["cpu_run"][fitted] / units
+        driver_cpu = measured["cpu_rounds"][fitted] / units
         fits[fitted, fit_rounds is None] = (fit, driver_cpu)
         which = "all epochs" if fit_rounds is None else f"epoch {fit_rounds[0] + 1}"
         lines.append(
             f"{master}: fitted on run {fitted} {which}: {fit.describe()}; "
-            f"driver CPU {driver_cpu * 1e3:.2f} ms/unit (whole run)"
+            f"driver CPU {driver_cpu * 1e3:.2f} ms/unit (over its rounds)"
         )
         trials = RUNS[predicted_run][0]
         spans = round_makespans(logs[predicted_run])

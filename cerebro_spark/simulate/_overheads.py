@@ -9,10 +9,10 @@ a scale no one can afford to measure, each measured on a real run's ``events.jso
   around a train unit (mean ``io_seconds``; a validation unit's read is ``validate_hop``);
 * **dispatch**: what a worker spends per unit outside the unit's own ``seconds`` -- the
   task and result crossing the control protocol, the driver handling the result (event
-  log, state fold, scheduler) and handing out the next unit: the median over units of
-  ``(unit_end - unit_start - seconds) + (the worker's next unit_start - unit_end)`` within
-  a round (the median, so that waits for a free trial, which the scheduler model itself
-  reproduces, are not counted as overhead);
+  log, state fold, scheduler) and handing out the next unit: the mean over units of
+  ``unit_end - unit_start - seconds`` plus the median over a worker's consecutive units
+  in a round of ``next unit_start - unit_end`` (a median there, so that waits for a free
+  trial, which the scheduler model itself reproduces, are not counted as overhead);
 * **start-up**: from the backend's start (the ``dataset`` event, logged just before it) to
   a worker ready (its ``worker_ready``: Python, torch, partitions loaded), median over the
   first session's workers;
@@ -48,7 +48,7 @@ class UnitOverheads:
         validate_seconds: Mean compute of a validation unit.
         hop_seconds: Mean checkpoint read and write of a train unit.
         validate_hop_seconds: Mean checkpoint read of a validation unit.
-        dispatch_seconds: Median time a worker spends per unit outside the unit.
+        dispatch_seconds: Time a worker spends per unit outside the unit.
         startup_seconds: Median from the backend's start to a worker ready.
         round_seconds: Median per round outside its units (its start and its end).
         between_rounds_seconds: Median from a round's end to the next round's start.
@@ -174,11 +174,14 @@ def measure_overheads(
         )
     if backend_start is None or not ready:
         raise ConfigError("the event log has no 'dataset' event or no worker_ready: no start-up")
-    dispatch = []
+    outside: list[float] = []
+    gaps_between: list[float] = []
     for spans in by_worker.values():
         spans.sort()
-        for (start, end, seconds), (following, _, _) in itertools.pairwise(spans):
-            dispatch.append(max(0.0, end - start - seconds) + max(0.0, following - end))
+        outside += [max(0.0, end - start - seconds) for start, end, seconds in spans]
+        for (_, end, _), (following, _, _) in itertools.pairwise(spans):
+            gaps_between.append(max(0.0, following - end))
+    dispatch = _mean(outside) + (statistics.median(gaps_between) if gaps_between else 0.0)
     gaps = [
         round_open[n + 1] - round_close[n]
         for n in sorted(round_close)
@@ -196,7 +199,7 @@ def measure_overheads(
         ),
         hop_seconds=_mean(float(e.get("io_seconds", 0.0)) for e in train),
         validate_hop_seconds=_mean(float(e.get("io_seconds", 0.0)) for e in validate),
-        dispatch_seconds=statistics.median(dispatch) if dispatch else 0.0,
+        dispatch_seconds=dispatch,
         startup_seconds=max(0.0, statistics.median(ready.values()) - backend_start),
         round_seconds=max(0.0, statistics.median(overhead)) if overhead else 0.0,
         between_rounds_seconds=max(0.0, statistics.median(gaps)) if gaps else 0.0,

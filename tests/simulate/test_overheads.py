@@ -28,9 +28,9 @@ def log() -> list[dict[str, Any]]:
         {"event": "round_start", "time": 10.0, "round": 0},
         unit("unit_start", 10.1, "w0", "t0", "train"),
         unit("unit_start", 10.2, "w1", "t1", "train"),
-        # occupancy 0.6 = 0.5 s + 0.1 outside; next start 0.05 later: dispatch 0.15
+        # occupancy 0.6 = 0.5 s + 0.1 outside; the next start 0.05 later
         unit("unit_end", 10.7, "w0", "t0", "train", seconds=0.5, io_seconds=0.1, **end),
-        # occupancy 1.0 = 0.9 s + 0.1; next start 0.1 later: dispatch 0.2
+        # occupancy 1.0 = 0.9 s + 0.1 outside; the next start 0.1 later
         unit("unit_end", 11.2, "w1", "t1", "train", seconds=0.9, io_seconds=0.3, **end),
         unit("unit_start", 10.75, "w0", "t1", "validate"),  # written late: times order it
         unit("unit_start", 11.3, "w1", "t0", "validate"),
@@ -49,7 +49,8 @@ def test_each_overhead_is_measured_as_documented() -> None:
     assert found.hop_seconds == pytest.approx((0.1 + 0.3) / 2)
     assert found.validate_seconds == pytest.approx((0.15 + 0.05) / 2)
     assert found.validate_hop_seconds == pytest.approx(0.1)
-    assert found.dispatch_seconds == pytest.approx((0.15 + 0.2) / 2)  # median of two
+    # outside the units: mean of 0.1, 0.1, 0.05, 0.1; between them: median of 0.05, 0.1
+    assert found.dispatch_seconds == pytest.approx(0.0875 + 0.075)
     assert found.startup_seconds == pytest.approx(5.5)  # median ready 6.5 - dataset 1.0
     assert found.round_seconds == pytest.approx(0.1 + 0.3)  # to the first start, from the last end
     assert found.between_rounds_seconds == pytest.approx(0.5)
@@ -57,7 +58,7 @@ def test_each_overhead_is_measured_as_documented() -> None:
     assert found.units == 4
     assert found.unit_seconds("train") == pytest.approx(0.7)
     assert found.unit_seconds("validate") == pytest.approx(0.2)
-    assert "dispatch 175.0 ms" in found.describe() and "re-homing 1.50 s" in found.describe()
+    assert "dispatch 162.5 ms" in found.describe() and "re-homing 1.50 s" in found.describe()
 
 
 def test_round_makespans_and_a_run_that_lost_no_worker() -> None:
