@@ -90,6 +90,27 @@ class UnitOverheads:
             self, train_seconds=train_seconds, validate_seconds=validate_seconds
         )
 
+    def slower(self, factor: float) -> UnitOverheads:
+        """The same run on a machine ``factor`` times slower: every per-unit time scaled.
+
+        Start-up and re-homing are kept (they are paid once, not per unit).
+
+        Raises:
+            ConfigError: ``factor`` is not a finite number > 0.
+        """
+        if not (isinstance(factor, (int, float)) and 0 < factor < float("inf")):
+            raise ConfigError(f"factor must be a finite number > 0, got {factor!r}")
+        fields = (
+            "train_seconds",
+            "validate_seconds",
+            "hop_seconds",
+            "validate_hop_seconds",
+            "dispatch_seconds",
+            "round_seconds",
+            "between_rounds_seconds",
+        )
+        return dataclasses.replace(self, **{f: getattr(self, f) * factor for f in fields})
+
     def describe(self) -> str:
         """One line: every overhead in milliseconds (re-homing in seconds)."""
         rehome = "n/a" if self.rehome_seconds is None else f"{self.rehome_seconds:.2f} s"

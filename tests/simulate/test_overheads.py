@@ -86,3 +86,13 @@ def test_overheads_are_checked_and_rescaled() -> None:
         UnitOverheads(1.0, 0.5, 0.1, 0.0, 0.0, 0.0).unit_seconds("x")
     bigger = UnitOverheads(0.01, 0.005, 0.1, 0.02, 0.03, 4.0).with_compute(2.0, 0.5)
     assert (bigger.train_seconds, bigger.validate_seconds, bigger.hop_seconds) == (2.0, 0.5, 0.1)
+
+
+def test_a_slower_machine_scales_every_per_unit_time() -> None:
+    base = UnitOverheads(0.1, 0.05, 0.02, 0.01, 0.004, 9.0, 0.002, 0.3, rehome_seconds=2.0)
+    slow = base.slower(2.0)
+    assert (slow.train_seconds, slow.hop_seconds, slow.dispatch_seconds) == (0.2, 0.04, 0.008)
+    assert (slow.round_seconds, slow.between_rounds_seconds) == (0.004, 0.6)
+    assert (slow.startup_seconds, slow.rehome_seconds) == (9.0, 2.0)  # once a run
+    with pytest.raises(ConfigError, match="factor must be a finite number > 0, got 0"):
+        base.slower(0)
