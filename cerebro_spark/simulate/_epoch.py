@@ -6,6 +6,9 @@ virtual clock, with every unit's time made of the measured parts of
 :class:`~cerebro_spark.simulate.UnitOverheads`:
 
 * a unit occupies its worker for its compute plus its hop (checkpoint read and write);
+  workers are unequal as measured (``worker_spread``): worker speeds are the quantiles of
+  a normal of that relative spread, dealt to the workers in a seeded order, and a unit's
+  compute is scaled by its worker's factor;
 * its result then reaches the driver, which spends ``driver_cpu_seconds`` on it (event log,
   state fold, scheduler, next task); the driver is one core, so results queue for it
   when they arrive faster than it handles them;
@@ -31,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
+import statistics
 from collections.abc import Sequence
 
 import numpy as np
@@ -148,6 +152,7 @@ def predict_epoch(
             raise ConfigError(
                 f"{name} must hold {count} finite numbers >= 0, got {len(values)} values"
             )
+    speeds = _worker_factors(workers, overheads.worker_spread, np.random.default_rng([seed, 1]))
     names = [f"t{i:05d}" for i in range(trials)]
     factor = dict(zip(names, scale, strict=True))
     compute = {
@@ -180,7 +185,8 @@ def predict_epoch(
             scheduler.add_worker(worker, held[worker])
         for assignment in scheduler.assign():
             unit = assignment.unit
-            took = seconds(unit.trial, unit.kind)
+            work, hop = compute[unit.kind]
+            took = work * factor[unit.trial] * speeds[assignment.worker] + hop
             busy += took
             end = now + took
             handled = max(end, driver) + driver_cpu_seconds
@@ -220,6 +226,16 @@ def predict_epoch(
         worker_busy=busy / window if window > 0 else 0.0,
         between_rounds=overheads.between_rounds_seconds,
     )
+
+
+def _worker_factors(workers: int, spread: float, rng: np.random.Generator) -> dict[str, float]:
+    """Each worker's compute factor: normal quantiles of relative ``spread``, shuffled."""
+    if spread <= 0:
+        return {f"w{k}": 1.0 for k in range(workers)}
+    normal = statistics.NormalDist(1.0, spread)
+    factors = [max(0.1, normal.inv_cdf((k + 0.5) / workers)) for k in range(workers)]
+    order = rng.permutation(workers)
+    return {f"w{k}": factors[int(order[k])] for k in range(workers)}
 
 
 def _check_count(name: str, value: int) -> None:

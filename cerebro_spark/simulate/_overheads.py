@@ -20,6 +20,9 @@ a scale no one can afford to measure, each measured on a real run's ``events.jso
   ``unit_end`` to ``round_end`` (the procedure's decisions), median over rounds; **between
   rounds**: from a ``round_end`` to the next ``round_start`` (the leaderboard, the report's
   refresh, the procedure's next suggestions), median;
+* **worker spread**: per round, the standard deviation of the workers' mean train
+  compute over their mean, averaged over rounds (a worker on a busier core or a slower
+  device; with partitions placed, the slowest worker sets the epoch's end);
 * **re-homing**: from a worker's ``worker_lost``/``worker_retired`` to the next
   ``worker_partitions`` that hands its partitions to a survivor, median (``None`` when the
   run lost no worker).
@@ -52,6 +55,8 @@ class UnitOverheads:
         startup_seconds: Median from the backend's start to a worker ready.
         round_seconds: Median per round outside its units (its start and its end).
         between_rounds_seconds: Median from a round's end to the next round's start.
+        worker_spread: How unequal the workers are: the standard deviation of the
+            workers' mean train compute over its mean (0: all alike).
         rehome_seconds: Median from a worker's loss to its partitions served again, or
             ``None`` when the run lost none.
         units: Units measured.
@@ -65,6 +70,7 @@ class UnitOverheads:
     startup_seconds: float
     round_seconds: float = 0.0
     between_rounds_seconds: float = 0.0
+    worker_spread: float = 0.0
     rehome_seconds: float | None = None
     units: int = 0
 
@@ -120,7 +126,8 @@ class UnitOverheads:
             f"{self.validate_hop_seconds * 1e3:.1f} ms, dispatch "
             f"{self.dispatch_seconds * 1e3:.1f} ms, start-up {self.startup_seconds:.2f} s, "
             f"round {self.round_seconds * 1e3:.0f} ms + {self.between_rounds_seconds * 1e3:.0f} ms "
-            f"between, re-homing {rehome} ({self.units} units)"
+            f"between, worker spread {self.worker_spread:.1%}, re-homing {rehome} "
+            f"({self.units} units)"
         )
 
 
@@ -197,6 +204,18 @@ def measure_overheads(
         raise ConfigError("the event log has no 'dataset' event or no worker_ready: no start-up")
     outside: list[float] = []
     gaps_between: list[float] = []
+    by_round_worker: dict[tuple[int, str], list[float]] = {}
+    for e in train:
+        compute = float(e["seconds"]) - float(e.get("io_seconds", 0.0))
+        by_round_worker.setdefault((int(e["round"]), str(e["worker"])), []).append(compute)
+    per_round: dict[int, list[float]] = {}
+    for (number, _), values in by_round_worker.items():
+        per_round.setdefault(number, []).append(_mean(values))
+    spreads = [
+        statistics.pstdev(means) / statistics.fmean(means)
+        for means in per_round.values()
+        if len(means) > 1 and statistics.fmean(means) > 0
+    ]
     for spans in by_worker.values():
         spans.sort()
         outside += [max(0.0, end - start - seconds) for start, end, seconds in spans]
@@ -224,6 +243,7 @@ def measure_overheads(
         startup_seconds=max(0.0, statistics.median(ready.values()) - backend_start),
         round_seconds=max(0.0, statistics.median(overhead)) if overhead else 0.0,
         between_rounds_seconds=max(0.0, statistics.median(gaps)) if gaps else 0.0,
+        worker_spread=statistics.fmean(spreads) if spreads else 0.0,
         rehome_seconds=max(0.0, statistics.median(rehome)) if rehome else None,
         units=len(ends),
     )

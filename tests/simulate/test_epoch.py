@@ -80,3 +80,13 @@ def test_bad_inputs_name_the_value() -> None:
         predict_epoch(PLAIN, trials=2, partitions=2, workers=2, ready_at=[0.0])
     with pytest.raises(ConfigError, match="driver_cpu_seconds must be finite and >= 0"):
         predict_epoch(PLAIN, trials=2, partitions=2, workers=2, driver_cpu_seconds=-1.0)
+
+
+def test_unequal_workers_end_a_placed_epoch_later() -> None:
+    import dataclasses
+
+    uneven = dataclasses.replace(PLAIN, worker_spread=0.2)
+    even = predict_epoch(PLAIN, trials=8, partitions=4, workers=4)
+    found = predict_epoch(uneven, trials=8, partitions=4, workers=4)
+    assert found.makespan > even.makespan * 1.1  # the slowest worker's partition ends last
+    assert found.makespan == predict_epoch(uneven, trials=8, partitions=4, workers=4).makespan

@@ -54,6 +54,7 @@ def test_each_overhead_is_measured_as_documented() -> None:
     assert found.startup_seconds == pytest.approx(5.5)  # median ready 6.5 - dataset 1.0
     assert found.round_seconds == pytest.approx(0.1 + 0.3)  # to the first start, from the last end
     assert found.between_rounds_seconds == pytest.approx(0.5)
+    assert found.worker_spread == pytest.approx(0.1 / 0.5)  # train compute 0.4 and 0.6
     assert found.rehome_seconds == pytest.approx(1.5)
     assert found.units == 4
     assert found.unit_seconds("train") == pytest.approx(0.7)
