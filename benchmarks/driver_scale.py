@@ -20,6 +20,18 @@ issue's p = 64 case with 64 partitions: ``--workers 64 --partitions 64``.
     python benchmarks/driver_scale.py            # p in {2, 64, 256}, |S| in {64, 1024, 10000}
     python benchmarks/driver_scale.py --quick    # p in {2, 64}, |S| in {64, 256}
     python benchmarks/driver_scale.py --out benchmarks/results/driver_scale.txt
+
+``--real``: the same measure on real runs instead (issue 13's "a real run of 1,024 tiny
+trials whose driver CPU per unit is compared with a run of 64"): ``run_experiment`` on the
+local backend, 2 worker processes (real spawned workers, real torch, real checkpoints on
+local disk), a tiny MLP (64 -> 8 -> 10) on sklearn's digits in P = 2 partitions, one epoch
+of grid search. The driver's CPU is the process CPU time (``time.process_time``) of this
+process, which runs the driver only: the workers are other processes. A warm-up run of 4
+trials first prepares the dataset and imports what the driver imports, so the timed runs
+pay neither.
+
+    python benchmarks/driver_scale.py --real                      # |S| in {64, 1024}
+    python benchmarks/driver_scale.py --real --trials 64 256 --partitions 4
 """
 
 from __future__ import annotations
@@ -37,9 +49,10 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import cerebro_spark.report  # noqa: F401  # imported before timing: a one-off, not per unit
 from cerebro_spark.backends import Backend, Membership, WorkerChange, WorkerInfo, WorkerJob
 from cerebro_spark.data import read_manifest
-from cerebro_spark.engine import ExperimentConfig, parse_config, read_events
+from cerebro_spark.engine import ExperimentConfig, ExperimentResult, parse_config, read_events
 from cerebro_spark.engine._experiment import Experiment, experiment_prefix
 from cerebro_spark.engine._preflight import preflight
 from cerebro_spark.engine._state import ExperimentState
@@ -192,18 +205,117 @@ def measure(
     }
 
 
+def real_config(root: Path, trials: int, partitions: int) -> ExperimentConfig:
+    """A real grid search of ``trials`` tiny MLPs on 2 local worker processes, one epoch."""
+    return parse_config(
+        {
+            "name": "driver-real",
+            "seed": 13,
+            "store": str(root),
+            "data": {"source": "sklearn:digits", "partitions": partitions},
+            "procedure": "grid",
+            "epochs": 1,
+            "metric": "loss",
+            "mode": "min",
+            "workers": 2,
+            "backend": "local",
+            "torch_threads": 1,
+            "model": "cerebro_spark.training:MLPSpec",
+            "space": {
+                "hidden_units": [8],
+                "batch_size": 256,
+                "lr": {"grid": [round(1e-4 * (i + 1), 6) for i in range(trials)]},
+            },
+        }
+    )
+
+
+def measure_real(root: Path, trials: int, partitions: int) -> dict[str, float]:
+    """Run one real experiment; return its units and driver CPU and wall per unit."""
+    from cerebro_spark.engine import run_experiment
+
+    cfg = real_config(root, trials, partitions)
+    gc.collect()
+    cpu, wall = time.process_time(), time.perf_counter()
+    result = run_experiment(cfg, experiment_id=f"real-s{trials}-P{partitions}")
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    events = read_events(store_of(result))
+    units = sum(1 for e in events if e["event"] == "unit_end")
+    assert units == 2 * trials * partitions, (units, trials, partitions)
+    unit_seconds = sum(float(e["seconds"]) for e in events if e["event"] == "unit_end")
+    return {
+        "units": units,
+        "cpu_ms": cpu / units * 1e3,
+        "wall_ms": wall / units * 1e3,
+        "cpu_s": cpu,
+        "wall_s": wall,
+        "unit_ms": unit_seconds / units * 1e3,
+    }
+
+
+def store_of(result: ExperimentResult) -> Store:
+    """The experiment directory of a :class:`~cerebro_spark.engine.ExperimentResult`."""
+    return result.store.child(experiment_prefix(result.experiment_id))
+
+
+def main_real(trials: Sequence[int], partitions: int, out: Path | None) -> str:
+    """``--real``: driver CPU per unit of real runs of each size in ``trials``."""
+    lines = [
+        "Driver CPU per unit of real runs (run_experiment, local backend, 2 worker processes,",
+        f"MLP 64 -> 8 -> 10 on digits, P = {partitions}, one epoch of grid search); the workers'",
+        "CPU is in other processes and not counted.",
+        "",
+        "|    |S| |   P |  units | driver CPU ms/unit | wall ms/unit | unit ms (mean) "
+        "| driver CPU s | wall s | driver load (cores) |",
+        "|-------:|----:|-------:|-------------------:|-------------:|---------------:"
+        "|-------------:|-------:|--------------------:|",
+    ]
+    print("\n".join(lines), flush=True)
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="driver-real-") as tmp:
+        measure_real(Path(tmp), 4, partitions)  # warm-up: the dataset, the driver's imports
+        for s in trials:
+            r = rows[s] = measure_real(Path(tmp), s, partitions)
+            line = (
+                f"| {s:>6} | {partitions:>3} | {r['units']:>6,.0f} | {r['cpu_ms']:>18.3f} | "
+                f"{r['wall_ms']:>12.2f} | {r['unit_ms']:>14.2f} | {r['cpu_s']:>12.2f} | "
+                f"{r['wall_s']:>6.1f} | {r['cpu_s'] / r['wall_s']:>19.3f} |"
+            )
+            lines.append(line)
+            print(line, flush=True)
+    first, last = rows[trials[0]], rows[trials[-1]]
+    lines += [
+        "",
+        f"driver CPU per unit at |S| = {trials[-1]} is {last['cpu_ms'] / first['cpu_ms']:.2f}x "
+        f"that at |S| = {trials[0]}",
+    ]
+    marginal = (last["cpu_s"] - first["cpu_s"]) / (last["units"] - first["units"]) * 1e3
+    lines.append(
+        f"marginal driver CPU per unit from |S| = {trials[0]} to {trials[-1]}: "
+        f"{marginal:.3f} ms (the start-up both runs pay taken out)"
+    )
+    print("\n".join(lines[-2:]))
+    text = "\n".join(lines) + "\n"
+    if out is not None:
+        out.write_text(text)
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small cases (CI-sized)")
     parser.add_argument("--workers", type=int, nargs="*", help="values of p")
     parser.add_argument("--trials", type=int, nargs="*", help="values of |S|")
-    parser.add_argument("--partitions", type=int, default=16, help="P (default 16)")
+    parser.add_argument("--partitions", type=int, help="P (default 16; --real: 2)")
+    parser.add_argument("--real", action="store_true", help="real runs on 2 local workers")
     parser.add_argument("--epochs", type=int, default=1, help="epochs per trial (default 1)")
     parser.add_argument("--out", type=Path, help="also write the table to this file")
     args = parser.parse_args(argv)
+    logging.getLogger("cerebro_spark").setLevel(logging.WARNING)
+    if args.real:
+        return main_real(args.trials or [64, 1024], args.partitions or 2, args.out)
     workers = args.workers or ([2, 64] if args.quick else [2, 64, 256])
     trials = args.trials or ([64, 256] if args.quick else [64, 1024, 10000])
-    logging.getLogger("cerebro_spark").setLevel(logging.WARNING)
     lines = [
         "Driver CPU per unit (process CPU time / units) of one epoch of grid search on the",
         "real engine with an instant backend; work-aware rule, heterogeneous unit times.",
@@ -217,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> str:
     rows: dict[tuple[int, int], dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="driver-scale-") as tmp:
         for p, s in itertools.product(workers, trials):
-            partitions = args.partitions
+            partitions = args.partitions or 16
             r = rows[p, s] = measure(Path(tmp), p, s, partitions, args.epochs)
             line = (
                 f"| {p:>3} | {s:>6} | {partitions:>3} | {r['units']:>9,.0f} | "

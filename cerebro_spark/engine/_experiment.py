@@ -1257,6 +1257,8 @@ class Experiment:
             )
         self._emit("round_end", round=state.round, procedure_state=self.procedure.state_dict())
         self._write_leaderboard()
+        if self.procedure.is_finished() and not self.state.live_trials():
+            return  # the run ends now: its final refresh follows, this one would be redone
         self.log.flush()  # the report reads the log
         from cerebro_spark.report import refresh_report  # here: the report imports the engine
 

@@ -108,11 +108,16 @@ class Offers:
             merged = sorted((position, p) for p, bucket in lists for position in bucket)
             return merged[index]
         # The smallest position whose offers (and those before it) cover ``index``.
-        low = min(bucket[0] for _, bucket in lists)
-        high = max(bucket[-1] for _, bucket in lists)
+        buckets = [bucket for _, bucket in lists]
+        low = min(bucket[0] for bucket in buckets)
+        high = max(bucket[-1] for bucket in buckets)
+        right = bisect.bisect_right
         while low < high:
             middle = (low + high) // 2
-            if sum(bisect.bisect_right(bucket, middle) for _, bucket in lists) > index:
+            covered = 0
+            for bucket in buckets:  # a loop, not sum(): this is the hot path of a decision
+                covered += right(bucket, middle)
+            if covered > index:
                 high = middle
             else:
                 low = middle + 1

@@ -72,41 +72,50 @@ def learning_curves(data: ReportData) -> go.Figure:
 
     A line's colour is its trial's status now; each point's colour is the decision taken
     after that epoch (continued, paused, stopped, completed). A menu switches the metric.
+    The trials of one status share one trace (their lines apart, joined by gaps), so the
+    figure costs the same to build and to draw with 10,000 trials as with ten traces.
     """
     figure = go.Figure()
     metrics = _metric_names(data)
-    shown: set[str] = set()
     visibility: dict[str, list[bool]] = {m: [] for m in metrics}
+    order = sorted(data.curves, key=_trial_order)
     for metric in metrics:
-        for trial_id in sorted(data.curves, key=_trial_order):
+        lines: dict[str, tuple[list[Any], list[Any], list[str], list[str]]] = {}
+        for trial_id in order:
             points = [p for p in data.curves[trial_id] if metric in p.metrics]
             if not points:
                 continue
             trial = data.state.trials.get(trial_id)
             status = trial.status if trial is not None else "running"
-            colors = [
-                STATUS_COLORS.get(_status_of(p.status, p.decision), "#999999") for p in points
-            ]
-            hover = [
-                f"trial {trial_id} epoch {p.epoch}<br>{metric} {p.metrics[metric]:.4f}<br>"
-                f"then: {DECISION_LABELS.get(_status_of(p.status, p.decision), 'no decision')}"
-                for p in points
-            ]
-            legend = metric == data.metric and status not in shown
-            if legend:
-                shown.add(status)
+            xs, ys, colors, hover = lines.setdefault(status, ([], [], [], []))
+            if xs:  # a gap: the previous trial's line ends here
+                xs.append(None)
+                ys.append(None)
+                colors.append("#999999")
+                hover.append("")
+            for p in points:
+                then = _status_of(p.status, p.decision)
+                xs.append(p.epoch)
+                ys.append(p.metrics[metric])
+                colors.append(STATUS_COLORS.get(then, "#999999"))
+                hover.append(
+                    f"trial {trial_id} epoch {p.epoch}<br>{metric} {p.metrics[metric]:.4f}<br>"
+                    f"then: {DECISION_LABELS.get(then, 'no decision')}"
+                )
+        for status, (xs, ys, colors, hover) in lines.items():
             figure.add_trace(
                 go.Scatter(
-                    x=[p.epoch for p in points],
-                    y=[p.metrics[metric] for p in points],
+                    x=xs,
+                    y=ys,
                     mode="lines+markers",
                     name=DECISION_LABELS.get(status, status),
                     legendgroup=status,
-                    showlegend=legend,
+                    showlegend=metric == data.metric,
                     line={"color": STATUS_COLORS.get(status, "#999999"), "width": 1.5},
                     marker={"color": colors, "size": 9, "line": {"width": 1, "color": "white"}},
                     hovertext=hover,
                     hoverinfo="text",
+                    connectgaps=False,
                     visible=metric == data.metric,
                 )
             )

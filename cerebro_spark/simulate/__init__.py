@@ -1,8 +1,10 @@
-"""Virtual-time simulation of search procedures on HyperSched's parametric workload.
+"""Virtual-time simulation: search procedures on HyperSched's workload; MOP epochs at scale.
 
 No torch, no Spark: any registered procedure runs on Cerebro's round template with a
 virtual clock (:func:`run_simulation`, :func:`compare_procedures`); the ``simulate``
-command is built by :func:`add_simulate_command`.
+command is built by :func:`add_simulate_command`. The MOP epoch model predicts an epoch's
+makespan and driver load at any number of workers from the per-unit overheads measured on
+a real run's event log (:func:`measure_overheads`, :func:`predict_epoch`).
 """
 
 from cerebro_spark.simulate._cli import add_simulate_command
@@ -13,6 +15,8 @@ from cerebro_spark.simulate._cluster import (
     epoch_seconds,
     schedule_round,
 )
+from cerebro_spark.simulate._epoch import EpochPrediction, epoch_bound, placement, predict_epoch
+from cerebro_spark.simulate._overheads import UnitOverheads, measure_overheads, round_makespans
 from cerebro_spark.simulate._run import (
     METRIC,
     ProcedureSummary,
@@ -35,17 +39,24 @@ __all__ = [
     "SIMULATED_SPACE",
     "Curve",
     "EpochJob",
+    "EpochPrediction",
     "ParametricWorkload",
     "ProcedureSummary",
     "RoundSchedule",
     "SimulationResult",
     "SimulationSettings",
+    "UnitOverheads",
     "VirtualClock",
     "add_simulate_command",
     "compare_procedures",
+    "epoch_bound",
     "epoch_seconds",
     "format_table",
+    "measure_overheads",
     "parametric_score",
+    "placement",
+    "predict_epoch",
+    "round_makespans",
     "run_simulation",
     "schedule_round",
     "summaries_to_json",

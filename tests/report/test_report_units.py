@@ -24,6 +24,7 @@ from cerebro_spark.report import (
     rejudge,
     trial_seconds,
 )
+from cerebro_spark.report._figures import learning_curves
 from cerebro_spark.store import open_store
 
 CONFIG = parse_config(
@@ -199,3 +200,40 @@ def test_state_fields_the_report_reads_exist() -> None:
     for name in ("stage_plans", "stage_actuals", "elastic_summary", "finished", "stopped",
                  "sessions", "experiment_seconds", "dataset_id", "round"):  # fmt: skip
         assert hasattr(state, name), name
+
+
+def test_learning_curves_draw_many_trials_in_one_trace_per_status() -> None:
+    """Trials share their status's trace, apart (a gap between two trials' lines)."""
+    events: list[dict[str, Any]] = [
+        {"event": "experiment_start", "time": 100.0, "config": {}, "resumed": False},
+    ]
+    trials = [f"t{i:03d}" for i in range(300)]
+    for t in trials:
+        events.append({"event": "trial_added", "time": 100.0, "trial": t, "params": {},
+                       "seed": 1, "spec": "m:S", "clone_from": None})  # fmt: skip
+    for epoch in (1, 2):
+        events.append({"event": "round_start", "time": 100.0 + epoch, "round": epoch - 1,
+                       "trials": trials, "epochs": {t: epoch - 1 for t in trials},
+                       "visit_orders": None, "procedure_state": {}})  # fmt: skip
+        for i, t in enumerate(trials):
+            events.append({"event": "trial_epoch", "time": 100.5 + epoch, "round": epoch - 1,
+                           "trial": t, "epoch": epoch, "metrics": {"accuracy": int(t[1:]) / 300},
+                           "checkpoint": None, "checkpoint_sha256": None})  # fmt: skip
+            stop = epoch == 2 or i % 3 == 0
+            events.append({"event": "decision", "time": 100.6 + epoch, "round": epoch - 1,
+                           "trial": t, "epoch": epoch,
+                           "decision": "stop" if stop else "continue",
+                           "status": ("completed" if epoch == 2 else "stopped") if stop
+                           else "running"})  # fmt: skip
+            if stop and epoch == 1:
+                trials = [x for x in trials if x != t]
+    figure = learning_curves(collect("x", CONFIG, events))
+    lines = [trace for trace in figure.data if trace.x and trace.x[0] is not None]
+    by_name = {trace.name: trace for trace in lines}
+    assert sorted(by_name) == ["completed", "stopped"]  # 300 trials, two traces
+    stopped, completed = by_name["stopped"], by_name["completed"]
+    assert list(stopped.x) == [1, None] * 99 + [1]  # 100 one-point lines, gaps between
+    assert list(completed.x) == [1, 2, None] * 199 + [1, 2]
+    assert completed.y[:2] == (1 / 300, 1 / 300) and completed.connectgaps is False
+    assert len(completed.marker.color) == len(completed.x) == len(completed.hovertext)
+    assert completed.hovertext[0].startswith("trial t001 epoch 1")
