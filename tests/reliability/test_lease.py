@@ -243,12 +243,16 @@ def _error_lines(output: str) -> list[str]:
 @pytest.mark.slow
 def test_second_driver_is_refused_while_the_first_runs(tmp_path):
     store = tmp_path / "store"
-    (tmp_path / "c.yaml").write_text(CONFIG.replace("STORE", str(store)))
+    # long enough that the others start (imports, config) while it runs, even on a loaded host
+    config = CONFIG.replace("STORE", str(store)).replace("epochs: 3", "epochs: 12")
+    (tmp_path / "c.yaml").write_text(config)
     first = _driver("run", "c.yaml", "--experiment-id", "e1", cwd=tmp_path)
     experiment = store / "experiments" / "e1"
     _wait_for(experiment / "events.jsonl", first)
     log_before = (experiment / "events.jsonl").read_bytes()
     second = _driver("resume", "e1", "--store", str(store), cwd=tmp_path)
+    third = _driver("run", "c.yaml", "--experiment-id", "e1", "--if-exists", "resume",
+                    cwd=tmp_path)  # fmt: skip
     out, _ = second.communicate(timeout=120)
     assert second.returncode == 2, out
     errors = _error_lines(out)
@@ -257,8 +261,6 @@ def test_second_driver_is_refused_while_the_first_runs(tmp_path):
         f"experiment e1 in {store} is driven by another driver: host {socket.gethostname()}, "
         f"pid {first.pid}, since "
     ) in errors[0]
-    third = _driver("run", "c.yaml", "--experiment-id", "e1", "--if-exists", "resume",
-                    cwd=tmp_path)  # fmt: skip
     out3, _ = third.communicate(timeout=120)
     assert third.returncode == 2 and f"pid {first.pid}, since " in out3, out3
     out1, _ = first.communicate(timeout=300)
