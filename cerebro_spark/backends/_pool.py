@@ -421,7 +421,7 @@ class WorkerPool(Backend):
                     f"cannot retire worker {worker_id!r}: no such live worker "
                     f"(live: {sorted(self.workers())})"
                 )
-            if handle.partitions and not self._holdings_locked(leaving=handle):
+            if handle.partitions and len(self._holdings_locked()) == 1:  # only itself
                 raise ValueError(
                     f"cannot retire worker {worker_id}: it is the last live worker and no "
                     f"other holds its partitions {sorted(handle.partitions)}"
@@ -988,20 +988,15 @@ class WorkerPool(Backend):
 
     # -- placement -----------------------------------------------------------------------
 
-    def _holdings_locked(self, leaving: _Handle | None = None) -> list[tuple[str, set[int]]]:
-        """The listed workers (but ``leaving``), oldest first, with their partitions."""
-        live = self._handles.values()
-        return [
-            (h.worker_id, h.partitions)
-            for h in live
-            if h.state == _State.READY and h is not leaving
-        ]
+    def _holdings_locked(self) -> list[tuple[str, set[int]]]:
+        """The workers that take units, oldest first, with their partitions."""
+        return [(w, h.partitions) for w, h in self._handles.items() if h.state == _State.READY]
 
     def _rehome_locked(
         self, partitions: Collection[int], leaving: _Handle, why: str
     ) -> list[Future[Any]]:
         """Load the partitions no listed worker holds on the live workers holding fewest."""
-        holdings = self._holdings_locked(leaving=leaving)
+        holdings = self._holdings_locked()  # (``leaving`` takes no unit any more)
         if not holdings and partitions:
             logger.error(
                 "no live worker left to re-home partitions %s of worker %s; a joining worker "
