@@ -40,6 +40,7 @@ import json
 import logging
 import secrets
 import socket
+import socketserver
 import struct
 import threading
 import traceback
@@ -153,11 +154,6 @@ class Channel:
         self._closed = threading.Event()
         self.peer = peer
 
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called (by anyone) or the channel failed."""
-        return self._closed.is_set()
-
     def settimeout(self, seconds: float | None) -> None:
         """Set the socket timeout for later sends and receives (``None``: block)."""
         self._sock.settimeout(seconds)
@@ -270,13 +266,17 @@ def connect(host: str, port: int, secret: bytes, *, timeout_s: float = 30.0) -> 
     return _handshake(sock, secret, driver_side=False, peer=f"{host}:{port}", timeout_s=timeout_s)
 
 
-class ControlServer:
+class ControlServer(socketserver.ThreadingTCPServer):
     """The driver's TCP server, bound to ``host:port`` (0: a free port, see :attr:`address`).
 
     Each accepted connection gets a daemon thread that does the handshake (within
     ``handshake_timeout_s``) and then calls ``on_connection(channel)``, which owns and
     serves the channel in that thread.
     """
+
+    allow_reuse_address = True
+    daemon_threads = True
+    request_queue_size = 64
 
     def __init__(
         self,
@@ -292,46 +292,24 @@ class ControlServer:
         self._on_connection = on_connection
         self._handshake_timeout_s = handshake_timeout_s
         self._closed = threading.Event()
-        self._listener = socket.create_server((host, port), backlog=64)
-        self._listener.settimeout(0.25)
-        bound = self._listener.getsockname()
-        self._address: tuple[str, int] = (str(bound[0]), int(bound[1]))
-        self._thread = threading.Thread(
-            target=self._accept_loop, name="cerebro-control-accept", daemon=True
-        )
-        self._thread.start()
-        logger.debug("control server listening on %s:%d", *self._address)
+        super().__init__((host, port), socketserver.BaseRequestHandler)
+        threading.Thread(
+            target=self.serve_forever, args=(0.25,), name="cerebro-control-accept", daemon=True
+        ).start()
+        logger.debug("control server listening on %s:%d", *self.address)
 
     @property
     def address(self) -> tuple[str, int]:
         """The bound ``(host, port)``."""
-        return self._address
+        return self.socket.getsockname()[:2]  # type: ignore[no-any-return]
 
-    def _accept_loop(self) -> None:
-        """Accept connections until closed; serve each in a thread of its own."""
-        while not self._closed.is_set():
-            try:
-                sock, peer = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                if self._closed.is_set():
-                    return
-                logger.exception("control server accept failed")
-                continue
-            threading.Thread(
-                target=self._serve_connection,
-                args=(sock, f"{peer[0]}:{peer[1]}"),
-                name=f"cerebro-control-{peer[0]}:{peer[1]}",
-                daemon=True,
-            ).start()
-
-    def _serve_connection(self, sock: socket.socket, peer: str) -> None:
-        """Handshake, then hand the channel to ``on_connection``."""
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """Handshake, then hand the channel to ``on_connection`` (in the connection's thread)."""
+        peer = f"{client_address[0]}:{client_address[1]}"
+        request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             channel = _handshake(
-                sock,
+                request,
                 self._secret,
                 driver_side=True,
                 peer=peer,
@@ -353,10 +331,8 @@ class ControlServer:
         if self._closed.is_set():
             return
         self._closed.set()
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=5.0)
+        self.shutdown()
+        self.server_close()
 
 
 # -- message codecs ---------------------------------------------------------------------------

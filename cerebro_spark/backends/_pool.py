@@ -25,6 +25,7 @@ import concurrent.futures
 import contextlib
 import copy
 import dataclasses
+import enum
 import functools
 import logging
 import secrets
@@ -33,7 +34,7 @@ import time
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any, Literal
+from typing import Any
 
 from cerebro_spark.backends._base import Backend, Membership, WorkerChange, WorkerInfo, WorkerJob
 from cerebro_spark.backends._control import (
@@ -58,7 +59,17 @@ _LOCATE_WAIT_S = 3.0
 _END_WAIT_S = 1.0
 _TICK_S = 0.25
 
-_State = Literal["starting", "live", "retiring", "retired", "lost", "closed"]
+
+class _State(enum.IntEnum):
+    """Where a worker is in its life: it only moves down the list, but a called-off retire."""
+
+    STARTING = enum.auto()  # launched, not registered
+    JOINING = enum.auto()  # registered, being located and welcomed
+    LOADING = enum.auto()  # welcomed (JOINED reported), loading its initial partitions
+    READY = enum.auto()  # takes units (listed by WorkerPool.workers)
+    RETIRING = enum.auto()  # takes no new unit; finishing the one in flight and re-home loads
+    STOPPING = enum.auto()  # a retiring worker told to stop
+    LEFT = enum.auto()  # retired, lost, or stopped by close
 
 
 def next_worker_index(worker_ids: Collection[str]) -> int:
@@ -116,14 +127,10 @@ class _Pending:
 class _Handle:
     """The driver's view of one worker."""
 
-    def __init__(self, worker_id: str, order: int, initial: list[int] | None) -> None:
+    def __init__(self, worker_id: str, initial: list[int] | None) -> None:
         self.worker_id = worker_id
-        self.order = order
         self.initial = initial  # None: a replica share chosen when it registers
-        self.state: _State = "starting"
-        self.listed = False  # ready and taking units
-        self.joined = False  # welcomed, and JOINED was reported
-        self.stopping = False  # told to stop (retire or close)
+        self.state = _State.STARTING
         self.channel: Channel | None = None
         self.partitions: set[int] = set(initial or ())
         self.pending: deque[_Pending] = deque()
@@ -139,14 +146,27 @@ class _Handle:
         self.ready: Future[None] = _running_future()
         self.retired: Future[None] | None = None
         self.retire_loads: list[Future[Any]] = []
-        self.ended: Future[str] | None = None
-        self.spec: WorkerSpec | None = None
+        self.ended: Future[str] = Future()  # the transport's, once launched
         self.gone = threading.Event()
 
     @property
     def running(self) -> UnitTask | None:
         """The unit sent to (or held for) this worker and not finished, if any."""
         return next((p.task for p in self.pending if p.op == "run"), None)
+
+    def left(self, not_ready: str, not_retired: str | None) -> None:
+        """Settle what waits on a worker that left, and mark it gone.
+
+        Args:
+            not_ready: The error :attr:`ready` fails with unless it is done.
+            not_retired: The error :attr:`retired` fails with; ``None``: it retired as asked.
+        """
+        _fail(self.ready, WorkerLostError(not_ready))
+        if self.retired is not None and not_retired is not None:
+            _fail(self.retired, WorkerLostError(not_retired))
+        elif self.retired is not None and not self.retired.done():
+            self.retired.set_result(None)
+        self.gone.set()
 
     def info(self) -> WorkerInfo:
         """The worker as :meth:`WorkerPool.workers` reports it."""
@@ -171,11 +191,6 @@ def _fail(future: Future[Any], exc: BaseException) -> None:
     """Fail ``future`` unless it is done."""
     if not future.done():
         future.set_exception(exc)
-
-
-def _order(handle: _Handle) -> int:
-    """Sort key: the order workers were started in."""
-    return handle.order
 
 
 class WorkerPool(Backend):
@@ -237,15 +252,13 @@ class WorkerPool(Backend):
         self._poll_s = float(poll_s)
         self._secret = new_secret()
         self._lock = threading.RLock()
-        self._handles: dict[str, _Handle] = {}
-        self._lost: dict[str, _Handle] = {}
+        self._handles: dict[str, _Handle] = {}  # live ones, in the order they were started
         self._changes: list[WorkerChange] = []
         self._draining: set[str] = set()  # executors of retired workers
-        self._next_order = 0
+        self._next_index = 0
         self._job: WorkerJob | None = None
         self._num_partitions = 0
-        self._closed = False
-        self._stopping = threading.Event()
+        self._closed = threading.Event()
         self._server: ControlServer | None = None
         self._advertised: tuple[str, int] | None = None
         self._spec: WorkerSpec  # what every worker gets but its id (set by start)
@@ -291,7 +304,7 @@ class WorkerPool(Backend):
             self._check_startable()
             self._job = job
             self._num_partitions = partitions
-            self._next_order = first_worker
+            self._next_index = first_worker
             bind, advertised = self._transport.control_address()
             self._server = ControlServer(self._secret, self._on_connection, host=bind)
             self._advertised = (advertised, self._server.address[1])
@@ -327,8 +340,7 @@ class WorkerPool(Backend):
     def workers(self) -> dict[str, WorkerInfo]:
         """Return the live workers that take units, by id, in the order they were started."""
         with self._lock:
-            listed = sorted((h for h in self._handles.values() if h.listed), key=_order)
-            return {h.worker_id: h.info() for h in listed}
+            return {w: h.info() for w, h in self._handles.items() if h.state == _State.READY}
 
     def changes(self) -> list[WorkerChange]:
         """Return the membership changes since the last call, oldest first."""
@@ -410,18 +422,17 @@ class WorkerPool(Backend):
         """
         with self._lock:
             handle = self._handles.get(worker_id)
-            if handle is None or not handle.listed:
+            if handle is None or handle.state != _State.READY:
                 raise ValueError(
                     f"cannot retire worker {worker_id!r}: no such live worker "
                     f"(live: {sorted(self.workers())})"
                 )
-            if handle.partitions and not self._holdings_locked(leaving=handle):
+            if handle.partitions and len(self._holdings_locked()) == 1:  # only itself
                 raise ValueError(
                     f"cannot retire worker {worker_id}: it is the last live worker and no "
                     f"other holds its partitions {sorted(handle.partitions)}"
                 )
-            handle.listed = False
-            handle.state = "retiring"
+            handle.state = _State.RETIRING
             if handle.executor_id is not None:
                 self._draining.add(handle.executor_id)
             retired: Future[None] = _running_future()
@@ -442,26 +453,24 @@ class WorkerPool(Backend):
         :class:`WorkerLostError`.
         """
         with self._lock:
-            if self._closed:
+            if self._closed.is_set():
                 return
-            self._closed = True
+            self._closed.set()
             handles = list(self._handles.values())
             self._handles.clear()
+            joined = [h for h in handles if h.state >= _State.LOADING]
             abandoned = [p for h in handles for p in h.pending]
             busy = {h.worker_id for h in handles if h.running is not None}  # loads finish
             for handle in handles:
                 handle.pending.clear()
-                handle.state = "closed"
-                handle.listed = False
-                handle.stopping = True
-        self._stopping.set()
+                handle.state = _State.LEFT
         name = type(self).__name__
         for pending in abandoned:
             _fail(pending.future, WorkerLostError(f"{name} was closed before the unit ended"))
         killed = {h.worker_id for h in handles if h.worker_id in busy or not _tell_stop(h)}
         for worker_id in sorted(killed):
             self._transport.kill(worker_id)
-        ended = {h.ended: h for h in handles if h.ended is not None}
+        ended = {h.ended: h for h in handles}
         late = concurrent.futures.wait(ended, timeout=_STOP_GRACE_S).not_done
         for future in late:
             logger.warning("worker %s did not stop; killing it", ended[future].worker_id)
@@ -479,19 +488,16 @@ class WorkerPool(Backend):
         if self._job is not None:
             self._transport.close()
         with self._lock:
-            for handle in (h for h in handles if h.joined):
+            for handle in joined:
                 if handle.worker_id in killed:
                     self._change_locked(Membership.LOST, handle, f"{name} was closed: killed")
                 else:
                     self._change_locked(Membership.RETIRED, handle)
         for handle in handles:
-            _fail(
-                handle.ready,
-                WorkerLostError(f"{name} was closed before {handle.worker_id} was ready"),
+            handle.left(
+                f"{name} was closed before {handle.worker_id} was ready",
+                f"{name} was closed during the retire",
             )
-            if handle.retired is not None:
-                _fail(handle.retired, WorkerLostError(f"{name} was closed during the retire"))
-            handle.gone.set()
         if handles:
             logger.info("%s stopped %d workers", name, len(handles))
 
@@ -515,7 +521,7 @@ class WorkerPool(Backend):
             TimeoutError: It was not ready within ``start_timeout_s``.
         """
         with self._lock:
-            if self._closed:
+            if self._closed.is_set():
                 raise RuntimeError(f"{type(self).__name__} is closed; create a new one")
             if self._job is None:
                 raise RuntimeError("add_worker needs a started pool: call start first")
@@ -529,25 +535,50 @@ class WorkerPool(Backend):
         try:
             self._await_ready([handle])
         except BaseException:
-            self._lose(handle, "it was not ready in time", cause="start")
+            self._leave(handle, "it was not ready in time", cause="start")
             raise
         return handle.worker_id
 
-    def kill_worker(self, worker_id: str, timeout_s: float = 60.0) -> None:
+    def kill_worker(
+        self, worker_id: str, timeout_s: float = 60.0, *, executor: bool = False
+    ) -> None:
         """End a worker abruptly and wait until the loss has been handled.
 
-        When this returns, :meth:`workers` no longer lists it, its units have failed with
-        :class:`WorkerLostError` and its partitions are re-homed. For tests and failure
-        drills; do not call it from a future's callback.
+        By default its process is killed (Spark: its job group is cancelled); with
+        ``executor=True`` its whole Spark executor is killed, as if it had crashed (the
+        cluster manager may replace it). When this returns, :meth:`workers` no longer lists
+        it, its units have failed with :class:`WorkerLostError` and its partitions are
+        re-homed. For tests and failure drills; do not call it from a future's callback.
 
         Raises:
-            ValueError: No such live worker.
+            ValueError: No such live worker, or ``executor=True`` for a worker whose
+                executor is unknown or is the driver (local mode).
             TimeoutError: The loss was not handled within ``timeout_s``.
         """
-        handle = self._live_handle(worker_id, "kill")
-        logger.warning("killing worker %s", worker_id)
-        self._transport.kill(worker_id)
-        self._wait_gone(handle, timeout_s)
+        with self._lock:
+            handle = self._handles.get(worker_id)
+        if handle is None:
+            raise ValueError(f"no live worker {worker_id!r} to kill")
+        if not executor:
+            logger.warning("killing worker %s", worker_id)
+            self._transport.kill(worker_id)
+        elif handle.executor_id in (None, "driver"):
+            raise ValueError(
+                f"worker {worker_id} runs on executor {handle.executor_id!r}, which cannot be "
+                "killed alone (local mode has only the driver)"
+            )
+        else:
+            killed = self._transport.kill_executor(handle.executor_id)
+            logger.warning(
+                "killing executor %s of worker %s: %s",
+                handle.executor_id,
+                worker_id,
+                "requested" if killed else "refused by the cluster manager",
+            )
+        if not handle.gone.wait(timeout_s):
+            raise TimeoutError(
+                f"worker {worker_id} was killed but its loss was not seen in {timeout_s} s"
+            )
 
     def pids(self) -> dict[str, int]:
         """Return the process id of every registered live worker (on its host)."""
@@ -569,59 +600,38 @@ class WorkerPool(Backend):
             return copy.deepcopy(self._stats)
 
     def _worker_spec(self, worker_id: str) -> WorkerSpec:
-        """The spec a worker was started with, live or lost (for tests)."""
-        with self._lock:
-            handle = self._handles.get(worker_id) or self._lost.get(worker_id)
-            if handle is None or handle.spec is None:
-                raise ValueError(f"no worker {worker_id!r}")
-            return handle.spec
-
-    def _live_handle(self, worker_id: str, verb: str) -> _Handle:
-        """The handle of a live worker, or :class:`ValueError` naming ``verb``."""
-        with self._lock:
-            handle = self._handles.get(worker_id)
-            if handle is None:
-                raise ValueError(f"no live worker {worker_id!r} to {verb}")
-            return handle
-
-    def _wait_gone(self, handle: _Handle, timeout_s: float) -> None:
-        """Wait until a killed worker's loss was handled."""
-        if not handle.gone.wait(timeout_s):
-            raise TimeoutError(
-                f"worker {handle.worker_id} was killed but its loss was not seen in {timeout_s} s"
-            )
+        """The spec a worker is started with (tests re-register with it)."""
+        return dataclasses.replace(self._spec, worker_id=worker_id)
 
     # -- workers -------------------------------------------------------------------------
 
     def _check_startable(self) -> None:
         """Refuse a second start, or a start after close."""
-        if self._closed or self._job is not None:
+        if self._closed.is_set() or self._job is not None:
             raise RuntimeError(
                 f"{type(self).__name__} was closed or already started; create a new one"
             )
 
     def _spawn_locked(self, initial: list[int] | None) -> _Handle:
         """Launch one worker."""
-        handle = _Handle(f"w{self._next_order}", self._next_order, initial)
-        self._next_order += 1
-        handle.spec = dataclasses.replace(self._spec, worker_id=handle.worker_id)
+        handle = _Handle(f"w{self._next_index}", initial)
+        self._next_index += 1
         self._handles[handle.worker_id] = handle
         self._stats.started += 1
-        handle.ended = self._transport.launch(handle.spec)
+        handle.ended = self._transport.launch(self._worker_spec(handle.worker_id))
         handle.ended.add_done_callback(functools.partial(self._on_ended, handle))
         return handle
 
     def _await_ready(self, handles: list[_Handle]) -> None:
         """Wait until ``handles`` are ready; re-raise a worker's failure, or time out."""
-        futures = {h.ready: h for h in handles}
         done, late = concurrent.futures.wait(
-            futures, self._start_timeout_s, concurrent.futures.FIRST_EXCEPTION
+            [h.ready for h in handles], self._start_timeout_s, concurrent.futures.FIRST_EXCEPTION
         )
         for future in done:
             future.result()  # re-raises the worker's error
         if late:
-            ids = sorted((futures[f] for f in late), key=_order)
-            unregistered = [h.worker_id for h in ids if h.state == "starting"]
+            ids = [h for h in handles if h.ready in late]
+            unregistered = [h.worker_id for h in ids if h.state == _State.STARTING]
             raise TimeoutError(
                 f"workers {[h.worker_id for h in ids]} were not ready within start_timeout_s="
                 f"{self._start_timeout_s}"
@@ -637,9 +647,9 @@ class WorkerPool(Backend):
     def _usable_locked(self, worker_id: str, partition: int, what: str) -> _Handle:
         """The idle, listed worker holding ``partition``, or :class:`ValueError` naming ``what``."""
         handle = self._handles.get(worker_id)
-        if handle is None or not handle.listed:
+        if handle is None or handle.state != _State.READY:
             why = f"no such live worker (live: {sorted(self.workers())})"
-            if handle is not None and handle.state == "retiring":
+            if handle is not None and handle.state > _State.READY:
                 why = "it is retiring"
             raise ValueError(f"cannot run {what} on worker {worker_id!r}: {why}")
         why = ""
@@ -662,14 +672,11 @@ class WorkerPool(Backend):
         worker_id = message.get("worker_id")
         with self._lock:
             handle = self._handles.get(str(worker_id))
-            accept = (
-                message["op"] == "register"
-                and handle is not None
-                and handle.state == "starting"
-                and not self._closed
-            )
-            if handle is not None and accept:
-                handle.state = "live"
+            if handle is None or message["op"] != "register" or handle.state != _State.STARTING:
+                self._stats.refused += 1
+                handle = None  # (after close no handle is left)
+            else:
+                handle.state = _State.JOINING
                 handle.channel = channel
                 handle.registration = dict(message)
                 handle.last_seen = handle.registered_at = time.monotonic()
@@ -683,12 +690,10 @@ class WorkerPool(Backend):
                 self._stats.register_seconds[handle.worker_id] = (
                     handle.registered_at - handle.spawned_at
                 )
-            else:
-                self._stats.refused += 1
-        if handle is None or not accept:
+        if handle is None:
             reason = (
                 "the pool is closed"
-                if self._closed
+                if self._closed.is_set()
                 else f"worker {worker_id!r} is unknown or already registered once (a lost "
                 "worker is never revived)"
             )
@@ -706,14 +711,14 @@ class WorkerPool(Backend):
             return
         self._locate(handle, wait_s=_LOCATE_WAIT_S)
         with self._lock:
-            if handle.state != "live":
+            if handle.state != _State.JOINING:
                 return  # lost meanwhile
             with contextlib.suppress(OSError):  # the read loop below notices
                 channel.send({"op": "welcome"})
                 if handle.initial is None:
                     handle.initial = replica_share(self._num_partitions, self._holdings_locked())
                     handle.partitions.update(handle.initial)
-                handle.joined = True
+                handle.state = _State.LOADING
                 self._change_locked(Membership.JOINED, handle)
                 load = self._send_locked(handle, "load", handle.initial)
                 load.future.add_done_callback(functools.partial(self._on_initial_load, handle))
@@ -732,12 +737,12 @@ class WorkerPool(Backend):
         error = future.exception()
         if error is not None:
             _fail(handle.ready, error)
-            self._lose(handle, f"it failed to load its partitions ({error})", cause="load")
+            self._leave(handle, f"it failed to load its partitions ({error})", cause="load")
             return
         with self._lock:
-            if handle.state != "live":
+            if handle.state != _State.LOADING:
                 return
-            handle.listed = True
+            handle.state = _State.READY
             self._stats.ready_seconds[handle.worker_id] = time.monotonic() - handle.spawned_at
             self._stats.startup[handle.worker_id] = _startup(handle, future.result())
             self._change_locked(Membership.READY, handle)
@@ -753,8 +758,12 @@ class WorkerPool(Backend):
             try:
                 message = channel.recv()
             except OSError as exc:
-                if not handle.stopping:
-                    self._connection_lost(handle, exc)
+                if handle.state < _State.STOPPING:  # else it stops as told, or it left
+                    # Prefer the transport's word on how the worker ended (its exit status).
+                    concurrent.futures.wait([handle.ended], timeout=_END_WAIT_S)
+                    if not handle.ended.done():
+                        reason = f"its control connection closed ({exc})"
+                        self._leave(handle, reason, cause="connection")
                 return
             handle.last_seen = time.monotonic()
             op = message["op"]
@@ -768,16 +777,8 @@ class WorkerPool(Backend):
             except Exception as exc:
                 logger.exception("bad %s from worker %s", op, handle.worker_id)
                 channel.close()
-                self._lose(handle, f"it sent a malformed {op} ({exc})", cause="connection")
+                self._leave(handle, f"it sent a malformed {op} ({exc})", cause="connection")
                 return
-
-    def _connection_lost(self, handle: _Handle, exc: BaseException) -> None:
-        """The connection closed: prefer the transport's word on how the worker ended."""
-        if handle.ended is not None:
-            concurrent.futures.wait([handle.ended], timeout=_END_WAIT_S)
-            if handle.ended.done():
-                return  # _on_ended reports the loss with the exit status
-        self._lose(handle, f"its control connection closed ({exc})", cause="connection")
 
     def _on_reply(self, handle: _Handle, message: Mapping[str, Any]) -> None:
         """Resolve the oldest command's future with a worker's reply."""
@@ -785,7 +786,7 @@ class WorkerPool(Backend):
         held = {int(p) for p in state["partitions"]}
         with self._lock:
             if not handle.pending or not handle.pending[0].sent:
-                if handle.state in ("live", "retiring"):
+                if handle.state < _State.LEFT:
                     raise ValueError("a reply with no command pending")
                 return
             if handle.pending[0].id != message.get("id"):
@@ -796,7 +797,7 @@ class WorkerPool(Backend):
             handle.bytes_read = int(state["bytes_read"])
             if pending.op == "load" and not message.get("ok"):
                 handle.partitions -= set(pending.partitions) - held
-                if handle.listed:  # a re-home load failed: the engine must know
+                if handle.state == _State.READY:  # a re-home load failed: the engine must know
                     self._change_locked(Membership.PARTITIONS, handle)
                     logger.error(
                         "worker %s failed to load partitions %s",
@@ -825,7 +826,7 @@ class WorkerPool(Backend):
                 WorkerLostError(f"worker {handle.worker_id} sent a malformed reply: {exc!r}"),
             )
             raise
-        if handle.state == "retiring":
+        if handle.state == _State.RETIRING:
             self._retire_step(handle)
 
     def _on_rendezvous(self, handle: _Handle, message: Mapping[str, Any]) -> None:
@@ -911,71 +912,60 @@ class WorkerPool(Backend):
         except BaseException as exc:  # the task failed: Spark's error, usually long
             how = f"its {self._transport.noun} failed: {_summarise(exc)}"
             logger.debug("worker %s failed", handle.worker_id, exc_info=exc)
-        with self._lock:
-            finished = handle.stopping and handle.state == "retiring"
-            if finished:
-                handle.state = "retired"
-                self._handles.pop(handle.worker_id, None)
-                self._stats.retired += 1
-                self._change_locked(Membership.RETIRED, handle)
-        if not finished:
-            self._lose(handle, how, cause="ended")
-            return
-        logger.info("worker %s retired: %s", handle.worker_id, how)
-        if handle.channel is not None:
-            handle.channel.close()
-        if handle.retired is not None and not handle.retired.done():
-            handle.retired.set_result(None)
-        handle.gone.set()
+        self._leave(handle, how, cause=None if handle.state == _State.STOPPING else "ended")
 
-    def _lose(self, handle: _Handle, reason: str, *, cause: str) -> None:
-        """Handle the loss of a worker (idempotent): fail its units, re-home, kill."""
-        broken: list[tuple[Future[Any], BaseException]] = []
+    def _leave(self, handle: _Handle, reason: str, *, cause: str | None) -> None:
+        """A worker left (idempotent): it retired, or it was lost and its units fail.
+
+        Args:
+            handle: The worker.
+            reason: How it left (for a loss: why, as logged and reported).
+            cause: How a loss was noticed (:attr:`PoolStats.lost`); ``None``: it retired
+                (its process or task ended after ``stop``).
+        """
         with self._lock:
-            if handle.state in ("lost", "retired", "closed"):
+            before = handle.state
+            if before == _State.LEFT:
                 return
-            starting = handle.state == "starting"
-            serving = handle.listed or handle.state == "retiring"
-            handle.state = "lost"
-            handle.listed = False
-            if self._handles.get(handle.worker_id) is handle:
-                del self._handles[handle.worker_id]
-            self._lost[handle.worker_id] = handle
-            self._stats.lost[cause] = self._stats.lost.get(cause, 0) + 1
+            handle.state = _State.LEFT
+            self._handles.pop(handle.worker_id, None)
             lost = list(handle.pending)
             handle.pending.clear()
-            for pending in lost:
-                broken += self._abandon_peers_locked(pending, f"was lost ({reason})")
-            if handle.joined:
-                self._change_locked(Membership.LOST, handle, reason)
-            if serving:
-                self._rehome_locked(sorted(handle.partitions), handle, "lost")
+            broken = [
+                b for p in lost for b in self._abandon_peers_locked(p, f"was lost ({reason})")
+            ]
+            if cause is None:
+                self._stats.retired += 1
+                self._change_locked(Membership.RETIRED, handle)
+            else:
+                self._stats.lost[cause] = self._stats.lost.get(cause, 0) + 1
+                if before >= _State.LOADING:  # JOINED was reported
+                    self._change_locked(Membership.LOST, handle, reason)
+                if before >= _State.READY:
+                    self._rehome_locked(sorted(handle.partitions), handle, "lost")
         if handle.channel is not None:
             handle.channel.close()
+        if cause is None:
+            logger.info("worker %s retired: %s", handle.worker_id, reason)
+            handle.left("", None)
+            return
         self._transport.kill(handle.worker_id)
         logger.warning("worker %s is lost: %s", handle.worker_id, reason)
         for pending in lost:
             if pending.op == "run" and pending.task is not None:
                 what = f"while it ran the {describe(pending.task)}"
             else:
-                stage = "while it loaded" if serving else "before it had loaded"
+                stage = "while it loaded" if before >= _State.READY else "before it had loaded"
                 what = f"{stage} partitions {list(pending.partitions)}"
-            broken.append(
-                (
-                    pending.future,
-                    WorkerLostError(f"worker {handle.worker_id} was lost ({reason}) {what}"),
-                )
-            )
-        stage = "before it registered" if starting else "before it was ready"
-        broken.append(
-            (handle.ready, WorkerLostError(f"worker {handle.worker_id} was lost {stage}: {reason}"))
-        )
-        if handle.retired is not None:
-            error = WorkerLostError(f"worker {handle.worker_id} was lost while retiring: {reason}")
-            broken.append((handle.retired, error))
+            error = WorkerLostError(f"worker {handle.worker_id} was lost ({reason}) {what}")
+            broken.append((pending.future, error))
         for future, exc in broken:
             _fail(future, exc)
-        handle.gone.set()
+        stage = "before it registered" if before == _State.STARTING else "before it was ready"
+        handle.left(
+            f"worker {handle.worker_id} was lost {stage}: {reason}",
+            f"worker {handle.worker_id} was lost while retiring: {reason}",
+        )
 
     def _retire_step(self, handle: _Handle, _done: object = None) -> None:
         """Stop a retiring worker once its unit and its partitions' new loads are done.
@@ -983,18 +973,15 @@ class WorkerPool(Backend):
         If a re-home load failed, the retire is called off: the worker stays in service.
         """
         with self._lock:
-            if handle.state != "retiring" or handle.stopping:
-                return
-            if not all(load.done() for load in handle.retire_loads):
+            if handle.state != _State.RETIRING or not all(f.done() for f in handle.retire_loads):
                 return
             failed = [load.exception() for load in handle.retire_loads if load.exception()]
             if not failed:
                 if not handle.pending:  # its unit (or a load) is no longer in flight
-                    handle.stopping = True
+                    handle.state = _State.STOPPING
                     _tell_stop(handle)  # if it fails, the loss path reports it
                 return
-            handle.state = "live"
-            handle.listed = True
+            handle.state = _State.READY
             self._draining.discard(handle.executor_id or "")
             self._change_locked(Membership.READY, handle)
             retired, handle.retired = handle.retired, None
@@ -1008,16 +995,15 @@ class WorkerPool(Backend):
 
     # -- placement -----------------------------------------------------------------------
 
-    def _holdings_locked(self, leaving: _Handle | None = None) -> list[tuple[str, set[int]]]:
-        """The listed workers (but ``leaving``), oldest first, with their partitions."""
-        live = (h for h in self._handles.values() if h.listed and h is not leaving)
-        return [(h.worker_id, h.partitions) for h in sorted(live, key=_order)]
+    def _holdings_locked(self) -> list[tuple[str, set[int]]]:
+        """The workers that take units, oldest first, with their partitions."""
+        return [(w, h.partitions) for w, h in self._handles.items() if h.state == _State.READY]
 
     def _rehome_locked(
         self, partitions: Collection[int], leaving: _Handle, why: str
     ) -> list[Future[Any]]:
         """Load the partitions no listed worker holds on the live workers holding fewest."""
-        holdings = self._holdings_locked(leaving=leaving)
+        holdings = self._holdings_locked()  # (``leaving`` takes no unit any more)
         if not holdings and partitions:
             logger.error(
                 "no live worker left to re-home partitions %s of worker %s; a joining worker "
@@ -1068,15 +1054,15 @@ class WorkerPool(Backend):
     def _monitor_loop(self) -> None:
         """Ping workers, detect silent ones, locate new ones, start workers on arrivals."""
         next_ping = next_poll = time.monotonic()
-        while not self._stopping.wait(_TICK_S):
+        while not self._closed.wait(_TICK_S):
             try:
                 now = time.monotonic()
                 with self._lock:
-                    live = [h for h in self._handles.values() if h.state in ("live", "retiring")]
+                    live = [h for h in self._handles.values() if h.state >= _State.JOINING]
                 for handle in live:
                     silent = now - handle.last_seen
                     if silent > self._heartbeat_timeout_s:
-                        self._lose(
+                        self._leave(
                             handle,
                             f"no message from it for {silent:.1f} s "
                             f"(heartbeat_timeout_s={self._heartbeat_timeout_s})",
@@ -1087,23 +1073,23 @@ class WorkerPool(Backend):
                 if now >= next_ping:
                     next_ping = now + self._heartbeat_s
                     for handle in live:
-                        if handle.joined and not handle.stopping and handle.channel is not None:
+                        if _State.LOADING <= handle.state <= _State.RETIRING and handle.channel:
                             with contextlib.suppress(OSError):
                                 handle.channel.send({"op": "ping"})
                 if now >= next_poll:
                     next_poll = now + self._poll_s
                     self._start_arrivals()
             except Exception:
-                if self._stopping.is_set():
+                if self._closed.is_set():
                     return
                 logger.exception("%s monitor failed", type(self).__name__)
 
     def _start_arrivals(self) -> None:
         """Start workers for the capacity the transport says appeared."""
         with self._lock:
-            if self._closed:
+            if self._closed.is_set():
                 return
-            serving = sum(1 for h in self._handles.values() if h.state in ("starting", "live"))
+            serving = sum(1 for h in self._handles.values() if h.state <= _State.READY)
             count = self._transport.arrivals(serving, self._draining)
             spawned = [self._spawn_locked(None).worker_id for _ in range(max(0, count))]
         if spawned:
@@ -1127,13 +1113,11 @@ def _startup(handle: _Handle, value: Any) -> dict[str, float]:
 
 def _tell_stop(handle: _Handle) -> bool:
     """Send ``stop`` to a worker; whether it could be sent."""
-    try:
-        if handle.channel is None:
-            return False
-        handle.channel.send({"op": "stop"})
-        return True
-    except OSError:
-        return False
+    with contextlib.suppress(OSError):
+        if handle.channel is not None:
+            handle.channel.send({"op": "stop"})
+            return True
+    return False
 
 
 def _group_of(task: UnitTask) -> GroupSpec:

@@ -316,38 +316,6 @@ class SparkBackend(WorkerPool):
         self._spark_transport = SparkTransport(spark, join_new_executors)
         super().__init__(self._spark_transport, num_workers, **options)
 
-    def kill_worker(
-        self, worker_id: str, timeout_s: float = 60.0, *, executor: bool = False
-    ) -> None:
-        """End a worker abruptly and wait until the loss has been handled.
-
-        By default its Spark job group is cancelled; with ``executor=True`` its whole
-        executor is killed, as if it had crashed (the cluster manager may replace it).
-        For tests and failure drills.
-
-        Raises:
-            ValueError: No such live worker, or ``executor=True`` for a worker whose
-                executor is unknown or is the driver (local mode).
-            TimeoutError: The loss was not handled within ``timeout_s``.
-        """
-        if not executor:
-            super().kill_worker(worker_id, timeout_s)
-            return
-        handle = self._live_handle(worker_id, "kill")
-        if handle.executor_id in (None, "driver"):
-            raise ValueError(
-                f"worker {worker_id} runs on executor {handle.executor_id!r}, which cannot be "
-                "killed alone (local mode has only the driver)"
-            )
-        killed = self._spark_transport.kill_executor(handle.executor_id)
-        logger.warning(
-            "killing executor %s of worker %s: %s",
-            handle.executor_id,
-            worker_id,
-            "requested" if killed else "refused by the cluster manager",
-        )
-        self._wait_gone(handle, timeout_s)
-
 
 def _is_local(master: str) -> bool:
     """Whether ``master`` runs tasks in the driver's JVM (``local``, ``local[N]`` ...)."""

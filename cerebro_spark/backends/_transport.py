@@ -71,6 +71,11 @@ class Transport(abc.ABC):
     def kill(self, worker_id: str) -> None:  # noqa: B027 (optional: a fake may not kill)
         """End a worker abruptly, as a crash would (idempotent, never raises)."""
 
+    def kill_executor(self, executor_id: str) -> bool:
+        """Kill a whole executor as if it crashed; whether the cluster manager agreed."""
+        del executor_id
+        return False
+
     def locate(self, worker_id: str, registration: Mapping[str, Any], peer: str) -> Location | None:
         """Where a registered worker runs; ``None``: not known yet (the pool asks again).
 
