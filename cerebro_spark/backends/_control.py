@@ -154,6 +154,11 @@ class Channel:
         self._closed = threading.Event()
         self.peer = peer
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (by anyone) or the channel failed."""
+        return self._closed.is_set()
+
     def settimeout(self, seconds: float | None) -> None:
         """Set the socket timeout for later sends and receives (``None``: block)."""
         self._sock.settimeout(seconds)
