@@ -794,7 +794,10 @@ def benchmark(args: argparse.Namespace) -> tuple[str, list[dict[str, Outcome]]]:
         f"orders: {', '.join(orders)} (C cerebro, H hyperopt, P plain, D ddp)",
         "",
     ]
-    return "\n".join(header) + tables(setting, runs) + "\n", runs
+    text = "\n".join(header) + tables(setting, runs) + "\n"
+    if args.out:
+        Path(args.out).write_text(text)
+    return text, runs
 
 
 @contextmanager
@@ -837,8 +840,6 @@ def main(argv: Sequence[str] | None = None) -> str:
     args = parse_args(argv)
     text, _ = benchmark(args)
     print(text)
-    if args.out:
-        Path(args.out).write_text(text)
     return text
 
 
