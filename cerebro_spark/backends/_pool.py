@@ -58,6 +58,7 @@ _LOCATE_S = 60.0
 _LOCATE_WAIT_S = 3.0
 _END_WAIT_S = 1.0
 _TICK_S = 0.25
+_LOADING_LOG_S = 60.0  # how often a start says which workers it still waits for
 
 
 class _State(enum.IntEnum):
@@ -202,8 +203,10 @@ class WorkerPool(Backend):
             (Spark: one per executor task slot). At most the number of partitions.
         device: Torch device of every worker; ``None`` lets each choose (``cuda:<i>`` for
             a Spark task given a ``gpu`` resource, else ``cpu``).
-        start_timeout_s: Seconds :meth:`start` and :meth:`add_worker` wait for workers to
-            register and load their partitions.
+        start_timeout_s: Seconds :meth:`start` and :meth:`add_worker` wait for a worker to
+            register. Loading its partitions afterwards is bounded by its heartbeats, not
+            by time: a large share on slow storage is waited for as long as the worker
+            beats (one that falls silent is lost), and logged every minute.
         heartbeat_s: Seconds between heartbeats (worker → driver) and pings (driver →
             worker).
         heartbeat_timeout_s: Seconds without a message after which a worker is lost (and
@@ -281,8 +284,8 @@ class WorkerPool(Backend):
                 ``placement``, or what the transport refuses (e.g. more workers than
                 ``local[N]`` has slots).
             WorkerLostError: A worker was lost before it was ready (the message says how).
-            TimeoutError: Workers were not ready within ``start_timeout_s`` (the message
-                says which had not even registered).
+            TimeoutError: Workers did not register within ``start_timeout_s`` (the message
+                names them and the likely causes).
             Exception: A worker failed to load its partitions; its error is re-raised by
                 type name (``DataError`` ...) with the worker's traceback as the cause.
         """
@@ -518,7 +521,7 @@ class WorkerPool(Backend):
             ValueError: An index is outside ``range(num_partitions)``.
             RuntimeError: The pool is not started or is closed.
             WorkerLostError: The worker was lost before it was ready.
-            TimeoutError: It was not ready within ``start_timeout_s``.
+            TimeoutError: It did not register within ``start_timeout_s``.
         """
         with self._lock:
             if self._closed.is_set():
@@ -623,26 +626,38 @@ class WorkerPool(Backend):
         return handle
 
     def _await_ready(self, handles: list[_Handle]) -> None:
-        """Wait until ``handles`` are ready; re-raise a worker's failure, or time out."""
-        done, late = concurrent.futures.wait(
-            [h.ready for h in handles], self._start_timeout_s, concurrent.futures.FIRST_EXCEPTION
-        )
-        for future in done:
-            future.result()  # re-raises the worker's error
-        if late:
-            ids = [h for h in handles if h.ready in late]
-            unregistered = [h.worker_id for h in ids if h.state == _State.STARTING]
-            raise TimeoutError(
-                f"workers {[h.worker_id for h in ids]} were not ready within start_timeout_s="
-                f"{self._start_timeout_s}"
-                + (
-                    f"; {unregistered} never registered (no free slot for their "
-                    f"{self._transport.noun}s, or they could not reach the driver's control "
-                    f"server at {self._advertised})"
-                    if unregistered
-                    else ""
-                )
+        """Wait until ``handles`` are ready; re-raise a worker's failure.
+
+        Registering is bounded by ``start_timeout_s``; loading by the worker's heartbeats
+        (the monitor loses a worker that falls silent, which fails its ``ready``).
+        """
+        started = time.monotonic()
+        next_log = started + _LOADING_LOG_S
+        pending = {h.ready for h in handles}
+        while pending:
+            done, pending = concurrent.futures.wait(
+                pending, _TICK_S, concurrent.futures.FIRST_EXCEPTION
             )
+            for future in done:
+                future.result()  # re-raises the worker's error
+            waiting = [h for h in handles if h.ready in pending]
+            now = time.monotonic()
+            unregistered = [h.worker_id for h in waiting if h.state == _State.STARTING]
+            if unregistered and now - started > self._start_timeout_s:
+                raise TimeoutError(
+                    f"workers {unregistered} did not register within start_timeout_s="
+                    f"{self._start_timeout_s}: no free slot for their "
+                    f"{self._transport.noun}s, or they could not reach the driver's control "
+                    f"server at {self._advertised}"
+                )
+            if waiting and now >= next_log:
+                next_log = now + _LOADING_LOG_S
+                logger.info(
+                    "still waiting for workers %s to register or load their partitions "
+                    "(%.0f s so far; each is watched by its heartbeats)",
+                    [h.worker_id for h in waiting],
+                    now - started,
+                )
 
     def _usable_locked(self, worker_id: str, partition: int, what: str) -> _Handle:
         """The idle, listed worker holding ``partition``, or :class:`ValueError` naming ``what``."""

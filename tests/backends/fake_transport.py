@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Callable, Collection
 from concurrent.futures import Future
 
@@ -38,6 +39,7 @@ class Script:
         self.jobs: dict[str, WorkerJob] = {}
         self.killed: set[str] = set()
         self.failing_loads: set[str] = set()
+        self.slow_loads: dict[str, float] = {}  # worker id: seconds its first load sleeps
         self.lock = threading.Lock()
 
     def gate(self, name: str) -> threading.Event:
@@ -85,6 +87,7 @@ class FakeWorker:
 
         if self.worker_id in SCRIPT.failing_loads:
             raise DataError(f"worker {self.worker_id} cannot read partitions {sorted(partitions)}")
+        time.sleep(SCRIPT.slow_loads.pop(self.worker_id, 0.0))
         before = self.bytes_read
         for index in sorted(set(partitions) - self.held):
             for split in ("train", "validation"):

@@ -198,6 +198,16 @@ def test_a_worker_that_cannot_load_fails_start_with_its_error(
     pool.close()
 
 
+def test_a_worker_loading_longer_than_the_start_timeout_is_waited_for_while_it_beats(
+    pools: Callable[..., WorkerPool], script: Script
+) -> None:
+    """``start_timeout_s`` bounds registering; a large share on slow storage may take longer
+    to load, and the worker's heartbeats say it is still at it."""
+    script.slow_loads["w1"] = 2.0
+    pool = pools(2, start_timeout_s=0.5, heartbeat_s=0.1, heartbeat_timeout_s=1.5)
+    assert held(pool) == {"w0": {0, 2}, "w1": {1, 3}}
+
+
 # -- groups --------------------------------------------------------------------------------------
 
 
