@@ -9,21 +9,19 @@ results of an uninterrupted one.
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cerebro_spark.cli import main
-from cerebro_spark.engine import parse_config, resume_experiment, run_experiment
+from cerebro_spark.engine import EventLog, parse_config, resume_experiment, run_experiment
 from tests.reliability.conftest import (
     fill_disk,
     outcome,
     strict_events,
     tiny_config,
     unit_ends,
-    whole_lines,
     write_config,
 )
 
@@ -43,33 +41,37 @@ def reference(tmp_path_factory):
     return results
 
 
-def filler(events_file: Path, units: int, leave: int) -> tuple[threading.Thread, list[Path]]:
-    """Fill the disk once the log shows ``units`` unit_end events."""
+def filler(monkeypatch: pytest.MonkeyPatch, disk: Path, units: int, leave: int) -> list[Path]:
+    """Fill the disk right after the driver logs its ``units``-th unit_end.
+
+    In the driver's own thread, as the append returns: the run's next writes find the
+    disk full, however fast the units go (a thread polling the log can come too late).
+    """
     made: list[Path] = []
+    seen = [0]
+    append = EventLog.append
 
-    def fill() -> None:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            if len(unit_ends(whole_lines(events_file))) >= units:
-                made.append(fill_disk(events_file.parent.parent.parent, leave=leave))
-                return
-            time.sleep(0.01)
+    def append_then_fill(log: EventLog, event: str, **fields: Any) -> dict[str, Any]:
+        record = append(log, event, **fields)
+        if event == "unit_end" and not made:
+            seen[0] += 1
+            if seen[0] >= units:
+                made.append(fill_disk(disk, leave=leave))
+        return record
 
-    thread = threading.Thread(target=fill, daemon=True)
-    thread.start()
-    return thread, made
+    monkeypatch.setattr(EventLog, "append", append_then_fill)
+    return made
 
 
 def test_a_disk_full_mid_run_ends_it_clearly_and_resume_finishes_it(
-    reference, tmpfs, tmp_path, caplog
+    reference, tmpfs, tmp_path, caplog, monkeypatch
 ):
     disk = tmpfs("32m")
     config = write_config(tmp_path / "tiny.yaml", tiny_config(disk))
-    events_file = disk / "experiments/full/events.jsonl"
-    thread, made = filler(events_file, units=6, leave=0)
+    made = filler(monkeypatch, disk, units=6, leave=0)
     with caplog.at_level(logging.ERROR):
         status = main(["run", str(config), "--experiment-id", "full"])
-    thread.join()
+    monkeypatch.undo()
     assert status == 2
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert any("no space left on the disk of" in m for m in errors), errors
@@ -86,15 +88,16 @@ def test_a_disk_full_mid_run_ends_it_clearly_and_resume_finishes_it(
     assert len(ends) == len(set(ends)) == 4 * 2 * 2 * 2  # none lost, none done twice
 
 
-def test_a_checkpoint_that_finds_the_disk_full_ends_the_run_not_the_trial(reference, tmpfs):
+def test_a_checkpoint_that_finds_the_disk_full_ends_the_run_not_the_trial(
+    reference, tmpfs, monkeypatch
+):
     """Room for events but not for a checkpoint: the worker's write fails; the unit is
     logged failed as an I/O error (not the trial's fault), and the run stops at once."""
     disk = tmpfs("64m")
-    events_file = disk / "experiments/ckpt/events.jsonl"
-    thread, made = filler(events_file, units=4, leave=256 * 1024)
+    made = filler(monkeypatch, disk, units=4, leave=256 * 1024)
     with pytest.raises(Exception) as caught:
         run_experiment(parse_config({**BIG, "store": str(disk)}), experiment_id="ckpt")
-    thread.join()
+    monkeypatch.undo()
     assert type(caught.value).__name__ == "StoreFullError"
     assert "could not write its checkpoint" in str(caught.value)
     assert "no space left on the disk of" in str(caught.value)
