@@ -233,7 +233,7 @@ class EventLog:
         self.before_write: Callable[[], None] | None = None
         self._in_place = isinstance(store, FileSystemStore) and store.appends_in_place
         self._repaired = False
-        self._segment_key = key  # object stores: the segment being written, its bytes
+        self._segment_number = 0  # object stores: the segment being written, its bytes
         self._segment = b""
         self._pending: list[bytes] = []
         self._pending_bytes = 0
@@ -280,9 +280,9 @@ class EventLog:
                 self.before_write()
             data = b"".join(self._pending)
             if self._segment and len(self._segment) + len(data) > self.segment_bytes:
-                self._segment_key = _segment_key(self.key, self._segment_key)
+                self._segment_number += 1
                 self._segment = b""
-            self.store.put(self._segment_key, self._segment + data)
+            self.store.put(_segment_key(self.key, self._segment_number), self._segment + data)
             self._segment += data
             self._pending = []
             self._pending_bytes = 0
@@ -318,7 +318,7 @@ class EventLog:
         data = self.store.get(key)
         body, tail = _split_tail(data)
         if not self._in_place:
-            self._segment_key, self._segment = key, body
+            self._segment_number, self._segment = _segment_number(self.key, key), body
         if not tail:
             return 0
         if _event_or_none(tail) is not None:
@@ -346,10 +346,14 @@ def _segment_keys(store: Store, key: str) -> list[str]:
     return [key, *store.list(f"{key}{SEGMENTS_SUFFIX}")]
 
 
-def _segment_key(key: str, after: str) -> str:
-    """The key of the segment after segment ``after`` of log ``key``."""
-    number = 0 if after == key else int(after.rsplit("/", 1)[1].split(".", 1)[0])
-    return f"{key}{SEGMENTS_SUFFIX}/{number + 1:08d}.jsonl"
+def _segment_key(key: str, number: int) -> str:
+    """The key of segment ``number`` of log ``key`` (0: ``key`` itself)."""
+    return key if number == 0 else f"{key}{SEGMENTS_SUFFIX}/{number:08d}.jsonl"
+
+
+def _segment_number(key: str, segment: str) -> int:
+    """The number of segment ``segment`` of log ``key`` (the inverse of :func:`_segment_key`)."""
+    return 0 if segment == key else int(segment.rsplit("/", 1)[1].split(".", 1)[0])
 
 
 def read_events(store: Store, key: str = EVENTS_NAME) -> list[dict[str, Any]]:

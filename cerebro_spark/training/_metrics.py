@@ -10,9 +10,9 @@ driver merges the units' states with it, so both sides agree on every state's me
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
-import pickle
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
@@ -215,7 +215,7 @@ class PassMetrics:
 
 def _copy_state(state: State) -> State:
     """A deep copy of a JSON state, for a metric sharing another's accumulator."""
-    copied: State = pickle.loads(pickle.dumps(state, pickle.HIGHEST_PROTOCOL))
+    copied: State = copy.deepcopy(state)
     return copied
 
 
