@@ -13,6 +13,11 @@ Holdings = Sequence[tuple[str, Collection[int]]]
 """Live workers, oldest first, each with the partitions it holds."""
 
 
+def initial_shares(workers: int, num_partitions: int) -> list[list[int]]:
+    """Each of ``workers <= num_partitions`` starting workers' partitions: ``i, i + p, ...``."""
+    return [list(range(i, num_partitions, workers)) for i in range(workers)]
+
+
 def replica_share(num_partitions: int, holdings: Holdings) -> list[int]:
     """Choose the partitions a joining worker loads as replicas.
 

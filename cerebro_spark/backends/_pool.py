@@ -44,7 +44,7 @@ from cerebro_spark.backends._control import (
     error_from_json,
     new_secret,
 )
-from cerebro_spark.backends._placement import rehome, replica_share
+from cerebro_spark.backends._placement import initial_shares, rehome, replica_share
 from cerebro_spark.backends._serve import WorkerSpec
 from cerebro_spark.backends._transport import Transport
 from cerebro_spark.errors import ConfigError, WorkerLostError
@@ -1155,7 +1155,7 @@ def _shares(
 ) -> list[list[int]]:
     """Each initial worker's partitions: ``placement`` (completed), else ``i mod n``."""
     if placement is None:
-        return [list(range(i, num_partitions, count)) for i in range(count)]
+        return initial_shares(count, num_partitions)
     shares = [sorted({int(p) for p in share}) for share in placement]
     bad = sorted({p for share in shares for p in share if not 0 <= p < num_partitions})
     if bad or any(not share for share in shares):

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from cerebro_spark.backends._placement import initial_shares
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.mop import MopScheduler, WorkAwareRule
 from cerebro_spark.simulate._overheads import UnitOverheads
@@ -87,7 +88,8 @@ def placement(workers: int, partitions: int) -> dict[str, tuple[int, ...]]:
     _check_count("workers", workers)
     _check_count("partitions", partitions)
     if workers <= partitions:
-        return {f"w{k}": tuple(range(k, partitions, workers)) for k in range(workers)}
+        shares = initial_shares(workers, partitions)  # as the worker pool starts them
+        return {f"w{k}": tuple(share) for k, share in enumerate(shares)}
     return {f"w{k}": (k % partitions,) for k in range(workers)}
 
 
