@@ -46,6 +46,7 @@ import numpy as np
 import pyarrow as pa
 
 from cerebro_spark.backends import LocalBackend, WorkerJob, WorkerPool
+from cerebro_spark.backends._spark import tasks_of_group
 from cerebro_spark.data import write_dataset
 from cerebro_spark.store import open_store
 
@@ -88,18 +89,10 @@ def make_dataset(root: str, rows: int, features: int, partitions: int) -> str:
 def spark_launch_times(pool: Any) -> dict[str, float]:
     """Each worker's task launch time (``time.time()`` scale) from Spark's status store."""
     transport = pool._spark_transport  # the benchmark reads the transport's job groups
-    sc = transport.context
-    tracker, store = sc.statusTracker(), sc._jsc.sc().statusStore()
     launched: dict[str, float] = {}
     for worker_id, group in transport._groups.items():
-        for job_id in tracker.getJobIdsForGroup(group):
-            job = tracker.getJobInfo(job_id)
-            for stage_id in job.stageIds if job is not None else ():
-                stage = tracker.getStageInfo(stage_id)
-                attempt = stage.currentAttemptId if stage is not None else 0
-                tasks = store.taskList(stage_id, attempt, 10)
-                for i in range(tasks.size()):
-                    launched[worker_id] = tasks.apply(i).launchTime().getTime() / 1000.0
+        for task in tasks_of_group(transport.context, group):
+            launched[worker_id] = task.launchTime().getTime() / 1000.0
     return launched
 
 

@@ -212,18 +212,9 @@ class SparkTransport(Transport):
         group = self._groups.get(worker_id)
         if not isinstance(attempt, int) or group is None:
             return None
-        tracker = sc.statusTracker()
-        store = sc._jsc.sc().statusStore()
-        for job_id in tracker.getJobIdsForGroup(group):
-            job = tracker.getJobInfo(job_id)
-            for stage_id in job.stageIds if job is not None else ():
-                stage = tracker.getStageInfo(stage_id)
-                stage_attempt = stage.currentAttemptId if stage is not None else 0
-                tasks = store.taskList(stage_id, stage_attempt, 1000)
-                for i in range(tasks.size()):
-                    task = tasks.apply(i)
-                    if int(task.taskId()) == attempt:
-                        return Location(str(task.host()), str(task.executorId()))
+        for task in tasks_of_group(sc, group):
+            if int(task.taskId()) == attempt:
+                return Location(str(task.host()), str(task.executorId()))
         return None
 
     def arrivals(self, workers: int, draining: Collection[str]) -> int:
@@ -325,3 +316,17 @@ def _is_local(master: str) -> bool:
 def _task_cpus(sc: SparkContext) -> int:
     """``spark.task.cpus`` (1 when unset)."""
     return max(1, int(sc.getConf().get("spark.task.cpus") or "1"))
+
+
+def tasks_of_group(sc: Any, group: str) -> Iterator[Any]:
+    """Spark's records (``TaskData``, from its status store) of the tasks of job group ``group``."""
+    tracker = sc.statusTracker()
+    store = sc._jsc.sc().statusStore()
+    for job_id in tracker.getJobIdsForGroup(group):
+        job = tracker.getJobInfo(job_id)
+        for stage_id in job.stageIds if job is not None else ():
+            stage = tracker.getStageInfo(stage_id)
+            attempt = stage.currentAttemptId if stage is not None else 0
+            tasks = store.taskList(stage_id, attempt, 1000)
+            for i in range(tasks.size()):
+                yield tasks.apply(i)
