@@ -368,12 +368,8 @@ def error_to_json(exc: BaseException) -> dict[str, Any]:
 
 # Exceptions a failed load is re-raised as, by the remote type name (never unpickled).
 _LOAD_ERRORS: dict[str, type[Exception]] = {
-    "DataError": DataError,
-    "ConfigError": ConfigError,
-    "StoreError": StoreError,
-    "FileNotFoundError": FileNotFoundError,
-    "PermissionError": PermissionError,
-    "ValueError": ValueError,
+    e.__name__: e
+    for e in (DataError, ConfigError, StoreError, FileNotFoundError, PermissionError, ValueError)
 }
 
 

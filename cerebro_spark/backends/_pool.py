@@ -5,18 +5,13 @@ The transport starts workers and says when they end; the pool owns the rest, onc
 * **Control.** Each worker connects to the pool's :class:`~._control.ControlServer`; the
   pool sends ``load``/``run``/``stop`` and a ``ping`` every ``heartbeat_s``, the worker
   replies in command order and sends a ``heartbeat`` every ``heartbeat_s``.
-* **Placement.** Partition ``i`` starts on worker ``w{i mod n}``, or as ``placement``
-  says; more workers than partitions is refused (such a worker could never run a unit).
 * **Losses** (Cerebro §5.6). A worker is lost when its connection closes or fails a
   check, when it was silent for ``heartbeat_timeout_s``, when its process or task ends
   unasked, or when its initial load fails. Each orphaned partition is re-homed on the
   live worker holding the fewest. A worker id registers once: a retried Spark task
   attempt of a lost worker is refused; capacity is refilled by workers with new ids.
-* **Joins.** :meth:`WorkerPool.add_worker` and the transport's arrivals start workers
-  holding *replicas* of a fair share of the partitions (Cerebro §5.5-5.6).
-* **Group rendezvous** (Cerebro §5.7). Rank 0 of a group whose port is 0 binds a port on
-  its own host and announces it; the pool holds the other ranks' tasks until then and
-  sends them with rank 0's host (as the transport locates it) and that port.
+* **Placement.** Partition ``i`` starts on worker ``w{i mod n}`` unless ``placement``
+  says otherwise; joining workers hold replicas (:meth:`WorkerPool.add_worker`).
 """
 
 from __future__ import annotations
@@ -95,10 +90,8 @@ class PoolStats:
         register_seconds: Per worker, seconds from launch to registration.
         ready_seconds: Per worker, seconds from launch until it had loaded its partitions.
         startup: Per worker, when each start-up phase ended (``time.time()``):
-            ``launched`` and ``listed`` as the driver saw them, the others as the worker
-            reported them (:mod:`._serve`: ``process``, ``serve``, ``connected``,
-            ``welcomed``, ``partitions``, ``torch``, ``ready``); ``launched`` and
-            ``listed`` alone for a worker that reported none (an older version).
+            ``launched`` and ``listed`` as the driver saw them, the others (:mod:`._serve`)
+            as the worker reported them, if it did.
     """
 
     started: int = 0
@@ -372,6 +365,9 @@ class WorkerPool(Backend):
     def submit_group(self, assignments: Mapping[str, UnitTask]) -> dict[str, Future[UnitResult]]:
         """Start the ``k`` ranks of one group unit, one per worker (rules in ``_base``).
 
+        The ranks after 0 are held until rank 0 announces its port, then sent with rank 0's
+        host as the transport located it.
+
         Raises:
             ConfigError: The tasks are not the ranks of one group unit (``check_group``).
             ValueError: A worker is unknown (or lost), busy, or lacks its rank's
@@ -424,12 +420,7 @@ class WorkerPool(Backend):
             ValueError: No such live worker, or it is the last one and holds partitions.
         """
         with self._lock:
-            handle = self._handles.get(worker_id)
-            if handle is None or handle.state != _State.READY:
-                raise ValueError(
-                    f"cannot retire worker {worker_id!r}: no such live worker "
-                    f"(live: {sorted(self.workers())})"
-                )
+            handle = self._listed_locked(worker_id, "retire")
             if handle.partitions and len(self._holdings_locked()) == 1:  # only itself
                 raise ValueError(
                     f"cannot retire worker {worker_id}: it is the last live worker and no "
@@ -659,22 +650,25 @@ class WorkerPool(Backend):
                     now - started,
                 )
 
+    def _listed_locked(self, worker_id: str, what: str) -> _Handle:
+        """The worker if it takes units, else :class:`ValueError` (``cannot <what> worker``)."""
+        handle = self._handles.get(worker_id)
+        if handle is not None and handle.state == _State.READY:
+            return handle
+        why = f"no such live worker (live: {sorted(self.workers())})"
+        if handle is not None and handle.state > _State.READY:
+            why = "it is retiring"
+        raise ValueError(f"cannot {what} worker {worker_id!r}: {why}")
+
     def _usable_locked(self, worker_id: str, partition: int, what: str) -> _Handle:
         """The idle, listed worker holding ``partition``, or :class:`ValueError` naming ``what``."""
-        handle = self._handles.get(worker_id)
-        if handle is None or handle.state != _State.READY:
-            why = f"no such live worker (live: {sorted(self.workers())})"
-            if handle is not None and handle.state > _State.READY:
-                why = "it is retiring"
-            raise ValueError(f"cannot run {what} on worker {worker_id!r}: {why}")
-        why = ""
+        handle = self._listed_locked(worker_id, f"run {what} on")
+        if handle.running is None and partition in handle.partitions:
+            return handle
+        why = f"it holds partitions {sorted(handle.partitions)}"
         if handle.running is not None:
             why = f"it is busy with the {describe(handle.running)}"
-        elif partition not in handle.partitions:
-            why = f"it holds partitions {sorted(handle.partitions)}"
-        if why:
-            raise ValueError(f"cannot run {what} on worker {worker_id}: {why}")
-        return handle
+        raise ValueError(f"cannot run {what} on worker {worker_id}: {why}")
 
     def _on_connection(self, channel: Channel) -> None:
         """Serve one worker connection: registration, then its messages."""
@@ -706,20 +700,11 @@ class WorkerPool(Backend):
                     handle.registered_at - handle.spawned_at
                 )
         if handle is None:
-            reason = (
-                "the pool is closed"
-                if self._closed.is_set()
-                else f"worker {worker_id!r} is unknown or already registered once (a lost "
-                "worker is never revived)"
-            )
-            logger.warning(
-                "refusing %r of worker %r (attempt %s) from %s: %s",
-                message["op"],
-                worker_id,
-                message.get("attempt"),
-                channel.peer,
-                reason,
-            )
+            reason = f"worker {worker_id!r} is unknown or registered before (never revived)"
+            if self._closed.is_set():
+                reason = "the pool is closed"
+            what = f"{message['op']!r} of worker {worker_id!r} (attempt {message.get('attempt')})"
+            logger.warning("refusing %s from %s: %s", what, channel.peer, reason)
             with contextlib.suppress(OSError):
                 channel.send({"op": "refuse", "reason": reason})
             channel.close()

@@ -23,10 +23,6 @@ thread), so every backend speaks the production wire format (:mod:`._control`). 
 5. ends on ``stop``, when the connection closes, or when the driver was silent (no
    ``ping``) for ``driver_timeout_s``.
 
-The worker is made (and told to :meth:`~._worker.Worker.warm_up`: torch is imported in
-a thread) before it connects, so that the import overlaps the registration and the
-reading of its partitions.
-
 This module imports neither torch nor pyspark.
 """
 
@@ -45,7 +41,6 @@ from typing import Any, Protocol
 from cerebro_spark.backends._base import WorkerJob
 from cerebro_spark.backends._control import (
     Channel,
-    ChannelClosed,
     ProtocolError,
     connect,
     error_to_json,
@@ -231,8 +226,6 @@ def serve(
             return REJECTED
         startup["welcomed"] = time.time()
         return _serve_commands(spec, channel, worker, startup)
-    except ChannelClosed:
-        return DRIVER_GONE
     except ProtocolError:
         return REJECTED
     except TimeoutError:

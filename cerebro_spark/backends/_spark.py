@@ -289,8 +289,7 @@ class SparkBackend(WorkerPool):
             At most the number of partitions; in ``local[N]`` at most ``N``.
         spark: The Spark session; ``None`` uses the active one or creates one.
         join_new_executors: Start workers on executors that appear after :meth:`start`.
-        **options: The rest of :class:`WorkerPool`'s arguments (``device``,
-            ``start_timeout_s``, ``heartbeat_s``, ``heartbeat_timeout_s``, ``poll_s``).
+        **options: :class:`WorkerPool`'s other arguments.
 
     Raises:
         ConfigError: An argument breaks the rules above.
