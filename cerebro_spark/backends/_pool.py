@@ -106,16 +106,22 @@ class PoolStats:
 
 @dataclasses.dataclass(eq=False)
 class _Pending:
-    """A command whose reply has not arrived; ``message=None`` holds it (and those after)."""
+    """A command whose reply has not arrived; a ``held`` one waits (and those after it)."""
 
     id: int
     op: str
     partitions: tuple[int, ...]
     task: UnitTask | None
     future: Future[Any]
-    message: dict[str, Any] | None
+    held: bool = False  # a rank awaiting its rank 0's port
     sent: bool = False
     peers: list[tuple[_Handle, _Pending]] | None = None  # rank 0: ranks awaiting its port
+
+    def message(self) -> dict[str, Any]:
+        """The command on the wire: a ``load`` of its partitions or a ``run`` of its task."""
+        if self.task is None:
+            return {"op": self.op, "id": self.id, "partitions": list(self.partitions)}
+        return {"op": self.op, "id": self.id, "task": self.task.to_json()}
 
 
 class _Handle:
@@ -360,7 +366,7 @@ class WorkerPool(Backend):
                     f"the task is rank {task.group.rank} of group {task.group.group_id!r}; "
                     "use submit_group"
                 )
-            return self._send_locked(handle, "run", task.to_json(), task).future
+            return self._send_locked(handle, "run", task=task).future
 
     def submit_group(self, assignments: Mapping[str, UnitTask]) -> dict[str, Future[UnitResult]]:
         """Start the ``k`` ranks of one group unit, one per worker (rules in ``_base``).
@@ -382,26 +388,18 @@ class WorkerPool(Backend):
                 self._usable_locked(
                     worker_id,
                     task.partition,
-                    f"rank {_group_of(task).rank} (partition {task.partition}) "
-                    f"of group {group.group_id!r}",
+                    f"rank {rank} (partition {task.partition}) of group {group.group_id!r}",
                 )
-                for worker_id, task in by_rank
+                for rank, (worker_id, task) in enumerate(by_rank)
             ]
             # Rank 0 binds the address it is announced at; a fresh token per attempt keeps
             # whoever is not a rank out of the rendezvous (secrets: not the experiment seed).
             address = handles[0].host if held else group.address
             token = group.token or secrets.token_hex(16)
-            tasks = [
-                dataclasses.replace(
-                    task,
-                    group=dataclasses.replace(_group_of(task), address=address, token=token),
-                )
-                for _, task in by_rank
-            ]
-            sent = [
-                self._send_locked(handle, "run", None if held and rank else task.to_json(), task)
-                for rank, (handle, task) in enumerate(zip(handles, tasks, strict=True))
-            ]
+            sent: list[_Pending] = []
+            for rank, (handle, (_, task)) in enumerate(zip(handles, by_rank, strict=True)):
+                task = _regroup(task, address=address, token=token)
+                sent.append(self._send_locked(handle, "run", task=task, held=held and rank > 0))
             if held:
                 sent[0].peers = list(zip(handles[1:], sent[1:], strict=True))
         logger.debug("group %s started on workers %s", group.group_id, [w for w, _ in by_rank])
@@ -844,18 +842,11 @@ class WorkerPool(Backend):
                 )
                 return
             peers, lead.peers = lead.peers, None
-            assert lead.task is not None  # ok: a rank 0
             address = _group_of(lead.task).address
             for peer, pending in [(handle, lead), *peers]:
-                assert pending.task is not None and pending.task.group is not None  # ok: a rank
-                group = dataclasses.replace(pending.task.group, address=address, port=port)
-                pending.task = dataclasses.replace(pending.task, group=group)
-                if pending is not lead and pending in peer.pending:  # else: lost meanwhile
-                    pending.message = {
-                        "op": "run",
-                        "id": pending.id,
-                        "task": pending.task.to_json(),
-                    }
+                pending.task = _regroup(pending.task, address=address, port=port)
+                pending.held = False
+                if pending in peer.pending:  # else: lost meanwhile
                     self._flush_locked(peer)
         logger.debug("worker %s hosts a rendezvous at %s:%d", handle.worker_id, address, port)
 
@@ -878,15 +869,18 @@ class WorkerPool(Backend):
         return broken
 
     def _send_locked(
-        self, handle: _Handle, op: str, payload: Any, task: UnitTask | None = None
+        self,
+        handle: _Handle,
+        op: str,
+        partitions: Collection[int] = (),
+        *,
+        task: UnitTask | None = None,
+        held: bool = False,
     ) -> _Pending:
-        """Queue a ``load`` (of partitions) or ``run`` (of a task's JSON; ``None``: held)."""
-        command_id = handle.next_id
+        """Queue a ``load`` of ``partitions`` or a ``run`` of ``task`` (``held``: not sent yet)."""
+        partitions = tuple(int(p) for p in partitions)
+        pending = _Pending(handle.next_id, op, partitions, task, _running_future(), held)
         handle.next_id += 1
-        partitions = tuple(int(p) for p in payload) if op == "load" else ()
-        field = "partitions" if op == "load" else "task"
-        message = None if payload is None else {"op": op, "id": command_id, field: payload}
-        pending = _Pending(command_id, op, partitions, task, _running_future(), message)
         handle.pending.append(pending)
         self._flush_locked(handle)
         return pending
@@ -896,11 +890,11 @@ class WorkerPool(Backend):
         for pending in handle.pending:
             if pending.sent:
                 continue
-            if pending.message is None or handle.channel is None:
+            if pending.held or handle.channel is None:
                 return
             pending.sent = True
             try:
-                handle.channel.send(pending.message)
+                handle.channel.send(pending.message())
             except OSError:  # the read loop (or the transport) reports the loss
                 handle.channel.close()
                 return
@@ -1120,10 +1114,16 @@ def _tell_stop(handle: _Handle) -> bool:
     return False
 
 
-def _group_of(task: UnitTask) -> GroupSpec:
+def _group_of(task: UnitTask | None) -> GroupSpec:
     """``task.group`` of a rank task (checked by ``check_group``)."""
-    assert task.group is not None  # ok: check_group
+    assert task is not None and task.group is not None  # ok: check_group
     return task.group
+
+
+def _regroup(task: UnitTask | None, **changes: Any) -> UnitTask:
+    """A rank task with fields of its group changed (its rendezvous address, port, token)."""
+    assert task is not None  # ok: a rank
+    return dataclasses.replace(task, group=dataclasses.replace(_group_of(task), **changes))
 
 
 def _check_worker_count(count: int, num_partitions: int, uri: str) -> None:
