@@ -351,12 +351,10 @@ class WorkerPool(Backend):
             return changes
 
     def submit(self, worker_id: str, task: UnitTask) -> Future[UnitResult]:
-        """Send ``task`` to ``worker_id``.
+        """Send ``task`` to ``worker_id`` (rules in ``_base``).
 
         Raises:
-            ValueError: The worker is unknown (or lost, or retiring), busy with another
-                unit, or does not hold ``task.partition``, or the task is a group rank;
-                the message names worker and partition.
+            ValueError: The worker cannot take it now, or the task is a group rank.
         """
         with self._lock:
             handle = self._usable_locked(worker_id, task.partition, f"partition {task.partition}")
@@ -376,8 +374,7 @@ class WorkerPool(Backend):
 
         Raises:
             ConfigError: The tasks are not the ranks of one group unit (``check_group``).
-            ValueError: A worker is unknown (or lost), busy, or lacks its rank's
-                partition; nothing was sent.
+            ValueError: A worker cannot take its rank now; nothing was sent.
         """
         check_group(list(assignments.values()))
         by_rank = sorted(assignments.items(), key=lambda item: _group_of(item[1]).rank)
@@ -409,13 +406,9 @@ class WorkerPool(Backend):
         """Take a worker out of service gracefully (rules in ``_base``).
 
         Returns:
-            A future that resolves when the worker's process or task has ended normally;
-            it fails with :class:`WorkerLostError` if the worker is lost meanwhile, and
-            with :class:`RuntimeError` if its partitions could not be re-homed (the worker
-            then stays in service).
-
-        Raises:
-            ValueError: No such live worker, or it is the last one and holds partitions.
+            The future of :meth:`Backend.retire`; it fails with :class:`WorkerLostError` if
+            the worker is lost meanwhile, and with :class:`RuntimeError` if its partitions
+            could not be re-homed (the worker then stays in service).
         """
         with self._lock:
             handle = self._listed_locked(worker_id, "retire")

@@ -6,12 +6,10 @@ validation split of every partition index it is given (Cerebro §3.1: the data s
 models hop), and runs each unit on the partition it names; a task with ``task.group`` is
 one rank of a group unit (Cerebro §5.7, :func:`cerebro_spark.training.run_group_unit`).
 
-**Start-up.** Importing torch, then ``torch._dynamo`` (which the first optimizer, or
-``torch.manual_seed``, imports), takes seconds: more than connecting to the driver and
-reading a few partitions. A worker starts both imports in a thread as soon as it is
-made (:meth:`Worker.warm_up`), before it connects, and reads its partitions meanwhile;
-its first ``load`` is answered once both are done, so a ready worker runs its first
-unit without import delays. It records when each phase ended (:attr:`Worker.startup`).
+**Start-up.** Importing torch and ``torch._dynamo`` takes seconds: more than connecting
+to the driver and reading a few partitions. A worker starts both imports in a thread as
+soon as it is made (:meth:`Worker.warm_up`) and reads its partitions meanwhile; its
+first ``load`` is answered once both are done, so its first unit has no import delay.
 """
 
 from __future__ import annotations
