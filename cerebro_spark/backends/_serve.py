@@ -315,7 +315,7 @@ def _heartbeat(channel: Channel, interval_s: float, stop: threading.Event) -> No
 def _execute(worker: _Served, message: Mapping[str, Any], channel: Channel) -> dict[str, Any]:
     """Run one command on ``worker`` and return its ``reply`` message."""
     command_id = message.get("id")
-    reply: dict[str, Any] = {"op": "reply", "id": command_id}
+    reply: dict[str, Any] = {"op": "reply", "id": command_id, "ok": True, "value": None}
 
     def announce(port: int) -> None:
         channel.send({"op": "rendezvous", "id": command_id, "port": port})
@@ -324,18 +324,13 @@ def _execute(worker: _Served, message: Mapping[str, Any], channel: Channel) -> d
         op = message["op"]
         if op == "load":
             worker.load([int(p) for p in message["partitions"]])
-            reply["value"] = None
         elif op == "drop":
             worker.drop([int(p) for p in message["partitions"]])
-            reply["value"] = None
         elif op == "run":
-            task = UnitTask.from_json(message["task"])
-            reply["value"] = worker.run(task, announce).to_json()
+            reply["value"] = worker.run(UnitTask.from_json(message["task"]), announce).to_json()
         else:
             raise ValueError(f"unknown control command {op!r}")
-        reply["ok"] = True
     except Exception as exc:
-        reply["ok"] = False
-        reply["error"] = error_to_json(exc)
+        reply = {"op": "reply", "id": command_id, "ok": False, "error": error_to_json(exc)}
     reply["state"] = {"partitions": sorted(worker.partitions), "bytes_read": worker.bytes_read}
     return reply
