@@ -423,7 +423,8 @@ class WorkerPool(Backend):
             retired: Future[None] = _running_future()
             handle.retired = retired
             self._change_locked(Membership.RETIRING, handle)
-            handle.retire_loads = self._rehome_locked(handle.partitions, handle, "retiring")
+            whose = f"retiring worker {worker_id}"
+            handle.retire_loads = self._rehome_locked(handle.partitions, whose)
             for load in handle.retire_loads:
                 load.add_done_callback(functools.partial(self._retire_step, handle))
             logger.info("retiring worker %s", worker_id)
@@ -929,7 +930,7 @@ class WorkerPool(Backend):
                 if before >= _State.LOADING:  # JOINED was reported
                     self._change_locked(Membership.LOST, handle, reason)
                 if before >= _State.READY:
-                    self._rehome_locked(sorted(handle.partitions), handle, "lost")
+                    self._rehome_locked(handle.partitions, f"lost worker {handle.worker_id}")
         if handle.channel is not None:
             handle.channel.close()
         if cause is None:
@@ -986,30 +987,25 @@ class WorkerPool(Backend):
         """The workers that take units, oldest first, with their partitions."""
         return [(w, h.partitions) for w, h in self._handles.items() if h.state == _State.READY]
 
-    def _rehome_locked(
-        self, partitions: Collection[int], leaving: _Handle, why: str
-    ) -> list[Future[Any]]:
-        """Load the partitions no listed worker holds on the live workers holding fewest."""
-        holdings = self._holdings_locked()  # (``leaving`` takes no unit any more)
+    def _rehome_locked(self, partitions: Collection[int], whose: str) -> list[Future[Any]]:
+        """Load the partitions no listed worker holds on the live workers holding fewest.
+
+        ``whose``: the worker leaving (``"lost worker w1"``), which takes no unit any more.
+        """
+        holdings = self._holdings_locked()
         if not holdings and partitions:
             logger.error(
-                "no live worker left to re-home partitions %s of worker %s; a joining worker "
-                "will load every partition",
+                "no live worker left to re-home partitions %s of %s; a joining worker will "
+                "load every partition",
                 sorted(partitions),
-                leaving.worker_id,
+                whose,
             )
         loads: list[Future[Any]] = []
         for worker_id, moved in rehome(partitions, holdings).items():
             target = self._handles[worker_id]
             target.partitions.update(moved)
             self._change_locked(Membership.PARTITIONS, target)
-            logger.warning(
-                "re-homing partitions %s of %s worker %s on worker %s",
-                moved,
-                why,
-                leaving.worker_id,
-                worker_id,
-            )
+            logger.warning("re-homing partitions %s of %s on worker %s", moved, whose, worker_id)
             loads.append(self._send_locked(target, "load", moved).future)
         return loads
 
