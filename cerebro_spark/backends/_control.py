@@ -95,11 +95,7 @@ def frame_mac(
     secret: bytes, direction: bytes, session: bytes, header: bytes, payload: bytes
 ) -> bytes:
     """Return the HMAC-SHA256 of one frame (see the module docstring)."""
-    mac = hmac.new(secret, direction, hashlib.sha256)
-    mac.update(session)
-    mac.update(header)
-    mac.update(payload)
-    return mac.digest()
+    return hmac.digest(secret, direction + session + header + payload, "sha256")
 
 
 def encode_frame(
@@ -368,12 +364,8 @@ def error_to_json(exc: BaseException) -> dict[str, Any]:
 
 # Exceptions a failed load is re-raised as, by the remote type name (never unpickled).
 _LOAD_ERRORS: dict[str, type[Exception]] = {
-    "DataError": DataError,
-    "ConfigError": ConfigError,
-    "StoreError": StoreError,
-    "FileNotFoundError": FileNotFoundError,
-    "PermissionError": PermissionError,
-    "ValueError": ValueError,
+    e.__name__: e
+    for e in (DataError, ConfigError, StoreError, FileNotFoundError, PermissionError, ValueError)
 }
 
 

@@ -137,8 +137,7 @@ class LocalBackend(WorkerPool):
             number of partitions.
         start_method: :mod:`multiprocessing` start method, ``"spawn"`` or
             ``"forkserver"``.
-        **options: The rest of :class:`WorkerPool`'s arguments (``device``,
-            ``start_timeout_s``, ``heartbeat_s``, ``heartbeat_timeout_s``).
+        **options: :class:`WorkerPool`'s other arguments.
 
     Raises:
         ConfigError: An argument breaks the rules above.

@@ -5,18 +5,13 @@ The transport starts workers and says when they end; the pool owns the rest, onc
 * **Control.** Each worker connects to the pool's :class:`~._control.ControlServer`; the
   pool sends ``load``/``run``/``stop`` and a ``ping`` every ``heartbeat_s``, the worker
   replies in command order and sends a ``heartbeat`` every ``heartbeat_s``.
-* **Placement.** Partition ``i`` starts on worker ``w{i mod n}``, or as ``placement``
-  says; more workers than partitions is refused (such a worker could never run a unit).
 * **Losses** (Cerebro §5.6). A worker is lost when its connection closes or fails a
   check, when it was silent for ``heartbeat_timeout_s``, when its process or task ends
   unasked, or when its initial load fails. Each orphaned partition is re-homed on the
   live worker holding the fewest. A worker id registers once: a retried Spark task
   attempt of a lost worker is refused; capacity is refilled by workers with new ids.
-* **Joins.** :meth:`WorkerPool.add_worker` and the transport's arrivals start workers
-  holding *replicas* of a fair share of the partitions (Cerebro §5.5-5.6).
-* **Group rendezvous** (Cerebro §5.7). Rank 0 of a group whose port is 0 binds a port on
-  its own host and announces it; the pool holds the other ranks' tasks until then and
-  sends them with rank 0's host (as the transport locates it) and that port.
+* **Placement.** Partition ``i`` starts on worker ``w{i mod n}`` unless ``placement``
+  says otherwise; joining workers hold replicas (:meth:`WorkerPool.add_worker`).
 """
 
 from __future__ import annotations
@@ -95,10 +90,8 @@ class PoolStats:
         register_seconds: Per worker, seconds from launch to registration.
         ready_seconds: Per worker, seconds from launch until it had loaded its partitions.
         startup: Per worker, when each start-up phase ended (``time.time()``):
-            ``launched`` and ``listed`` as the driver saw them, the others as the worker
-            reported them (:mod:`._serve`: ``process``, ``serve``, ``connected``,
-            ``welcomed``, ``partitions``, ``torch``, ``ready``); ``launched`` and
-            ``listed`` alone for a worker that reported none (an older version).
+            ``launched`` and ``listed`` as the driver saw them, the others (:mod:`._serve`)
+            as the worker reported them, if it did.
     """
 
     started: int = 0
@@ -113,16 +106,22 @@ class PoolStats:
 
 @dataclasses.dataclass(eq=False)
 class _Pending:
-    """A command whose reply has not arrived; ``message=None`` holds it (and those after)."""
+    """A command whose reply has not arrived; a ``held`` one waits (and those after it)."""
 
     id: int
     op: str
     partitions: tuple[int, ...]
     task: UnitTask | None
     future: Future[Any]
-    message: dict[str, Any] | None
+    held: bool = False  # a rank awaiting its rank 0's port
     sent: bool = False
     peers: list[tuple[_Handle, _Pending]] | None = None  # rank 0: ranks awaiting its port
+
+    def message(self) -> dict[str, Any]:
+        """The command on the wire: a ``load`` of its partitions or a ``run`` of its task."""
+        if self.task is None:
+            return {"op": self.op, "id": self.id, "partitions": list(self.partitions)}
+        return {"op": self.op, "id": self.id, "task": self.task.to_json()}
 
 
 class _Handle:
@@ -352,12 +351,10 @@ class WorkerPool(Backend):
             return changes
 
     def submit(self, worker_id: str, task: UnitTask) -> Future[UnitResult]:
-        """Send ``task`` to ``worker_id``.
+        """Send ``task`` to ``worker_id`` (rules in ``_base``).
 
         Raises:
-            ValueError: The worker is unknown (or lost, or retiring), busy with another
-                unit, or does not hold ``task.partition``, or the task is a group rank;
-                the message names worker and partition.
+            ValueError: The worker cannot take it now, or the task is a group rank.
         """
         with self._lock:
             handle = self._usable_locked(worker_id, task.partition, f"partition {task.partition}")
@@ -367,15 +364,17 @@ class WorkerPool(Backend):
                     f"the task is rank {task.group.rank} of group {task.group.group_id!r}; "
                     "use submit_group"
                 )
-            return self._send_locked(handle, "run", task.to_json(), task).future
+            return self._send_locked(handle, "run", task=task).future
 
     def submit_group(self, assignments: Mapping[str, UnitTask]) -> dict[str, Future[UnitResult]]:
         """Start the ``k`` ranks of one group unit, one per worker (rules in ``_base``).
 
+        The ranks after 0 are held until rank 0 announces its port, then sent with rank 0's
+        host as the transport located it.
+
         Raises:
             ConfigError: The tasks are not the ranks of one group unit (``check_group``).
-            ValueError: A worker is unknown (or lost), busy, or lacks its rank's
-                partition; nothing was sent.
+            ValueError: A worker cannot take its rank now; nothing was sent.
         """
         check_group(list(assignments.values()))
         by_rank = sorted(assignments.items(), key=lambda item: _group_of(item[1]).rank)
@@ -386,26 +385,18 @@ class WorkerPool(Backend):
                 self._usable_locked(
                     worker_id,
                     task.partition,
-                    f"rank {_group_of(task).rank} (partition {task.partition}) "
-                    f"of group {group.group_id!r}",
+                    f"rank {rank} (partition {task.partition}) of group {group.group_id!r}",
                 )
-                for worker_id, task in by_rank
+                for rank, (worker_id, task) in enumerate(by_rank)
             ]
             # Rank 0 binds the address it is announced at; a fresh token per attempt keeps
             # whoever is not a rank out of the rendezvous (secrets: not the experiment seed).
             address = handles[0].host if held else group.address
             token = group.token or secrets.token_hex(16)
-            tasks = [
-                dataclasses.replace(
-                    task,
-                    group=dataclasses.replace(_group_of(task), address=address, token=token),
-                )
-                for _, task in by_rank
-            ]
-            sent = [
-                self._send_locked(handle, "run", None if held and rank else task.to_json(), task)
-                for rank, (handle, task) in enumerate(zip(handles, tasks, strict=True))
-            ]
+            sent: list[_Pending] = []
+            for rank, (handle, (_, task)) in enumerate(zip(handles, by_rank, strict=True)):
+                task = _regroup(task, address=address, token=token)
+                sent.append(self._send_locked(handle, "run", task=task, held=held and rank > 0))
             if held:
                 sent[0].peers = list(zip(handles[1:], sent[1:], strict=True))
         logger.debug("group %s started on workers %s", group.group_id, [w for w, _ in by_rank])
@@ -415,21 +406,12 @@ class WorkerPool(Backend):
         """Take a worker out of service gracefully (rules in ``_base``).
 
         Returns:
-            A future that resolves when the worker's process or task has ended normally;
-            it fails with :class:`WorkerLostError` if the worker is lost meanwhile, and
-            with :class:`RuntimeError` if its partitions could not be re-homed (the worker
-            then stays in service).
-
-        Raises:
-            ValueError: No such live worker, or it is the last one and holds partitions.
+            The future of :meth:`Backend.retire`; it fails with :class:`WorkerLostError` if
+            the worker is lost meanwhile, and with :class:`RuntimeError` if its partitions
+            could not be re-homed (the worker then stays in service).
         """
         with self._lock:
-            handle = self._handles.get(worker_id)
-            if handle is None or handle.state != _State.READY:
-                raise ValueError(
-                    f"cannot retire worker {worker_id!r}: no such live worker "
-                    f"(live: {sorted(self.workers())})"
-                )
+            handle = self._listed_locked(worker_id, "retire")
             if handle.partitions and len(self._holdings_locked()) == 1:  # only itself
                 raise ValueError(
                     f"cannot retire worker {worker_id}: it is the last live worker and no "
@@ -441,7 +423,8 @@ class WorkerPool(Backend):
             retired: Future[None] = _running_future()
             handle.retired = retired
             self._change_locked(Membership.RETIRING, handle)
-            handle.retire_loads = self._rehome_locked(handle.partitions, handle, "retiring")
+            whose = f"retiring worker {worker_id}"
+            handle.retire_loads = self._rehome_locked(handle.partitions, whose)
             for load in handle.retire_loads:
                 load.add_done_callback(functools.partial(self._retire_step, handle))
             logger.info("retiring worker %s", worker_id)
@@ -659,22 +642,25 @@ class WorkerPool(Backend):
                     now - started,
                 )
 
+    def _listed_locked(self, worker_id: str, what: str) -> _Handle:
+        """The worker if it takes units, else :class:`ValueError` (``cannot <what> worker``)."""
+        handle = self._handles.get(worker_id)
+        if handle is not None and handle.state == _State.READY:
+            return handle
+        why = f"no such live worker (live: {sorted(self.workers())})"
+        if handle is not None and handle.state > _State.READY:
+            why = "it is retiring"
+        raise ValueError(f"cannot {what} worker {worker_id!r}: {why}")
+
     def _usable_locked(self, worker_id: str, partition: int, what: str) -> _Handle:
         """The idle, listed worker holding ``partition``, or :class:`ValueError` naming ``what``."""
-        handle = self._handles.get(worker_id)
-        if handle is None or handle.state != _State.READY:
-            why = f"no such live worker (live: {sorted(self.workers())})"
-            if handle is not None and handle.state > _State.READY:
-                why = "it is retiring"
-            raise ValueError(f"cannot run {what} on worker {worker_id!r}: {why}")
-        why = ""
+        handle = self._listed_locked(worker_id, f"run {what} on")
+        if handle.running is None and partition in handle.partitions:
+            return handle
+        why = f"it holds partitions {sorted(handle.partitions)}"
         if handle.running is not None:
             why = f"it is busy with the {describe(handle.running)}"
-        elif partition not in handle.partitions:
-            why = f"it holds partitions {sorted(handle.partitions)}"
-        if why:
-            raise ValueError(f"cannot run {what} on worker {worker_id}: {why}")
-        return handle
+        raise ValueError(f"cannot run {what} on worker {worker_id}: {why}")
 
     def _on_connection(self, channel: Channel) -> None:
         """Serve one worker connection: registration, then its messages."""
@@ -706,20 +692,11 @@ class WorkerPool(Backend):
                     handle.registered_at - handle.spawned_at
                 )
         if handle is None:
-            reason = (
-                "the pool is closed"
-                if self._closed.is_set()
-                else f"worker {worker_id!r} is unknown or already registered once (a lost "
-                "worker is never revived)"
-            )
-            logger.warning(
-                "refusing %r of worker %r (attempt %s) from %s: %s",
-                message["op"],
-                worker_id,
-                message.get("attempt"),
-                channel.peer,
-                reason,
-            )
+            reason = f"worker {worker_id!r} is unknown or registered before (never revived)"
+            if self._closed.is_set():
+                reason = "the pool is closed"
+            what = f"{message['op']!r} of worker {worker_id!r} (attempt {message.get('attempt')})"
+            logger.warning("refusing %s from %s: %s", what, channel.peer, reason)
             with contextlib.suppress(OSError):
                 channel.send({"op": "refuse", "reason": reason})
             channel.close()
@@ -859,18 +836,11 @@ class WorkerPool(Backend):
                 )
                 return
             peers, lead.peers = lead.peers, None
-            assert lead.task is not None  # ok: a rank 0
             address = _group_of(lead.task).address
             for peer, pending in [(handle, lead), *peers]:
-                assert pending.task is not None and pending.task.group is not None  # ok: a rank
-                group = dataclasses.replace(pending.task.group, address=address, port=port)
-                pending.task = dataclasses.replace(pending.task, group=group)
-                if pending is not lead and pending in peer.pending:  # else: lost meanwhile
-                    pending.message = {
-                        "op": "run",
-                        "id": pending.id,
-                        "task": pending.task.to_json(),
-                    }
+                pending.task = _regroup(pending.task, address=address, port=port)
+                pending.held = False
+                if pending in peer.pending:  # else: lost meanwhile
                     self._flush_locked(peer)
         logger.debug("worker %s hosts a rendezvous at %s:%d", handle.worker_id, address, port)
 
@@ -893,15 +863,18 @@ class WorkerPool(Backend):
         return broken
 
     def _send_locked(
-        self, handle: _Handle, op: str, payload: Any, task: UnitTask | None = None
+        self,
+        handle: _Handle,
+        op: str,
+        partitions: Collection[int] = (),
+        *,
+        task: UnitTask | None = None,
+        held: bool = False,
     ) -> _Pending:
-        """Queue a ``load`` (of partitions) or ``run`` (of a task's JSON; ``None``: held)."""
-        command_id = handle.next_id
+        """Queue a ``load`` of ``partitions`` or a ``run`` of ``task`` (``held``: not sent yet)."""
+        partitions = tuple(int(p) for p in partitions)
+        pending = _Pending(handle.next_id, op, partitions, task, _running_future(), held)
         handle.next_id += 1
-        partitions = tuple(int(p) for p in payload) if op == "load" else ()
-        field = "partitions" if op == "load" else "task"
-        message = None if payload is None else {"op": op, "id": command_id, field: payload}
-        pending = _Pending(command_id, op, partitions, task, _running_future(), message)
         handle.pending.append(pending)
         self._flush_locked(handle)
         return pending
@@ -911,11 +884,11 @@ class WorkerPool(Backend):
         for pending in handle.pending:
             if pending.sent:
                 continue
-            if pending.message is None or handle.channel is None:
+            if pending.held or handle.channel is None:
                 return
             pending.sent = True
             try:
-                handle.channel.send(pending.message)
+                handle.channel.send(pending.message())
             except OSError:  # the read loop (or the transport) reports the loss
                 handle.channel.close()
                 return
@@ -957,7 +930,7 @@ class WorkerPool(Backend):
                 if before >= _State.LOADING:  # JOINED was reported
                     self._change_locked(Membership.LOST, handle, reason)
                 if before >= _State.READY:
-                    self._rehome_locked(sorted(handle.partitions), handle, "lost")
+                    self._rehome_locked(handle.partitions, f"lost worker {handle.worker_id}")
         if handle.channel is not None:
             handle.channel.close()
         if cause is None:
@@ -1014,30 +987,25 @@ class WorkerPool(Backend):
         """The workers that take units, oldest first, with their partitions."""
         return [(w, h.partitions) for w, h in self._handles.items() if h.state == _State.READY]
 
-    def _rehome_locked(
-        self, partitions: Collection[int], leaving: _Handle, why: str
-    ) -> list[Future[Any]]:
-        """Load the partitions no listed worker holds on the live workers holding fewest."""
-        holdings = self._holdings_locked()  # (``leaving`` takes no unit any more)
+    def _rehome_locked(self, partitions: Collection[int], whose: str) -> list[Future[Any]]:
+        """Load the partitions no listed worker holds on the live workers holding fewest.
+
+        ``whose``: the worker leaving (``"lost worker w1"``), which takes no unit any more.
+        """
+        holdings = self._holdings_locked()
         if not holdings and partitions:
             logger.error(
-                "no live worker left to re-home partitions %s of worker %s; a joining worker "
-                "will load every partition",
+                "no live worker left to re-home partitions %s of %s; a joining worker will "
+                "load every partition",
                 sorted(partitions),
-                leaving.worker_id,
+                whose,
             )
         loads: list[Future[Any]] = []
         for worker_id, moved in rehome(partitions, holdings).items():
             target = self._handles[worker_id]
             target.partitions.update(moved)
             self._change_locked(Membership.PARTITIONS, target)
-            logger.warning(
-                "re-homing partitions %s of %s worker %s on worker %s",
-                moved,
-                why,
-                leaving.worker_id,
-                worker_id,
-            )
+            logger.warning("re-homing partitions %s of %s on worker %s", moved, whose, worker_id)
             loads.append(self._send_locked(target, "load", moved).future)
         return loads
 
@@ -1135,10 +1103,16 @@ def _tell_stop(handle: _Handle) -> bool:
     return False
 
 
-def _group_of(task: UnitTask) -> GroupSpec:
+def _group_of(task: UnitTask | None) -> GroupSpec:
     """``task.group`` of a rank task (checked by ``check_group``)."""
-    assert task.group is not None  # ok: check_group
+    assert task is not None and task.group is not None  # ok: check_group
     return task.group
+
+
+def _regroup(task: UnitTask | None, **changes: Any) -> UnitTask:
+    """A rank task with fields of its group changed (its rendezvous address, port, token)."""
+    assert task is not None  # ok: a rank
+    return dataclasses.replace(task, group=dataclasses.replace(_group_of(task), **changes))
 
 
 def _check_worker_count(count: int, num_partitions: int, uri: str) -> None:

@@ -23,10 +23,6 @@ thread), so every backend speaks the production wire format (:mod:`._control`). 
 5. ends on ``stop``, when the connection closes, or when the driver was silent (no
    ``ping``) for ``driver_timeout_s``.
 
-The worker is made (and told to :meth:`~._worker.Worker.warm_up`: torch is imported in
-a thread) before it connects, so that the import overlaps the registration and the
-reading of its partitions.
-
 This module imports neither torch nor pyspark.
 """
 
@@ -45,7 +41,6 @@ from typing import Any, Protocol
 from cerebro_spark.backends._base import WorkerJob
 from cerebro_spark.backends._control import (
     Channel,
-    ChannelClosed,
     ProtocolError,
     connect,
     error_to_json,
@@ -231,8 +226,6 @@ def serve(
             return REJECTED
         startup["welcomed"] = time.time()
         return _serve_commands(spec, channel, worker, startup)
-    except ChannelClosed:
-        return DRIVER_GONE
     except ProtocolError:
         return REJECTED
     except TimeoutError:
@@ -322,7 +315,7 @@ def _heartbeat(channel: Channel, interval_s: float, stop: threading.Event) -> No
 def _execute(worker: _Served, message: Mapping[str, Any], channel: Channel) -> dict[str, Any]:
     """Run one command on ``worker`` and return its ``reply`` message."""
     command_id = message.get("id")
-    reply: dict[str, Any] = {"op": "reply", "id": command_id}
+    reply: dict[str, Any] = {"op": "reply", "id": command_id, "ok": True, "value": None}
 
     def announce(port: int) -> None:
         channel.send({"op": "rendezvous", "id": command_id, "port": port})
@@ -331,18 +324,13 @@ def _execute(worker: _Served, message: Mapping[str, Any], channel: Channel) -> d
         op = message["op"]
         if op == "load":
             worker.load([int(p) for p in message["partitions"]])
-            reply["value"] = None
         elif op == "drop":
             worker.drop([int(p) for p in message["partitions"]])
-            reply["value"] = None
         elif op == "run":
-            task = UnitTask.from_json(message["task"])
-            reply["value"] = worker.run(task, announce).to_json()
+            reply["value"] = worker.run(UnitTask.from_json(message["task"]), announce).to_json()
         else:
             raise ValueError(f"unknown control command {op!r}")
-        reply["ok"] = True
     except Exception as exc:
-        reply["ok"] = False
-        reply["error"] = error_to_json(exc)
+        reply = {"op": "reply", "id": command_id, "ok": False, "error": error_to_json(exc)}
     reply["state"] = {"partitions": sorted(worker.partitions), "bytes_read": worker.bytes_read}
     return reply

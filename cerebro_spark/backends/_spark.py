@@ -4,25 +4,19 @@ The transport beneath the :class:`~cerebro_spark.backends.WorkerPool` (``shared/
 "Runtime on Spark"):
 
 * **One Spark job per worker**, its single task run from a driver thread under its own
-  job group (``interruptOnCancel=True``), so it can be cancelled alone (:func:`run_worker_task`
-  is the task body). Not a barrier stage: those refuse dynamic allocation and die whole
-  when one executor dies. A worker told to stop ends its task normally and its job
-  *succeeds*, so releasing its executor afterwards makes Spark re-run nothing.
+  job group (``interruptOnCancel=True``), so it can be cancelled alone. Not a barrier
+  stage: those refuse dynamic allocation and die whole when one executor dies. A worker
+  told to stop ends its task normally and its job *succeeds*, so releasing its executor
+  afterwards makes Spark re-run nothing.
 * **Slots.** A worker holds one task slot (``spark.task.cpus`` cores) for its life; set
   ``spark.task.cpus`` to the executor's cores to give each worker a whole executor.
-  ``num_workers=None`` means one worker per slot (``local[N]``: ``N``). Other Spark jobs
-  of the application need free slots of their own.
+  Other Spark jobs of the application need free slots of their own.
 * **Where.** Spark places the tasks (PySpark cannot set preferred locations); a worker's
-  executor and host are read from Spark's status store by the task attempt id it reports
-  when it registers (:meth:`SparkTransport.locate`).
-* **Arrivals.** Executors that appear after the start get as many new workers as they
-  have task slots, but no more than the cluster's free slots.
-* **Devices.** A task given the Spark resource ``gpu`` trains on ``cuda:<address>``.
+  executor and host are read from Spark's status store (:meth:`SparkTransport.locate`).
 
-Killing a worker cancels its job group; a task attempt Spark retries after its executor
-died is refused when it registers. ``spark.speculation`` is refused
-(:func:`check_spark_conf`). User code (``ModelSpec`` modules) must be importable on the
-executors (installed, ``--py-files``, or ``spark.executorEnv.PYTHONPATH``).
+A task attempt Spark retries after its executor died is refused when it registers. User
+code (``ModelSpec`` modules) must be importable on the executors (installed,
+``--py-files``, or ``spark.executorEnv.PYTHONPATH``).
 """
 
 from __future__ import annotations
@@ -197,7 +191,7 @@ class SparkTransport(Transport):
         return bool(self.context._jsc.sc().killAndReplaceExecutor(executor_id))
 
     def locate(self, worker_id: str, registration: Mapping[str, Any], peer: str) -> Location | None:
-        """The executor and host of the worker's task, from Spark's status store.
+        """The executor and host of the task attempt the worker registered from.
 
         ``None`` while Spark's listener does not list the task yet; in local mode the
         executor is the driver (``localhost``).
@@ -220,8 +214,7 @@ class SparkTransport(Transport):
     def arrivals(self, workers: int, draining: Collection[str]) -> int:
         """Task slots of executors that appeared since the last call, up to the free ones.
 
-        Free slots of ``draining`` executors do not count: a task landing there would die
-        when the executor is released.
+        Slots of ``draining`` executors are no capacity: they are about to be released.
         """
         sc = self._sc
         if sc is None or sc._jsc is None:  # not open, or the SparkContext was stopped
@@ -231,8 +224,7 @@ class SparkTransport(Transport):
         self._seen.update(new)
         if not new or not self._join_new_executors:
             return 0
-        # Executors that registered late while the start was filling their slots bring
-        # no spare capacity: only free slots get new workers.
+        # An executor that registered while the start filled its slots brings no spare ones.
         spare = sum(n for e, n in slots.items() if e not in draining) - workers
         count = max(0, min(spare, sum(new.values())))
         logger.info(
@@ -289,8 +281,7 @@ class SparkBackend(WorkerPool):
             At most the number of partitions; in ``local[N]`` at most ``N``.
         spark: The Spark session; ``None`` uses the active one or creates one.
         join_new_executors: Start workers on executors that appear after :meth:`start`.
-        **options: The rest of :class:`WorkerPool`'s arguments (``device``,
-            ``start_timeout_s``, ``heartbeat_s``, ``heartbeat_timeout_s``, ``poll_s``).
+        **options: :class:`WorkerPool`'s other arguments.
 
     Raises:
         ConfigError: An argument breaks the rules above.

@@ -6,12 +6,10 @@ validation split of every partition index it is given (Cerebro §3.1: the data s
 models hop), and runs each unit on the partition it names; a task with ``task.group`` is
 one rank of a group unit (Cerebro §5.7, :func:`cerebro_spark.training.run_group_unit`).
 
-**Start-up.** Importing torch, then ``torch._dynamo`` (which the first optimizer, or
-``torch.manual_seed``, imports), takes seconds: more than connecting to the driver and
-reading a few partitions. A worker starts both imports in a thread as soon as it is
-made (:meth:`Worker.warm_up`), before it connects, and reads its partitions meanwhile;
-its first ``load`` is answered once both are done, so a ready worker runs its first
-unit without import delays. It records when each phase ended (:attr:`Worker.startup`).
+**Start-up.** Importing torch and ``torch._dynamo`` takes seconds: more than connecting
+to the driver and reading a few partitions. A worker starts both imports in a thread as
+soon as it is made (:meth:`Worker.warm_up`) and reads its partitions meanwhile; its
+first ``load`` is answered once both are done, so its first unit has no import delay.
 """
 
 from __future__ import annotations
@@ -20,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from cerebro_spark.backends._base import WorkerJob
@@ -51,8 +50,7 @@ class Worker:
         self._data: dict[tuple[str, int], PartitionData] = {}
         self._bytes_read = 0
         self._torch_ready = False
-        self._warming: threading.Thread | None = None
-        self._warm_error: BaseException | None = None
+        self._warming: Future[None] | None = None  # the warm-up, until a unit waited for it
         self.startup: dict[str, float] = {}
         """When each start-up phase ended (``time.time()``): ``torch`` (imported and
         warmed up), ``partitions`` (the first load's partitions read)."""
@@ -153,30 +151,30 @@ class Worker:
 
         :meth:`load` and :meth:`run` wait for it; an import error is raised there.
         """
-        if self._warming is not None or self._torch_ready:
-            return
-        self._warming = threading.Thread(
-            target=self._warm, name=f"cerebro-warm-up-{self._worker_id}", daemon=True
-        )
-        self._warming.start()
+        if self._warming is None and not self._torch_ready:
+            self._warming = Future()
+            name = f"cerebro-warm-up-{self._worker_id}"
+            threading.Thread(
+                target=self._warm, args=(self._warming,), name=name, daemon=True
+            ).start()
 
-    def _warm(self) -> None:
+    def _warm(self, done: Future[None]) -> None:
         try:
             self._import_torch()
         except BaseException as error:  # re-raised by _prepare_torch in the serving thread
-            self._warm_error = error
+            done.set_exception(error)
+        else:
+            done.set_result(None)
 
     def _prepare_torch(self) -> None:
         """Import torch and the unit code and pin torch's threads, once (not in a unit's time)."""
+        warming, self._warming = self._warming, None
         if self._torch_ready:
             return
-        if self._warming is not None:
-            self._warming.join()
-            if self._warm_error is not None:
-                error, self._warm_error, self._warming = self._warm_error, None, None
-                raise error
-            return
-        self._import_torch()
+        if warming is None:
+            self._import_torch()
+        else:
+            warming.result()  # an import error is raised here
 
     def _import_torch(self) -> None:
         import torch
