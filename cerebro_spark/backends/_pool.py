@@ -345,10 +345,9 @@ class WorkerPool(Backend):
         except BaseException:
             self.close()
             raise
-        if not first.located:  # report where it runs (Spark's listener may lag)
-            self._locate(first, wait_s=_LOCATE_S / 6)
         logger.info(
-            "%s started %d workers; %s is ready on %s (executor %s), %d still starting",
+            "%s started %d workers; %s is ready on %s (executor %s, if known yet), %d are "
+            "still starting",
             type(self).__name__,
             len(handles),
             first.worker_id,
@@ -366,6 +365,20 @@ class WorkerPool(Backend):
         """Return how many workers were launched but are neither ready nor gone yet."""
         with self._lock:
             return sum(1 for h in self._handles.values() if h.state < _State.READY)
+
+    def wait_started(self, timeout_s: float | None = None) -> None:
+        """Wait until no worker is starting, then (briefly) until each says where it runs.
+
+        Spark's listener may lag behind the tasks: the executor of a ready worker is
+        waited for up to 10 s in all (the monitor goes on asking after that).
+        """
+        super().wait_started(timeout_s)
+        deadline = time.monotonic() + _LOCATE_S / 6
+        with self._lock:
+            ready = [h for h in self._handles.values() if h.state == _State.READY]
+        for handle in ready:
+            if not handle.located:
+                self._locate(handle, wait_s=max(0.0, deadline - time.monotonic()))
 
     def changes(self) -> list[WorkerChange]:
         """Return the membership changes since the last call, oldest first."""

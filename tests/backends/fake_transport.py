@@ -90,9 +90,9 @@ class FakeWorker:
         gate = SCRIPT.load_gates.pop(self.worker_id, None)
         if gate is not None:
             gate.wait(60.0)
+        time.sleep(SCRIPT.slow_loads.pop(self.worker_id, 0.0))
         if self.worker_id in SCRIPT.failing_loads:
             raise DataError(f"worker {self.worker_id} cannot read partitions {sorted(partitions)}")
-        time.sleep(SCRIPT.slow_loads.pop(self.worker_id, 0.0))
         before = self.bytes_read
         for index in sorted(set(partitions) - self.held):
             for split in ("train", "validation"):

@@ -10,6 +10,7 @@ that "train" by hashing, a first load held by a gate. No torch, no Spark.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,8 @@ from cerebro_spark.engine import ExperimentConfig, parse_config, read_events, ru
 from cerebro_spark.engine._experiment import Experiment
 from cerebro_spark.errors import CerebroError, DataError
 from cerebro_spark.mop import MopScheduler
+from cerebro_spark.search import GridSearch
+from cerebro_spark.search._registry import PROCEDURES
 from cerebro_spark.store import open_store
 from tests.backends import fake_transport
 from tests.backends.fake_transport import ThreadTransport
@@ -163,3 +166,39 @@ def test_a_round_no_worker_can_finish_fails_once_none_is_starting(
     assert index_of(events, "worker_partitions", worker="w0", partitions=[0, 2]) > index_of(
         events, "worker_lost", worker="w1"
     )
+
+
+class _GroupedGrid(GridSearch):
+    """Grid search whose every trial trains on two workers at once (Cerebro §5.7)."""
+
+    def resources(self, trial_id: str) -> int:
+        return 2
+
+
+def test_a_round_with_groups_starts_once_no_worker_is_starting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: fake_transport.Script
+) -> None:
+    """Groups are formed on the workers there are: a group round waits for w1 (which
+    loads slowly), so its groups have two ranks, as when start waited for every worker."""
+    monkeypatch.setitem(PROCEDURES, "grouped-grid", _GroupedGrid)
+    gate = script.load_gates["w1"] = script.gate("w1-load")
+    waits: list[int] = []
+    original = Experiment._await_starting
+
+    def await_starting(self: Experiment, backend: Backend) -> None:
+        waits.append(backend.starting())
+        threading.Timer(0.3, gate.set).start()
+        original(self, backend)
+
+    monkeypatch.setattr(Experiment, "_await_starting", await_starting)
+    cfg = config(tmp_path).replace(procedure="grouped-grid", procedure_options={})
+    run_experiment(cfg, experiment_id="groups", backend_factory=pool)
+    events = events_of(tmp_path, "groups")
+    assert waits[0] == 1
+    assert index_of(events, "worker_ready", worker="w1") < index_of(events, "round_start")
+    ranks = {
+        len(e["group_partitions"])
+        for e in events
+        if e["event"] == "unit_end" and e["kind"] == "train" and e["round"] == 0
+    }
+    assert ranks == {2}
