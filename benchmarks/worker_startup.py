@@ -27,7 +27,10 @@ engine submits its first units: since ``start`` returns once one worker is ready
 until every worker was ready (``wait_started``); before that change both were the same.
 
     python benchmarks/worker_startup.py [--backend local|spark|both] [--repeat 3]
-        [--workers 2] [--rows 20000] [--importtime]
+        [--workers 2] [--rows 20000] [--stagger 0] [--importtime]
+
+``--stagger S`` (local backend) launches worker ``i`` ``i * S`` seconds late, as a loaded
+cluster grants executors seconds apart: ``start()`` then returns with the first worker.
 
 ``--importtime`` also prints the slowest imports of a worker's entry (``python -X
 importtime``), cumulative.
@@ -37,19 +40,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from cerebro_spark.backends import LocalBackend, WorkerJob, WorkerPool
+from cerebro_spark.backends import LocalBackend, LocalTransport, WorkerJob, WorkerPool
+from cerebro_spark.backends._serve import WorkerSpec
 from cerebro_spark.backends._spark import tasks_of_group
 from cerebro_spark.data import write_dataset
 from cerebro_spark.store import open_store
@@ -88,6 +95,33 @@ def make_dataset(root: str, rows: int, features: int, partitions: int) -> str:
         validation_fraction=0.2,
     )
     return uri
+
+
+class StaggeredTransport(LocalTransport):
+    """Worker processes launched ``stagger`` seconds apart (executors granted one by one)."""
+
+    def __init__(self, stagger: float) -> None:
+        super().__init__()
+        self.stagger = stagger
+        self.launched = 0
+
+    def launch(self, spec: WorkerSpec) -> Future[str]:
+        ended: Future[str] = Future()
+        delay = self.stagger * self.launched
+        self.launched += 1
+
+        def go() -> None:
+            inner = LocalTransport.launch(self, spec)
+            inner.add_done_callback(lambda f: ended.set_result(f.result()))
+
+        threading.Timer(delay, go).start()
+        return ended
+
+
+def local_pool(workers: int, stagger: float) -> WorkerPool:
+    if not stagger:
+        return LocalBackend(workers)
+    return WorkerPool(StaggeredTransport(stagger), workers)
 
 
 def spark_launch_times(pool: Any) -> dict[str, float]:
@@ -197,6 +231,7 @@ def main() -> None:
     parser.add_argument("--features", type=int, default=64)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--stagger", type=float, default=0.0)
     parser.add_argument("--importtime", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
@@ -206,8 +241,10 @@ def main() -> None:
             runs: list[dict[str, float]] = []
             pools: list[dict[str, float]] = []
             for _ in range(args.repeat):
-                runs += measure(lambda: LocalBackend(args.workers), job, False, pools)
-            report("local backend (spawned processes)", runs, pools)
+                make = functools.partial(local_pool, args.workers, args.stagger)
+                runs += measure(make, job, False, pools)
+            stagger = f", launched {args.stagger:g} s apart" if args.stagger else ""
+            report(f"local backend (spawned processes{stagger})", runs, pools)
         if args.backend in ("spark", "both"):
             cold_pools: list[dict[str, float]] = []
             warm_pools: list[dict[str, float]] = []
