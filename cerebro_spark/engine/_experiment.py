@@ -26,7 +26,11 @@ Workers (who holds which partitions) are facts in the log too: the engine drains
 backend's membership changes (:meth:`~cerebro_spark.backends.Backend.changes`) into
 ``worker_*`` events and keeps no other record; the MOP scheduler of a round starts from
 :meth:`ExperimentState.ready_workers`, and a resumed run starts its workers with the
-logged placement. Between "the procedure decided the next round" and "visit orders are
+logged placement. The engine does not wait for every worker: ``Backend.start`` returns
+once one is ready, and the others join the round under way as they become ready (a
+round that no ready worker can go on with waits while ``Backend.starting()`` says some
+are starting; a round with groups starts once none is, so its groups form on every
+worker). Between "the procedure decided the next round" and "visit orders are
 drawn for the workers that exist" lies the **stage boundary** (:class:`Stage`): the one
 place where an ``on_stage`` hook (a cluster manager) may add or retire workers, whose new
 membership the round then uses.
@@ -169,8 +173,9 @@ class StageDirective:
 StageHook = Callable[[Stage, Backend], "StageDirective | None"]
 """Called at each stage boundary with the next round and the backend, and once more after
 the last round (``Stage.final``). It may add or retire workers (and should wait until they
-are ready or gone); the round uses the membership that results. Its directive's events are
-logged and its ``stop`` ends the search."""
+are ready or gone); the round uses the membership that results. At the first boundary
+some initial workers may still be starting (``Backend.starting``; ``wait_started`` waits).
+Its directive's events are logged and its ``stop`` ends the search."""
 
 
 def experiment_prefix(experiment_id: str) -> str:
