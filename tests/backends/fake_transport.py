@@ -88,8 +88,9 @@ class FakeWorker:
         from cerebro_spark.data import read_partition
 
         gate = SCRIPT.load_gates.pop(self.worker_id, None)
-        if gate is not None:
-            gate.wait(60.0)
+        while gate is not None and not gate.wait(0.05):
+            if self.worker_id in SCRIPT.killed:
+                raise Died(self.worker_id)
         time.sleep(SCRIPT.slow_loads.pop(self.worker_id, 0.0))
         if self.worker_id in SCRIPT.failing_loads:
             raise DataError(f"worker {self.worker_id} cannot read partitions {sorted(partitions)}")

@@ -19,7 +19,15 @@ from typing import Any
 import pytest
 
 from cerebro_spark.backends import Backend, WorkerPool
-from cerebro_spark.engine import ExperimentConfig, parse_config, read_events, run_experiment
+from cerebro_spark.engine import (
+    EventLog,
+    ExperimentConfig,
+    load_state,
+    parse_config,
+    read_events,
+    resume_experiment,
+    run_experiment,
+)
 from cerebro_spark.engine._experiment import Experiment
 from cerebro_spark.errors import CerebroError, DataError
 from cerebro_spark.mop import MopScheduler
@@ -202,3 +210,39 @@ def test_a_round_with_groups_starts_once_no_worker_is_starting(
         if e["event"] == "unit_end" and e["kind"] == "train" and e["round"] == 0
     }
     assert ranks == {2}
+
+
+class _DriverKilled(BaseException):
+    """Stands for SIGKILL: nothing in the engine catches it."""
+
+
+def test_a_run_resumed_after_a_worker_that_never_became_ready_holds_every_partition(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: fake_transport.Script
+) -> None:
+    """The first session dies while w1 (joined) still loads: the log has w1 joined, never
+    ready. The resumed session logs both as lost and starts one worker from the logged
+    placement (w0's partitions), completed so that it holds every partition."""
+    script.load_gates["w1"] = script.gate("never")
+    original = EventLog.append
+
+    def append(self: EventLog, event: str, **fields: Any) -> dict[str, Any]:
+        record = original(self, event, **fields)
+        if event == "unit_end":
+            raise _DriverKilled("killed at the first unit end")
+        return record
+
+    monkeypatch.setattr(EventLog, "append", append)
+    with pytest.raises(_DriverKilled):
+        run_experiment(config(tmp_path), experiment_id="crashed", backend_factory=pool)
+    monkeypatch.setattr(EventLog, "append", original)
+    _, state = load_state(str(tmp_path), "crashed")
+    assert state.ready_workers() == {"w0": frozenset({0, 2})}
+    assert state.workers["w1"].status in ("joined", "lost")  # lost if the close saw it
+
+    result = resume_experiment(str(tmp_path), "crashed", backend_factory=pool)
+    events = events_of(tmp_path, "crashed")
+    resumed = max(i for i, e in enumerate(events) if e["event"] == "experiment_start")
+    ready = [e for e in events[resumed:] if e["event"] == "worker_ready"]
+    assert [(e["worker"], e["partitions"]) for e in ready] == [("w2", [0, 1, 2, 3])]
+    assert_trained_once(events)
+    assert all(t.status == "completed" for t in result.trials)
