@@ -210,6 +210,7 @@ def part_two(master: str, rows: int, repeats: int, hidden: list[int]) -> dict[in
     try:
         with SparkBackend(2, spark=session) as backend:
             backend.start(WorkerJob(str(tmp / "data"), store))
+            backend.wait_started()
             holders = {min(i.partitions): w for w, i in backend.workers().items()}
             start = backend.submit(holders[0], task(0, "start.pt", None)).result()
             singles, halves, together, groups = [], [], [], []

@@ -22,8 +22,15 @@ timestamps, sent with its first ``load`` reply (``PoolStats.startup``):
 * ``ready``: it answered the load (after both of the above); ``listed``: the driver
   listed it as taking units.
 
+Per pool it also prints the seconds from calling ``start()`` until it returned (when the
+engine submits its first units: since ``start`` returns once one worker is ready) and
+until every worker was ready (``wait_started``); before that change both were the same.
+
     python benchmarks/worker_startup.py [--backend local|spark|both] [--repeat 3]
-        [--workers 2] [--rows 20000] [--importtime]
+        [--workers 2] [--rows 20000] [--stagger 0] [--importtime]
+
+``--stagger S`` (local backend) launches worker ``i`` ``i * S`` seconds late, as a loaded
+cluster grants executors seconds apart: ``start()`` then returns with the first worker.
 
 ``--importtime`` also prints the slowest imports of a worker's entry (``python -X
 importtime``), cumulative.
@@ -33,19 +40,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from cerebro_spark.backends import LocalBackend, WorkerJob, WorkerPool
+from cerebro_spark.backends import LocalBackend, LocalTransport, WorkerJob, WorkerPool
+from cerebro_spark.backends._serve import WorkerSpec
 from cerebro_spark.backends._spark import tasks_of_group
 from cerebro_spark.data import write_dataset
 from cerebro_spark.store import open_store
@@ -86,6 +97,33 @@ def make_dataset(root: str, rows: int, features: int, partitions: int) -> str:
     return uri
 
 
+class StaggeredTransport(LocalTransport):
+    """Worker processes launched ``stagger`` seconds apart (executors granted one by one)."""
+
+    def __init__(self, stagger: float) -> None:
+        super().__init__()
+        self.stagger = stagger
+        self.launched = 0
+
+    def launch(self, spec: WorkerSpec) -> Future[str]:
+        ended: Future[str] = Future()
+        delay = self.stagger * self.launched
+        self.launched += 1
+
+        def go() -> None:
+            inner = LocalTransport.launch(self, spec)
+            inner.add_done_callback(lambda f: ended.set_result(f.result()))
+
+        threading.Timer(delay, go).start()
+        return ended
+
+
+def local_pool(workers: int, stagger: float) -> WorkerPool:
+    if not stagger:
+        return LocalBackend(workers)
+    return WorkerPool(StaggeredTransport(stagger), workers)
+
+
 def spark_launch_times(pool: Any) -> dict[str, float]:
     """Each worker's task launch time (``time.time()`` scale) from Spark's status store."""
     transport = pool._spark_transport  # the benchmark reads the transport's job groups
@@ -96,11 +134,23 @@ def spark_launch_times(pool: Any) -> dict[str, float]:
     return launched
 
 
-def measure(make_pool: Any, job: WorkerJob, spark: bool) -> list[dict[str, float]]:
-    """Start a pool, return each worker's phases in seconds from its launch, and close it."""
+def measure(
+    make_pool: Any, job: WorkerJob, spark: bool, pools: list[dict[str, float]]
+) -> list[dict[str, float]]:
+    """Start a pool, return each worker's phases in seconds from its launch, and close it.
+
+    Appends to ``pools`` the seconds from calling ``start()`` to its return (``first``:
+    the engine's first units go then) and to every worker being ready (``all``).
+    """
     pool: WorkerPool = make_pool()
     try:
+        begun = time.monotonic()
         pool.start(job)
+        first = time.monotonic() - begun
+        wait = getattr(pool, "wait_started", None)  # (absent before start returned early)
+        if wait is not None:
+            wait()
+        pools.append({"first": first, "all": time.monotonic() - begun})
         time.sleep(0.5 if spark else 0.0)  # Spark's listener lags behind the tasks
         tasks = spark_launch_times(pool) if spark else {}
         stats = pool.stats()
@@ -119,8 +169,14 @@ def measure(make_pool: Any, job: WorkerJob, spark: bool) -> list[dict[str, float
         pool.close()
 
 
-def report(name: str, runs: list[dict[str, float]]) -> None:
+def report(name: str, runs: list[dict[str, float]], pools: list[dict[str, float]]) -> None:
     print(f"{name}: seconds from launch, median (min-max) over {len(runs)} workers")
+    for key, what in (("first", "start() returned"), ("all", "every worker ready")):
+        values = [p[key] for p in pools]
+        print(
+            f"  {what + ' (pool)':<30} {statistics.median(values):7.2f}  "
+            f"({min(values):.2f}-{max(values):.2f}) over {len(values)} pools"
+        )
     for phase in PHASES:
         values = [run[phase] for run in runs if phase in run]
         if values:
@@ -175,27 +231,36 @@ def main() -> None:
     parser.add_argument("--features", type=int, default=64)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--stagger", type=float, default=0.0)
     parser.add_argument("--importtime", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
         uri = make_dataset(root, args.rows, args.features, args.partitions)
         job = WorkerJob(uri, open_store(f"{root}/store"), torch_threads=1)
         if args.backend in ("local", "both"):
-            runs = []
+            runs: list[dict[str, float]] = []
+            pools: list[dict[str, float]] = []
             for _ in range(args.repeat):
-                runs += measure(lambda: LocalBackend(args.workers), job, spark=False)
-            report("local backend (spawned processes)", runs)
+                make = functools.partial(local_pool, args.workers, args.stagger)
+                runs += measure(make, job, False, pools)
+            stagger = f", launched {args.stagger:g} s apart" if args.stagger else ""
+            report(f"local backend (spawned processes{stagger})", runs, pools)
         if args.backend in ("spark", "both"):
+            cold_pools: list[dict[str, float]] = []
+            warm_pools: list[dict[str, float]] = []
             with spark_pool_factory(args.master, args.workers) as make_pool:
-                cold = measure(make_pool, job, spark=True)
+                cold = measure(make_pool, job, True, cold_pools)
                 runs = []
                 for _ in range(args.repeat):
-                    runs += measure(make_pool, job, spark=True)
-            report(f"Spark backend ({args.master}), first pool: new Python workers", cold)
+                    runs += measure(make_pool, job, True, warm_pools)
+            report(
+                f"Spark backend ({args.master}), first pool: new Python workers", cold, cold_pools
+            )
             report(
                 f"Spark backend ({args.master}), later pools: Python workers reused "
                 "(spark.python.worker.reuse), torch already imported",
                 runs,
+                warm_pools,
             )
     if args.importtime:
         import_times()

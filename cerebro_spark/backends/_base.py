@@ -6,11 +6,16 @@ partition. Models hop (through the store); data stays. Every backend here is a
 :class:`~cerebro_spark.backends.WorkerPool` over a small transport. The rules the engine
 relies on (``tests/backends/contract.py`` is the shared suite):
 
-* :meth:`Backend.start` returns when every initial worker has loaded its partitions; with
-  ``placement`` it starts one worker per entry (a resumed run starts from its logged
-  membership). Worker ids count up from ``w<first_worker>``.
+* :meth:`Backend.start` returns as soon as one initial worker has loaded its partitions
+  (it raises only when none could); with ``placement`` it starts one worker per entry (a
+  resumed run starts from its logged membership). Worker ids count up from
+  ``w<first_worker>``. The other initial workers go on starting: each arrives through
+  :meth:`Backend.changes` (``JOINED`` then ``READY``, or ``LOST`` with its reason) like
+  any later worker, and :meth:`Backend.starting` counts those not ready yet;
+  :meth:`Backend.wait_started` waits for them.
 * :meth:`Backend.workers` lists the live workers that take units; every partition is
-  held by at least one of them while any worker lives.
+  held by at least one of them, or by a worker still starting, while any worker lives
+  (the partitions of a worker lost before it was ready are re-homed on the ready ones).
 * :meth:`Backend.submit` to a worker that is busy, unknown, retiring or lacks the
   partition raises :class:`ValueError` naming the worker and the partition.
 * A unit's future resolves to its :class:`~cerebro_spark.units.UnitResult`, or fails with
@@ -45,6 +50,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
+import time
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future
 from types import TracebackType
@@ -126,6 +132,7 @@ class WorkerJob:
 
 
 _B = TypeVar("_B", bound="Backend")
+_STARTED_POLL_S = 0.05
 
 
 class Backend(abc.ABC):
@@ -139,7 +146,7 @@ class Backend(abc.ABC):
         placement: Sequence[Collection[int]] | None = None,
         first_worker: int = 0,
     ) -> None:
-        """Start the workers and wait until each has loaded its partitions.
+        """Start the workers; return once one of them has loaded its partitions.
 
         Args:
             job: What every worker needs.
@@ -152,6 +159,27 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def workers(self) -> Mapping[str, WorkerInfo]:
         """Return the live workers that take units, by id."""
+
+    def starting(self) -> int:
+        """Return how many workers were started but are neither ready nor gone yet.
+
+        While it is above 0 the engine waits for them instead of failing a round that no
+        ready worker can go on with. A backend whose :meth:`start` waits for every worker
+        (and that starts none later) keeps this default.
+        """
+        return 0
+
+    def wait_started(self, timeout_s: float | None = None) -> None:
+        """Wait until no worker is starting (each is ready or gone), e.g. after :meth:`start`.
+
+        Raises:
+            TimeoutError: Workers were still starting after ``timeout_s`` seconds.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while (count := self.starting()) > 0:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"{count} workers were still starting after {timeout_s} s")
+            time.sleep(_STARTED_POLL_S)
 
     @abc.abstractmethod
     def changes(self) -> list[WorkerChange]:

@@ -7,9 +7,11 @@ The transport starts workers and says when they end; the pool owns the rest, onc
   replies in command order and sends a ``heartbeat`` every ``heartbeat_s``.
 * **Losses** (Cerebro §5.6). A worker is lost when its connection closes or fails a
   check, when it was silent for ``heartbeat_timeout_s``, when its process or task ends
-  unasked, or when its initial load fails. Each orphaned partition is re-homed on the
-  live worker holding the fewest. A worker id registers once: a retried Spark task
-  attempt of a lost worker is refused; capacity is refilled by workers with new ids.
+  unasked, when it does not register within ``start_timeout_s``, or when its initial load
+  fails. Each orphaned partition is re-homed on the live worker holding the fewest (those
+  of a worker lost before it was ready, once one is ready). A worker id registers once: a
+  retried Spark task attempt of a lost worker is refused; capacity is refilled by workers
+  with new ids.
 * **Placement.** Partition ``i`` starts on worker ``w{i mod n}`` unless ``placement``
   says otherwise; joining workers hold replicas (:meth:`WorkerPool.add_worker`).
 """
@@ -85,7 +87,8 @@ class PoolStats:
             unknown worker id, or a registration after close).
         lost: Workers lost, by how the loss was noticed: ``"connection"``,
             ``"heartbeat"``, ``"ended"`` (its process or task ended unasked), ``"load"``
-            (its initial load failed), ``"start"`` (not ready in time).
+            (its initial load failed), ``"start"`` (it did not register within
+            ``start_timeout_s``, or ``add_worker`` was interrupted).
         retired: Workers retired.
         register_seconds: Per worker, seconds from launch to registration.
         ready_seconds: Per worker, seconds from launch until it had loaded its partitions.
@@ -202,10 +205,11 @@ class WorkerPool(Backend):
             (Spark: one per executor task slot). At most the number of partitions.
         device: Torch device of every worker; ``None`` lets each choose (``cuda:<i>`` for
             a Spark task given a ``gpu`` resource, else ``cpu``).
-        start_timeout_s: Seconds :meth:`start` and :meth:`add_worker` wait for a worker to
-            register. Loading its partitions afterwards is bounded by its heartbeats, not
-            by time: a large share on slow storage is waited for as long as the worker
-            beats (one that falls silent is lost), and logged every minute.
+        start_timeout_s: Seconds a worker may take to register; then it is lost (and
+            :meth:`start` or :meth:`add_worker` raise if it was the last hope). Loading its
+            partitions afterwards is bounded by its heartbeats, not by time: a large share
+            on slow storage is waited for as long as the worker beats (one that falls
+            silent is lost), and logged every minute.
         heartbeat_s: Seconds between heartbeats (worker → driver) and pings (driver →
             worker).
         heartbeat_timeout_s: Seconds without a message after which a worker is lost (and
@@ -276,17 +280,25 @@ class WorkerPool(Backend):
         placement: Sequence[Collection[int]] | None = None,
         first_worker: int = 0,
     ) -> None:
-        """Start the workers; return when each has registered and loaded its partitions.
+        """Start the workers; return as soon as one has registered and loaded its partitions.
+
+        The others go on starting: each is reported by :meth:`changes` (``JOINED``, then
+        ``READY``, or ``LOST`` with its reason) and counted by :meth:`starting` until then.
+        One that does not register within ``start_timeout_s`` is lost (``PoolStats.lost
+        ["start"]``); the partitions of one lost before it was ready are re-homed on the
+        ready workers. The errors below are raised only when no worker became ready.
 
         Raises:
             ConfigError: ``job.torch_threads < 1``, more workers than partitions, a bad
                 ``placement``, or what the transport refuses (e.g. more workers than
                 ``local[N]`` has slots).
-            WorkerLostError: A worker was lost before it was ready (the message says how).
-            TimeoutError: Workers did not register within ``start_timeout_s`` (the message
+            WorkerLostError: Every worker was lost before it was ready (the message of
+                the first says how).
+            TimeoutError: No worker registered within ``start_timeout_s`` (the message
                 names them and the likely causes).
-            Exception: A worker failed to load its partitions; its error is re-raised by
-                type name (``DataError`` ...) with the worker's traceback as the cause.
+            Exception: Every worker failed (one at least to load its partitions): the
+                first load error is re-raised by type name (``DataError`` ...) with the
+                worker's traceback as the cause.
         """
         from cerebro_spark.data import read_manifest
 
@@ -328,21 +340,44 @@ class WorkerPool(Backend):
         try:
             with self._lock:
                 handles = [self._spawn_locked(share) for share in shares]
-            self._await_ready(handles)
+            first = self._await_ready(handles)
         except BaseException:
             self.close()
             raise
-        deadline = time.monotonic() + _LOCATE_S / 6
-        for handle in handles:  # report where the workers run (Spark's listener may lag)
-            if not handle.located:
-                self._locate(handle, wait_s=max(0.0, deadline - time.monotonic()))
-        where = {h.worker_id: f"{h.host} ({h.executor_id or 'no executor'})" for h in handles}
-        logger.info("%s started %d workers: %s", type(self).__name__, len(handles), where)
+        logger.info(
+            "%s started %d workers; %s is ready on %s (executor %s, if known yet), %d are "
+            "still starting",
+            type(self).__name__,
+            len(handles),
+            first.worker_id,
+            first.host,
+            first.executor_id or "none",
+            self.starting(),
+        )
 
     def workers(self) -> dict[str, WorkerInfo]:
         """Return the live workers that take units, by id, in the order they were started."""
         with self._lock:
             return {w: h.info() for w, h in self._handles.items() if h.state == _State.READY}
+
+    def starting(self) -> int:
+        """Return how many workers were launched but are neither ready nor gone yet."""
+        with self._lock:
+            return sum(1 for h in self._handles.values() if h.state < _State.READY)
+
+    def wait_started(self, timeout_s: float | None = None) -> None:
+        """Wait until no worker is starting, then (briefly) until each says where it runs.
+
+        Spark's listener may lag behind the tasks: the executor of a ready worker is
+        waited for up to 10 s in all (the monitor goes on asking after that).
+        """
+        super().wait_started(timeout_s)
+        deadline = time.monotonic() + _LOCATE_S / 6
+        with self._lock:
+            ready = [h for h in self._handles.values() if h.state == _State.READY]
+        for handle in ready:
+            if not handle.located:
+                self._locate(handle, wait_s=max(0.0, deadline - time.monotonic()))
 
     def changes(self) -> list[WorkerChange]:
         """Return the membership changes since the last call, oldest first."""
@@ -446,7 +481,9 @@ class WorkerPool(Backend):
             self._handles.clear()
             joined = [h for h in handles if h.state >= _State.LOADING]
             abandoned = [p for h in handles for p in h.pending]
-            busy = {h.worker_id for h in handles if h.running is not None}  # loads finish
+            busy = {  # a re-home load finishes; an initial one would only delay the close
+                h.worker_id for h in handles if h.running is not None or h.state < _State.READY
+            }
             for handle in handles:
                 handle.pending.clear()
                 handle.state = _State.LEFT
@@ -608,39 +645,47 @@ class WorkerPool(Backend):
         handle.ended.add_done_callback(functools.partial(self._on_ended, handle))
         return handle
 
-    def _await_ready(self, handles: list[_Handle]) -> None:
-        """Wait until ``handles`` are ready; re-raise a worker's failure.
+    def _await_ready(self, handles: list[_Handle]) -> _Handle:
+        """Wait until one of ``handles`` is ready and return it; if none can be, raise.
 
-        Registering is bounded by ``start_timeout_s``; loading by the worker's heartbeats
-        (the monitor loses a worker that falls silent, which fails its ``ready``).
+        Registering is bounded by ``start_timeout_s`` and loading by the worker's
+        heartbeats (the monitor loses a worker that overruns either, which fails its
+        ``ready``). When every worker failed, the first worker error is re-raised (a load's
+        ``DataError`` ...), else one :class:`TimeoutError` naming those that never
+        registered, else the first loss.
         """
         started = time.monotonic()
         next_log = started + _LOADING_LOG_S
-        pending = {h.ready for h in handles}
+        pending = {h.ready: h for h in handles}
+        failed: list[tuple[_Handle, BaseException]] = []
         while pending:
-            done, pending = concurrent.futures.wait(
-                pending, _TICK_S, concurrent.futures.FIRST_EXCEPTION
-            )
-            for future in done:
-                future.result()  # re-raises the worker's error
-            waiting = [h for h in handles if h.ready in pending]
+            done, _ = concurrent.futures.wait(pending, _TICK_S, concurrent.futures.FIRST_COMPLETED)
+            for future in sorted(done, key=lambda f: handles.index(pending[f])):
+                handle = pending.pop(future)
+                error = future.exception()
+                if error is None:
+                    return handle
+                failed.append((handle, error))
             now = time.monotonic()
-            unregistered = [h.worker_id for h in waiting if h.state == _State.STARTING]
-            if unregistered and now - started > self._start_timeout_s:
-                raise TimeoutError(
-                    f"workers {unregistered} did not register within start_timeout_s="
-                    f"{self._start_timeout_s}: no free slot for their "
-                    f"{self._transport.noun}s, or they could not reach the driver's control "
-                    f"server at {self._advertised}"
-                )
-            if waiting and now >= next_log:
+            if pending and now >= next_log:
                 next_log = now + _LOADING_LOG_S
                 logger.info(
                     "still waiting for workers %s to register or load their partitions "
                     "(%.0f s so far; each is watched by its heartbeats)",
-                    [h.worker_id for h in waiting],
+                    [h.worker_id for h in pending.values()],
                     now - started,
                 )
+        errors = [e for _, e in failed if not isinstance(e, (TimeoutError, WorkerLostError))]
+        if errors:
+            raise errors[0]
+        late = [h.worker_id for h, e in failed if isinstance(e, TimeoutError)]
+        if late:
+            raise TimeoutError(
+                f"workers {late} did not register within start_timeout_s="
+                f"{self._start_timeout_s}: no free slot for their {self._transport.noun}s, "
+                f"or they could not reach the driver's control server at {self._advertised}"
+            )
+        raise failed[0][1]
 
     def _listed_locked(self, worker_id: str, what: str) -> _Handle:
         """The worker if it takes units, else :class:`ValueError` (``cannot <what> worker``)."""
@@ -738,6 +783,7 @@ class WorkerPool(Backend):
             self._stats.ready_seconds[handle.worker_id] = time.monotonic() - handle.spawned_at
             self._stats.startup[handle.worker_id] = _startup(handle, future.result())
             self._change_locked(Membership.READY, handle)
+            self._rehome_orphans_locked()  # of workers that left before any was ready
         if not handle.ready.done():  # close() may have failed it meanwhile
             handle.ready.set_result(None)
         logger.info(
@@ -931,6 +977,8 @@ class WorkerPool(Backend):
                     self._change_locked(Membership.LOST, handle, reason)
                 if before >= _State.READY:
                     self._rehome_locked(handle.partitions, f"lost worker {handle.worker_id}")
+                else:
+                    self._rehome_orphans_locked()
         if handle.channel is not None:
             handle.channel.close()
         if cause is None:
@@ -1009,6 +1057,30 @@ class WorkerPool(Backend):
             loads.append(self._send_locked(target, "load", moved).future)
         return loads
 
+    def _rehome_orphans_locked(self) -> None:
+        """Re-home the partitions no worker holds, nor will hold once it is ready.
+
+        A worker lost before it was ready takes its initial share with it (and a re-home
+        load may have failed): those partitions go to the ready workers holding the fewest,
+        or, while none is ready, to the first that becomes ready.
+        """
+        kept: set[int] = set()
+        for handle in self._handles.values():
+            if handle.state <= _State.READY:
+                kept |= handle.partitions
+        orphans = [p for p in range(self._num_partitions) if p not in kept]
+        for worker_id, moved in rehome(orphans, self._holdings_locked()).items():
+            target = self._handles[worker_id]
+            target.partitions.update(moved)
+            self._change_locked(Membership.PARTITIONS, target)
+            logger.warning(
+                "re-homing partitions %s, held by no worker (theirs left before it was "
+                "ready), on worker %s",
+                moved,
+                worker_id,
+            )
+            self._send_locked(target, "load", moved)
+
     def _change_locked(self, kind: Membership, handle: _Handle, reason: str | None = None) -> None:
         """Queue a membership change for :meth:`changes`."""
         self._changes.append(WorkerChange(kind, handle.info(), reason))
@@ -1042,6 +1114,13 @@ class WorkerPool(Backend):
                 now = time.monotonic()
                 with self._lock:
                     live = [h for h in self._handles.values() if h.state >= _State.JOINING]
+                    late = [
+                        h
+                        for h in self._handles.values()
+                        if h.state == _State.STARTING and now - h.spawned_at > self._start_timeout_s
+                    ]
+                for handle in late:
+                    self._unregistered(handle)
                 for handle in live:
                     silent = now - handle.last_seen
                     if silent > self._heartbeat_timeout_s:
@@ -1066,6 +1145,22 @@ class WorkerPool(Backend):
                 if self._closed.is_set():
                     return
                 logger.exception("%s monitor failed", type(self).__name__)
+
+    def _unregistered(self, handle: _Handle) -> None:
+        """Lose a worker that did not register within ``start_timeout_s``."""
+        with self._lock:
+            if handle.state != _State.STARTING:
+                return  # it registered meanwhile
+            _fail(
+                handle.ready,
+                TimeoutError(
+                    f"worker {handle.worker_id} did not register within start_timeout_s="
+                    f"{self._start_timeout_s}: no free slot for its {self._transport.noun}, "
+                    f"or it could not reach the driver's control server at {self._advertised}"
+                ),
+            )
+        reason = f"it did not register within start_timeout_s={self._start_timeout_s}"
+        self._leave(handle, reason, cause="start")
 
     def _start_arrivals(self) -> None:
         """Start workers for the capacity the transport says appeared."""

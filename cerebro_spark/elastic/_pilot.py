@@ -82,6 +82,7 @@ def pilot_profile(
     measured: dict[str, Any] = {}
     try:
         backend.start(WorkerJob(dataset_uri, root, config.torch_threads))
+        backend.wait_started()  # the pilot measures on every worker
         pilot = _Pilot(backend, root, prefix, partitions)
         families: dict[str, dict[str, float]] = {}
         units: list[UnitResult] = []

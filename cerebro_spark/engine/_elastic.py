@@ -417,8 +417,15 @@ class ElasticController:
         """Bring the workers to ``target`` (see the module docstring); log what happened."""
         caps = self.manager.capabilities
         workers = backend.workers()
-        if not caps.resizable or target == len(workers):
-            return []
+        starting = backend.starting()
+        if not caps.resizable or target == len(workers) + starting:
+            return []  # (workers still starting join the stage when they are ready)
+        if starting and target < len(workers) + starting:  # victims among every worker
+            with contextlib.suppress(TimeoutError):
+                backend.wait_started(self.resize_timeout)
+            workers = backend.workers()
+            if target == len(workers):
+                return []
         target = self._bounded(target)
         begun = self._clock()
         fields: dict[str, Any] = {"stage": index, "from": len(workers), "target": target}
@@ -475,7 +482,7 @@ class ElasticController:
         """
         add = getattr(backend, "add_worker", None)
         deadline = time.monotonic() + self.resize_timeout
-        while add is not None and len(backend.workers()) < target:
+        while add is not None and len(backend.workers()) + backend.starting() < target:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"could not bring the workers back to {target}")
             add()

@@ -26,7 +26,11 @@ Workers (who holds which partitions) are facts in the log too: the engine drains
 backend's membership changes (:meth:`~cerebro_spark.backends.Backend.changes`) into
 ``worker_*`` events and keeps no other record; the MOP scheduler of a round starts from
 :meth:`ExperimentState.ready_workers`, and a resumed run starts its workers with the
-logged placement. Between "the procedure decided the next round" and "visit orders are
+logged placement. The engine does not wait for every worker: ``Backend.start`` returns
+once one is ready, and the others join the round under way as they become ready (a
+round that no ready worker can go on with waits while ``Backend.starting()`` says some
+are starting; a round with groups starts once none is, so its groups form on every
+worker). Between "the procedure decided the next round" and "visit orders are
 drawn for the workers that exist" lies the **stage boundary** (:class:`Stage`): the one
 place where an ``on_stage`` hook (a cluster manager) may add or retire workers, whose new
 membership the round then uses.
@@ -169,8 +173,9 @@ class StageDirective:
 StageHook = Callable[[Stage, Backend], "StageDirective | None"]
 """Called at each stage boundary with the next round and the backend, and once more after
 the last round (``Stage.final``). It may add or retire workers (and should wait until they
-are ready or gone); the round uses the membership that results. Its directive's events are
-logged and its ``stop`` ends the search."""
+are ready or gone); the round uses the membership that results. At the first boundary
+some initial workers may still be starting (``Backend.starting``; ``wait_started`` waits).
+Its directive's events are logged and its ``stop`` ends the search."""
 
 
 def experiment_prefix(experiment_id: str) -> str:
@@ -400,7 +405,7 @@ class Experiment:
                 WorkerJob(dataset_uri, self.root, self.config.torch_threads),
                 placement=placement,
                 first_worker=next_worker_index(self.state.workers),
-            )
+            )  # returns once a worker is ready: the others join the rounds as they are
             self._sync_membership(backend, None)
             while self._next_round(backend):
                 self._run_round(backend)
@@ -580,6 +585,10 @@ class Experiment:
         """Open the next round (or continue the open one); False when the search is done."""
         if self.state.round_open:
             logger.info("resuming round %d", self.state.round + 1)
+            if self.state.round_group_plans or any(
+                k > 1 for k in self.state.round_resources.values()
+            ):
+                self._await_starting(backend)
             return True
         if self.state.stopped is not None:
             return False
@@ -607,6 +616,8 @@ class Experiment:
         if stop is not None:
             self._stop_search(stop)
             return False
+        if any(k > 1 for k in resources.values()):
+            self._await_starting(backend)
         self._emit(
             "round_start",
             round=number,
@@ -636,6 +647,24 @@ class Experiment:
         for event, fields in directive.events:
             self._emit(event, **fields)
         return directive.stop
+
+    def _await_starting(self, backend: Backend) -> None:
+        """Wait until no worker is starting, before a round with groups.
+
+        A round's groups are formed on the workers there are (Cerebro §5.7): a group round
+        does not start on the first few.
+        """
+        if not backend.starting():
+            return
+        logger.info(
+            "waiting for %d starting workers: the groups of this round are formed on every worker",
+            backend.starting(),
+        )
+        self.log.flush()  # idle: the log is made current while the driver waits
+        while backend.starting():
+            time.sleep(_WAIT_SECONDS)
+            self._sync_membership(backend, None)
+        self._sync_membership(backend, None)
 
     def _stop_search(self, reason: str) -> None:
         """End the search before its next round: every live trial is stopped."""
@@ -760,10 +789,8 @@ class Experiment:
                 if requeued:
                     continue  # a worker left since the last sync: assign again now
                 if scheduler.stalled:
-                    raise CerebroError(
-                        "no live worker holds the partitions the remaining units need; "
-                        f"workers: {dict(scheduler.workers)}"
-                    )
+                    self._check_stalled(backend, scheduler)
+                    continue  # workers are starting, or the sync brought some
                 self.log.flush()  # idle: the log is made current while the driver waits
                 time.sleep(_WAIT_SECONDS)
                 self._sync_membership(backend, scheduler)
@@ -783,6 +810,37 @@ class Experiment:
                 self._depart(item.assignment.workers, scheduler)
             self.progress.maybe_log()
         self.progress.maybe_log(force=True)
+
+    def _check_stalled(self, backend: Backend, scheduler: MopScheduler) -> None:
+        """Nothing runs and no ready worker can take a unit: wait, or fail.
+
+        It waits for the workers still starting (or takes in those the last changes
+        brought); with none, it fails naming what is missing.
+
+        Raises:
+            CerebroError: No worker is starting and no live worker can take a unit.
+        """
+        starting = backend.starting()  # before the sync: a worker ready since is in it
+        self._sync_membership(backend, scheduler)
+        if not scheduler.stalled:
+            return
+        if starting:
+            self.log.flush()  # idle: the log is made current while the driver waits
+            logger.debug("no ready worker can take a unit; %d workers are starting", starting)
+            time.sleep(_WAIT_SECONDS)
+            self._sync_membership(backend, scheduler)
+            return
+        unheld = sorted(scheduler.unheld_partitions)
+        missing = (
+            f"partitions {unheld} are held by no worker (their workers were lost or failed "
+            "to load them: see the worker_lost events and the driver log)"
+            if unheld
+            else "no ready worker can take any of the remaining units"
+        )
+        raise CerebroError(
+            f"no live worker holds the partitions the remaining units need: {missing}; "
+            f"workers: {dict(sorted(scheduler.workers.items()))}"
+        )
 
     def _task(self, assignment: Assignment) -> UnitTask:
         """The task of an assignment (rank 0's, for a group)."""

@@ -123,6 +123,7 @@ def group_scenario(session: Any, tmp: Path, kill: KillExecutor) -> dict[str, Any
     report: dict[str, Any] = {}
     with SparkBackend(spark=session, heartbeat_s=1.0, heartbeat_timeout_s=10.0) as backend:
         backend.start(WorkerJob(dataset.uri, store, torch_threads=1))
+        backend.wait_started()
         workers = backend.workers()
         report["workers"] = {w: [info.executor_id, info.host] for w, info in workers.items()}
         # A first ordinary unit, so that the group starts from trained weights.
@@ -275,6 +276,7 @@ def retire_scenario(session: Any, tmp: Path, kill: KillExecutor) -> dict[str, An
     report: dict[str, Any] = {"failed_before": failed_tasks(session)}
     with SparkBackend(2, spark=session, heartbeat_s=1.0, heartbeat_timeout_s=10.0) as backend:
         backend.start(WorkerJob(dataset.uri, open_store(str(tmp / "store")), torch_threads=1))
+        backend.wait_started()
         for worker, info in backend.workers().items():
             result(backend.submit(worker, train_task("t", min(info.partitions))))
         backend.changes()

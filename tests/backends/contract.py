@@ -211,19 +211,23 @@ class BackendContract(abc.ABC):
         backend = cls().make_backend(2)
         try:
             backend.start(job)
+            backend.wait_started(RESULT_TIMEOUT_S)
             yield backend
         finally:
             backend.close()
 
     @pytest.fixture
-    def started(self, job: WorkerJob) -> Iterator[Callable[[int], Backend]]:
+    def started(self, job: WorkerJob) -> Iterator[Callable[..., Backend]]:
         """Start private backends of any size; every one is closed after the test."""
         backends: list[Backend] = []
 
-        def start(num_workers: int) -> Backend:
+        def start(num_workers: int, *, wait: bool = True) -> Backend:
+            """A started backend; with ``wait``, once every worker is ready."""
             backend = self.make_backend(num_workers)
             backends.append(backend)
             backend.start(job)
+            if wait:
+                backend.wait_started(RESULT_TIMEOUT_S)
             return backend
 
         yield start
@@ -407,9 +411,13 @@ class BackendContract(abc.ABC):
     # -- membership and retire ----------------------------------------------------------------
 
     def test_membership_changes_are_reported_once(
-        self, started: Callable[[int], Backend], dataset: Dataset
+        self, started: Callable[..., Backend], dataset: Dataset
     ) -> None:
-        backend = started(2)
+        """``start`` returns once a worker is ready; the others arrive as changes."""
+        backend = started(2, wait=False)
+        assert backend.workers(), "start returned before any worker was ready"
+        backend.wait_started(RESULT_TIMEOUT_S)
+        assert backend.starting() == 0
         changes = backend.changes()
         assert sorted((c.kind.value, c.worker.worker_id) for c in changes) == [
             ("joined", "w0"),

@@ -40,6 +40,8 @@ class Script:
         self.killed: set[str] = set()
         self.failing_loads: set[str] = set()
         self.slow_loads: dict[str, float] = {}  # worker id: seconds its first load sleeps
+        self.load_gates: dict[str, threading.Event] = {}  # worker id: its first load waits
+        self.no_register: set[str] = set()  # worker ids that never start serving
         self.lock = threading.Lock()
 
     def gate(self, name: str) -> threading.Event:
@@ -85,9 +87,13 @@ class FakeWorker:
     def load(self, partitions: Collection[int]) -> int:
         from cerebro_spark.data import read_partition
 
+        gate = SCRIPT.load_gates.pop(self.worker_id, None)
+        while gate is not None and not gate.wait(0.05):
+            if self.worker_id in SCRIPT.killed:
+                raise Died(self.worker_id)
+        time.sleep(SCRIPT.slow_loads.pop(self.worker_id, 0.0))
         if self.worker_id in SCRIPT.failing_loads:
             raise DataError(f"worker {self.worker_id} cannot read partitions {sorted(partitions)}")
-        time.sleep(SCRIPT.slow_loads.pop(self.worker_id, 0.0))
         before = self.bytes_read
         for index in sorted(set(partitions) - self.held):
             for split in ("train", "validation"):
@@ -157,6 +163,11 @@ class ThreadTransport(Transport):
         ended: Future[str] = Future()
 
         def body() -> None:
+            while spec.worker_id in SCRIPT.no_register:  # as a task that never gets a slot
+                if spec.worker_id in SCRIPT.killed:
+                    ended.set_result("killed before it served")
+                    return
+                time.sleep(0.05)
             try:
                 ended.set_result(serve(spec, TaskInfo(), FakeWorker))
             except BaseException as exc:

@@ -82,6 +82,7 @@ def shared(digits: Dataset, store: Store) -> Iterator[LocalBackend]:
     backend = LocalBackend(2)
     try:
         backend.start(WorkerJob(dataset_uri=digits.uri, store=store, torch_threads=1))
+        backend.wait_started()
         yield backend
     finally:
         backend.close()
@@ -95,6 +96,7 @@ def local(store: Store) -> Iterator[Callable[[Dataset, int], LocalBackend]]:
         backend = LocalBackend(num_workers)
         backends.append(backend)
         backend.start(WorkerJob(dataset_uri=dataset.uri, store=store, torch_threads=1))
+        backend.wait_started()
         return backend
 
     yield start

@@ -45,7 +45,8 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
 def pools(dataset: Dataset, tmp_path: Path) -> Iterator[Callable[..., WorkerPool]]:
     started: list[WorkerPool] = []
 
-    def start(num_workers: int | None, **kwargs: Any) -> WorkerPool:
+    def start(num_workers: int | None, *, wait: bool = True, **kwargs: Any) -> WorkerPool:
+        """A started pool; with ``wait``, once every worker is ready (or gone)."""
         placement = kwargs.pop("placement", None)
         first_worker = kwargs.pop("first_worker", 0)
         kwargs.setdefault("heartbeat_s", 0.2)
@@ -55,6 +56,8 @@ def pools(dataset: Dataset, tmp_path: Path) -> Iterator[Callable[..., WorkerPool
         started.append(pool)
         job = WorkerJob(dataset.uri, open_store(str(tmp_path / "store")))
         pool.start(job, placement=placement, first_worker=first_worker)
+        if wait:
+            pool.wait_started(TIMEOUT_S)
         return pool
 
     yield start
@@ -186,15 +189,93 @@ def test_a_worker_that_dies_mid_unit_is_lost_and_its_partitions_rehomed(
         pool.submit("w1", task("t", 1))
 
 
-def test_a_worker_that_cannot_load_fails_start_with_its_error(
+def test_when_no_worker_can_load_start_fails_with_the_first_error(
     dataset: Dataset, tmp_path: Path, script: Script
 ) -> None:
-    script.failing_loads.add("w1")
+    script.failing_loads.update({"w0", "w1"})
+    script.slow_loads["w0"] = 0.3  # w1 fails first: its error is the one raised
     pool = WorkerPool(ThreadTransport(), 2, start_timeout_s=TIMEOUT_S)
     with pytest.raises(DataError, match=r"w1 cannot read partitions \[1, 3\]") as info:
         pool.start(WorkerJob(dataset.uri, open_store(str(tmp_path / "store"))))
     assert "worker w1 traceback" in str(info.value.__cause__)
     assert pool.workers() == {}
+    assert pool.starting() == 0
+    pool.close()
+
+
+def test_start_returns_once_one_worker_is_ready_and_the_others_arrive_as_changes(
+    pools: Callable[..., WorkerPool], script: Script
+) -> None:
+    gate = script.load_gates["w1"] = script.gate("w1-load")
+    pool = pools(2, wait=False)
+    assert held(pool) == {"w0": {0, 2}}
+    assert pool.starting() == 1
+    assert result(pool.submit("w0", task("t", 0))).worker_id == "w0"  # w1 is still loading
+    assert ("ready", "w1") not in kinds(pool.changes())
+    gate.set()
+    pool.wait_started(TIMEOUT_S)
+    assert pool.starting() == 0
+    assert held(pool) == {"w0": {0, 2}, "w1": {1, 3}}
+    ready = [c for c in pool.changes() if c.kind is Membership.READY]
+    assert [(c.worker.worker_id, c.worker.partitions) for c in ready] == [("w1", {1, 3})]
+
+
+def test_an_initial_worker_failing_after_start_is_lost_and_its_partitions_rehomed(
+    pools: Callable[..., WorkerPool], script: Script, dataset: Dataset
+) -> None:
+    """w1 joins, then cannot load its share after w0 is ready: a LOST change with its
+    reason, not an exception; its sole copies go to w0, so every unit can still run."""
+    gate = script.load_gates["w1"] = script.gate("w1-load")
+    script.failing_loads.add("w1")
+    pool = pools(2, wait=False)
+    gate.set()
+    pool.wait_started(TIMEOUT_S)
+    wait_until(lambda: held(pool) == {"w0": {0, 1, 2, 3}}, "re-homing")
+    changes = [(c.kind.value, c.worker.worker_id, c.reason) for c in pool.changes()]
+    lost = [c for c in changes if c[0] == "lost"]
+    assert [(kind, worker) for kind, worker, _ in lost] == [("lost", "w1")]
+    assert "w1 cannot read partitions [1, 3]" in (lost[0][2] or "")
+    assert ("partitions", "w0", None) in changes
+    assert changes.index(("partitions", "w0", None)) > changes.index(lost[0])
+    for partition in range(4):
+        assert result(pool.submit("w0", task("t", partition))).worker_id == "w0"
+    assert pool.workers()["w0"].bytes_read == dataset.bytes_of({0, 1, 2, 3})
+    assert pool.stats().lost == {"load": 1}
+
+
+def test_partitions_of_a_worker_lost_before_any_is_ready_go_to_the_first_ready(
+    pools: Callable[..., WorkerPool], script: Script
+) -> None:
+    """w0 fails to load while w1 still loads: w0's share waits for w1, which takes it."""
+    script.failing_loads.add("w0")
+    script.slow_loads["w1"] = 0.5
+    pool = pools(2)
+    assert held(pool) == {"w1": {0, 1, 2, 3}}
+    changes = kinds(pool.changes())
+    assert changes.index(("lost", "w0")) < changes.index(("ready", "w1"))
+    assert changes[-1] == ("partitions", "w1")
+    assert result(pool.submit("w1", task("t", 0))).worker_id == "w1"
+
+
+def test_a_worker_that_never_registers_is_lost_after_the_start_timeout(
+    pools: Callable[..., WorkerPool], script: Script
+) -> None:
+    """A worker whose task never gets a slot: start goes on with w0; w1 is lost (it never
+    joined, so no change names it) and its partitions are re-homed on w0."""
+    script.no_register.add("w1")
+    pool = pools(2, start_timeout_s=1.5)  # (w0 registers well within it)
+    assert held(pool) == {"w0": {0, 1, 2, 3}}
+    assert pool.stats().lost == {"start": 1}
+    assert ("partitions", "w0") in kinds(pool.changes())
+
+
+def test_when_no_worker_registers_start_times_out_naming_them(
+    dataset: Dataset, tmp_path: Path, script: Script
+) -> None:
+    script.no_register.update({"w0", "w1"})
+    pool = WorkerPool(ThreadTransport(), 2, start_timeout_s=0.3, heartbeat_s=0.1)
+    with pytest.raises(TimeoutError, match=r"workers \['w0', 'w1'\] did not register within"):
+        pool.start(WorkerJob(dataset.uri, open_store(str(tmp_path / "store"))))
     pool.close()
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from cerebro_spark.store import Store, open_store
 from tests.backends.contract import (
     GATED,
     NUM_PARTITIONS,
+    RESULT_TIMEOUT_S,
     BackendContract,
     Dataset,
     gated,
@@ -125,6 +127,7 @@ def backends(spark: Any, job: WorkerJob) -> Iterator[Callable[..., SparkBackend]
         backend = SparkBackend(num_workers, spark=spark, **kwargs)
         started.append(backend)
         backend.start(job)
+        backend.wait_started(RESULT_TIMEOUT_S)
         return backend
 
     yield start
@@ -270,18 +273,19 @@ def test_joining_workers_load_replicas_and_units_replay_bit_identically(
     assert partitions_of(backend) == {"w3": set(range(NUM_PARTITIONS))}
 
 
-def test_a_worker_that_cannot_load_fails_start_with_its_error(
+def test_when_no_worker_can_load_start_fails_with_the_error(
     spark: Any, tmp_path: Path, store: Store
 ) -> None:
     broken = make_dataset(tmp_path / "broken")
-    path = Path(broken.uri) / broken.manifest.partition("train", 1).path
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
+    for partition in (0, 1):  # w0's and w1's: start fails only when no worker can load
+        path = Path(broken.uri) / broken.manifest.partition("train", partition).path
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
     backend = SparkBackend(2, spark=spark)
-    with pytest.raises(DataError, match="train partition 1") as info:
+    with pytest.raises(DataError, match=r"train partition [01]") as info:
         backend.start(WorkerJob(broken.uri, store))
-    assert "worker w1 traceback" in str(info.value.__cause__)
+    assert re.search(r"worker w[01] traceback", str(info.value.__cause__))
     assert backend.workers() == {}
     backend.close()
 

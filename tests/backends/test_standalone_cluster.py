@@ -228,6 +228,7 @@ def _scenario_backend(cluster: Cluster, session: Any, tmp: Path) -> dict[str, An
     try:
         begun = time.monotonic()
         backend.start(job)  # num_workers=None: one per executor slot
+        backend.wait_started(120.0)
         report["start_seconds"] = time.monotonic() - begun
         held = {w: sorted(i.partitions) for w, i in backend.workers().items()}
         report["workers_at_start"] = held

@@ -58,11 +58,14 @@ class PoolCluster(ClusterManager):
         self.since: dict[str, float] = {}
 
     def executors(self) -> list[Executor]:
+        """One per live worker, ready or still starting (its executor is already there)."""
         assert self.pool is not None
         now = time.time()
+        with self.pool._lock:
+            live = list(self.pool._handles)
         return [
             Executor(w, "127.0.0.1", 1, since=self.since.setdefault(w, now), instance=w)
-            for w in self.pool.workers()
+            for w in live
         ]
 
     def resize(self, target: int, victims: Sequence[str] = ()) -> None:
@@ -70,7 +73,7 @@ class PoolCluster(ClusterManager):
         self.check_resize(target, victims)
         self.requests.append((target, tuple(victims)))
         if self.grow:
-            for _ in range(target - len(self.pool.workers())):
+            for _ in range(target - len(self.executors())):
                 threading.Thread(target=self.pool.add_worker, daemon=True).start()
 
 

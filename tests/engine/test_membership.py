@@ -110,6 +110,8 @@ def test_the_stage_boundary_retires_and_adds_workers_and_the_round_uses_them(
         assert isinstance(backend, WorkerPool)
         if stage.final:
             return
+        if stage.round == 0:
+            backend.wait_started(30)  # the hook sees the ready workers; w1 may still load
         if stage.round == 1:
             backend.retire("w1").result(timeout=30)
         if stage.round == 2:

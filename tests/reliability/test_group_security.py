@@ -217,6 +217,7 @@ def test_submit_group_draws_a_fresh_token_per_attempt_and_keeps_it_out_of_logs(
     caplog.set_level(logging.DEBUG)
     with WorkerPool(ThreadTransport(), 2, heartbeat_s=0.2, heartbeat_timeout_s=5.0) as pool:
         pool.start(WorkerJob(dataset.uri, open_store(str(tmp_path / "store"))))
+        pool.wait_started(TIMEOUT_S)
         base = contract.train_task("t", 0, epoch_units=4)
         for attempt in range(2):
             tasks = group_tasks(base, [0, 1], f"g{attempt}")
