@@ -311,7 +311,7 @@ class WorkerPool(Backend):
         requested = len(placement) if placement is not None else self._num_workers
         if requested is not None:
             _check_worker_count(requested, partitions, job.dataset_uri)
-        count = self._transport.open(requested, partitions, self._start_timeout_s)
+        count = self._transport.open(requested, self._start_timeout_s)
         _check_worker_count(count, partitions, job.dataset_uri)
         shares = _shares(placement, count, partitions)
         with self._lock:

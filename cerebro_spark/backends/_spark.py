@@ -111,14 +111,13 @@ class SparkTransport(Transport):
             raise RuntimeError("the Spark transport is not open")
         return self._sc
 
-    def open(self, requested: int | None, num_partitions: int, timeout_s: float) -> int:
+    def open(self, requested: int | None, timeout_s: float) -> int:
         """Check the Spark settings and count slots (waiting for executors if none requested).
 
         Raises:
             ConfigError: A refused setting, or (in ``local[N]``) more workers than slots.
             TimeoutError: ``requested`` is ``None`` and no executor came in ``timeout_s``.
         """
-        del num_partitions
         if self._spark is None:
             from cerebro_spark.spark_session import spark_session
 

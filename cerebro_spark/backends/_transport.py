@@ -39,18 +39,17 @@ class Transport(abc.ABC):
 
     noun = "worker"  # what a worker is called in messages ("process", "Spark task")
 
-    def open(self, requested: int | None, num_partitions: int, timeout_s: float) -> int:
+    def open(self, requested: int | None, timeout_s: float) -> int:
         """Prepare to launch (once); return how many workers to start.
 
         Args:
             requested: Workers asked for; ``None`` for the transport's default.
-            num_partitions: Partitions of the dataset.
             timeout_s: Seconds the transport may wait for capacity to appear.
 
         Raises:
             ConfigError: ``requested`` is ``None`` and the transport has no default.
         """
-        del num_partitions, timeout_s
+        del timeout_s
         if requested is None:
             raise ConfigError(f"{type(self).__name__} needs the number of workers to start")
         return requested
