@@ -499,8 +499,12 @@ def python_workers() -> list[int]:
 class Bench:
     """The four systems on one Spark session, dataset and grid."""
 
-    def __init__(self, setting: Setting, location: Location, spark: Any) -> None:
+    def __init__(
+        self, setting: Setting, location: Location, spark: Any, keep_logs: str | None = None
+    ) -> None:
         self.setting, self.location, self.spark = setting, location, spark
+        self.keep_logs = keep_logs
+        self.backend: Any = None
         filesystem = location.filesystem()
         with filesystem.open_input_file(f"{location.path}/manifest.json") as handle:
             manifest = handle.read().decode()
@@ -546,7 +550,14 @@ class Bench:
         )
         seconds = time.perf_counter() - started
         rss = max((peak_rss(pid) for pid in python_workers()), default=0)
-        events = read_events(open_store(store).child("experiments/peers"))
+        experiment = open_store(store).child("experiments/peers")
+        events = read_events(experiment)
+        if self.keep_logs:
+            kept = Path(self.keep_logs) / f"cerebro-{name}.events.jsonl"
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            kept.write_text("".join(json.dumps(event) + "\n" for event in events))
+            startup = self.backend.stats().startup
+            kept.with_suffix(".startup.json").write_text(json.dumps(startup, indent=1))
         ends = [e for e in events if e["event"] == "unit_end"]
         moved = sum(
             e.get("checkpoint_bytes_read", 0) + e.get("checkpoint_bytes_written", 0) for e in ends
@@ -575,7 +586,8 @@ class Bench:
         """
         from cerebro_spark.backends import SparkBackend
 
-        return SparkBackend(config.workers, spark=self.spark, start_timeout_s=3600.0)
+        self.backend = SparkBackend(config.workers, spark=self.spark, start_timeout_s=3600.0)
+        return self.backend
 
     def hyperopt(self) -> Outcome:
         from hyperopt import STATUS_OK, SparkTrials, fmin, hp
@@ -639,11 +651,17 @@ class Bench:
         return _totals("ddp", time.perf_counter() - started, results)
 
     def warm_up(self) -> None:
-        """Start every Python worker and import torch in it (a cost no system should pay)."""
+        """Start every Python worker and import torch in it (a cost no system should pay).
+
+        ``torch._dynamo`` too: the first optimizer step in a process imports it (seconds),
+        so without it whichever system runs first in a Python worker pays that import
+        (cerebro's workers at start-up, a peer in its first task).
+        """
         workers = self.setting.workers
 
         def touch(_: int) -> int:
             import torch
+            import torch._dynamo
 
             return int(torch.ones(1).sum())
 
@@ -671,18 +689,19 @@ def _spread(values: Sequence[float], fmt: str) -> str:
 
 
 def tables(setting: Setting, runs: list[dict[str, Outcome]]) -> str:
-    """The wall-time table and the accuracy table, over every repeat."""
+    """The wall-time table and the accuracy table, over every repeat (of the systems run)."""
+    systems = [system for system in SYSTEMS if system in runs[0]]
     lines = [
         "| system | wall s median [range] | x cerebro median [range] | data read "
         "| ckpt moved | peak RSS / worker |",
         "|---|--:|--:|--:|--:|--:|",
     ]
-    for system in SYSTEMS:
+    for system in systems:
         outcomes = [run[system] for run in runs]
-        ratios = [run[system].seconds / run["cerebro"].seconds for run in runs]
+        ratios = [run[system].seconds / run["cerebro"].seconds for run in runs if "cerebro" in run]
         lines.append(
             f"| {system} | {_spread([o.seconds for o in outcomes], '.1f')} "
-            f"| {_spread(ratios, '.2f')} "
+            f"| {_spread(ratios, '.2f') if ratios else '-'} "
             f"| {_size(statistics.median(o.bytes_read for o in outcomes))} "
             f"| {_size(statistics.median(o.checkpoint_bytes for o in outcomes))} "
             f"| {_size(statistics.median(o.peak_rss for o in outcomes))} |"
@@ -691,22 +710,23 @@ def tables(setting: Setting, runs: list[dict[str, Outcome]]) -> str:
         "",
         "Final validation accuracy per config (median over repeats):",
         "",
-        "| config | " + " | ".join(SYSTEMS) + " |",
-        "|---|" + "--:|" * len(SYSTEMS),
+        "| config | " + " | ".join(systems) + " |",
+        "|---|" + "--:|" * len(systems),
     ]
     for index, config in enumerate(setting.configs):
         cells = [
             f"{statistics.median(run[system].accuracy[index] for run in runs):.4f}"
-            for system in SYSTEMS
+            for system in systems
         ]
         name = f"hidden {config['hidden_units']}, lr {config['lr']:g}"
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _order(repeat: int) -> list[str]:
-    shift = repeat % len(SYSTEMS)
-    return [*SYSTEMS[shift:], *SYSTEMS[:shift]]
+def _order(repeat: int, systems: Sequence[str] = SYSTEMS) -> list[str]:
+    """The order of repeat ``repeat``: ``systems`` rotated by ``repeat``."""
+    shift = repeat % len(systems)
+    return [*systems[shift:], *systems[:shift]]
 
 
 def _register_pickle_by_value() -> None:
@@ -761,12 +781,12 @@ def benchmark(args: argparse.Namespace) -> tuple[str, list[dict[str, Outcome]]]:
             },
         )
         spark.sparkContext.setLogLevel("ERROR")
-        bench = Bench(setting, location, spark)
+        bench = Bench(setting, location, spark, args.keep_logs)
         try:
             bench.warm_up()
             for repeat in range(args.repeats):
                 run: dict[str, Outcome] = {}
-                for system in _order(repeat):
+                for system in _order(repeat, args.systems):
                     run[system] = bench.run(system)
                     print(
                         f"repeat {repeat + 1}/{args.repeats} {system}: {run[system].seconds:.1f} s",
@@ -778,7 +798,7 @@ def benchmark(args: argparse.Namespace) -> tuple[str, list[dict[str, Outcome]]]:
             if ours:
                 spark.stop()
     load_after = os.getloadavg()
-    orders = ["".join(s[0].upper() for s in _order(r)) for r in range(args.repeats)]
+    orders = ["".join(s[0].upper() for s in _order(r, args.systems)) for r in range(args.repeats)]
     header = [
         f"# benchmarks/peers.py --setting {args.setting}",
         "",
@@ -829,9 +849,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=os.path.join(tempfile.gettempdir(), "cerebro-peers-data"),
         help="where the generated data is prepared once and reused",
     )
+    parser.add_argument(
+        "--systems",
+        default=",".join(SYSTEMS),
+        help=f"comma-separated systems to run, in this order (default: {','.join(SYSTEMS)})",
+    )
+    parser.add_argument(
+        "--keep-logs",
+        metavar="DIR",
+        help="copy each cerebro run's event log (events.jsonl) into DIR, for a breakdown",
+    )
     parser.add_argument("--out", help="also write the report to this file")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    systems = [name.strip() for name in args.systems.split(",") if name.strip()]
+    unknown = sorted(set(systems) - set(SYSTEMS))
+    if unknown or not systems or len(set(systems)) != len(systems):
+        parser.error(
+            f"--systems {args.systems!r}: each of {', '.join(SYSTEMS)} at most once, "
+            f"at least one (unknown: {', '.join(unknown) or 'none'})"
+        )
+    args.systems = tuple(systems)
     args.argv = argv
     return args
 
