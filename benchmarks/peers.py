@@ -56,8 +56,10 @@ reads from S3: cerebro through its S3 store, the peers through pyarrow's
 ``S3FileSystem``; a peer keeps the data in memory across epochs, so more epochs add
 training, not reads) and ``quick`` (1 config, seconds; the smoke test's). ``--rows``,
 ``--features``, ``--epochs``, ``--workers``, ``--partitions`` and ``--storage`` override a
-setting. The generated data is prepared once into ``--data-dir`` and reused by later
-invocations.
+setting; ``--systems`` runs only some systems (``cerebro,plain``: a quick pair) and
+``--keep-logs DIR`` keeps each cerebro run's event log and its workers' start-up phases
+(for a breakdown of where cerebro's time went). The generated data is prepared once into
+``--data-dir`` and reused by later invocations.
 
 What each peer pays (measured here): SparkTrials and the plain job read the whole
 dataset once per config (cerebro once per run) and keep no checkpoint, so on small local
