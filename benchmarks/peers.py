@@ -21,14 +21,17 @@ and reused), validating every config after every epoch:
    64 rows, as in the other three.
 
 The peers read Parquet with pyarrow inside their tasks (``LocalFileSystem`` or
-``S3FileSystem``) and build the model and optimizer with the same ``MLPSpec`` methods
+``S3FileSystem``), each file as cerebro-spark's store does (one request, decoded from
+memory), and build the model and optimizer with the same ``MLPSpec`` methods
 cerebro's units call; their training loop is the bare loop of
 ``benchmarks/unit_overhead.py`` (seeded permutation, ``zero_grad``, forward, loss,
 ``backward``, ``step``).
 
 Runs are interleaved and paired: repeat ``r`` runs all four in the order rotated by ``r``
-(ABCD, BCDA, CDAB, ...) in one Spark application (``local[W]``), after a warm-up job that
-imports torch in every Python worker. Printed per system (median and range over repeats):
+(ABCD, BCDA, CDAB, ...) in one Spark application (``local[W]``), each after a warm-up job
+that imports torch in every Python worker (untimed; before each system, since Spark stops a
+Python worker idle for a minute, as they are while DDP's own processes train). Printed per
+system (median and range over repeats):
 
 * **wall s** of the whole search (for cerebro: ``run_experiment``, worker start-up and
   partition loading included) and **x cerebro**, the paired ratio to cerebro's wall time
@@ -53,8 +56,10 @@ reads from S3: cerebro through its S3 store, the peers through pyarrow's
 ``S3FileSystem``; a peer keeps the data in memory across epochs, so more epochs add
 training, not reads) and ``quick`` (1 config, seconds; the smoke test's). ``--rows``,
 ``--features``, ``--epochs``, ``--workers``, ``--partitions`` and ``--storage`` override a
-setting. The generated data is prepared once into ``--data-dir`` and reused by later
-invocations.
+setting; ``--systems`` runs only some systems (``cerebro,plain``: a quick pair) and
+``--keep-logs DIR`` keeps each cerebro run's event log and its workers' start-up phases
+(for a breakdown of where cerebro's time went). The generated data is prepared once into
+``--data-dir`` and reused by later invocations.
 
 What each peer pays (measured here): SparkTrials and the plain job read the whole
 dataset once per config (cerebro once per run) and keep no checkpoint, so on small local
@@ -298,7 +303,13 @@ def peak_rss(pid: int | str = "self") -> int:
 def read_split(
     location: Location, manifest_json: str, split: str, indices: Sequence[int]
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Read partitions of one split with pyarrow: features, labels and the bytes read."""
+    """Read partitions of one split with pyarrow: features, labels and the bytes read.
+
+    Each file is read as cerebro-spark's store reads it: one request for the whole file,
+    then decoded from memory (on moto ~2.8x faster than ``pq.read_table`` on an open S3
+    file, whose column-chunk reads are one ranged GET each).
+    """
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from cerebro_spark.data import Manifest
@@ -312,8 +323,10 @@ def read_split(
     at, read = 0, 0
     for part in parts:  # into arrays sized up front: one copy of the data in memory
         with filesystem.open_input_file(f"{location.path}/{part.path}") as handle:
-            read += handle.size()
-            table = pq.read_table(handle, columns=["features", "label"])
+            data = handle.read()
+        read += len(data)
+        table = pq.read_table(pa.BufferReader(data), columns=["features", "label"])
+        del data
         labels[at : at + table.num_rows] = table.column("label").to_numpy()
         for chunk in table.column("features").chunks:
             values = chunk.flatten().to_numpy(zero_copy_only=False)
@@ -499,8 +512,12 @@ def python_workers() -> list[int]:
 class Bench:
     """The four systems on one Spark session, dataset and grid."""
 
-    def __init__(self, setting: Setting, location: Location, spark: Any) -> None:
+    def __init__(
+        self, setting: Setting, location: Location, spark: Any, keep_logs: str | None = None
+    ) -> None:
         self.setting, self.location, self.spark = setting, location, spark
+        self.keep_logs = keep_logs
+        self.backend: Any = None
         filesystem = location.filesystem()
         with filesystem.open_input_file(f"{location.path}/manifest.json") as handle:
             manifest = handle.read().decode()
@@ -546,7 +563,14 @@ class Bench:
         )
         seconds = time.perf_counter() - started
         rss = max((peak_rss(pid) for pid in python_workers()), default=0)
-        events = read_events(open_store(store).child("experiments/peers"))
+        experiment = open_store(store).child("experiments/peers")
+        events = read_events(experiment)
+        if self.keep_logs:
+            kept = Path(self.keep_logs) / f"cerebro-{name}.events.jsonl"
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            kept.write_text("".join(json.dumps(event) + "\n" for event in events))
+            startup = self.backend.stats().startup
+            kept.with_suffix(".startup.json").write_text(json.dumps(startup, indent=1))
         ends = [e for e in events if e["event"] == "unit_end"]
         moved = sum(
             e.get("checkpoint_bytes_read", 0) + e.get("checkpoint_bytes_written", 0) for e in ends
@@ -575,7 +599,8 @@ class Bench:
         """
         from cerebro_spark.backends import SparkBackend
 
-        return SparkBackend(config.workers, spark=self.spark, start_timeout_s=3600.0)
+        self.backend = SparkBackend(config.workers, spark=self.spark, start_timeout_s=3600.0)
+        return self.backend
 
     def hyperopt(self) -> Outcome:
         from hyperopt import STATUS_OK, SparkTrials, fmin, hp
@@ -639,11 +664,17 @@ class Bench:
         return _totals("ddp", time.perf_counter() - started, results)
 
     def warm_up(self) -> None:
-        """Start every Python worker and import torch in it (a cost no system should pay)."""
+        """Start every Python worker and import torch in it (a cost no system should pay).
+
+        ``torch._dynamo`` too: the first optimizer step in a process imports it (seconds),
+        so without it whichever system runs first in a Python worker pays that import
+        (cerebro's workers at start-up, a peer in its first task).
+        """
         workers = self.setting.workers
 
         def touch(_: int) -> int:
             import torch
+            import torch._dynamo
 
             return int(torch.ones(1).sum())
 
@@ -671,18 +702,19 @@ def _spread(values: Sequence[float], fmt: str) -> str:
 
 
 def tables(setting: Setting, runs: list[dict[str, Outcome]]) -> str:
-    """The wall-time table and the accuracy table, over every repeat."""
+    """The wall-time table and the accuracy table, over every repeat (of the systems run)."""
+    systems = [system for system in SYSTEMS if system in runs[0]]
     lines = [
         "| system | wall s median [range] | x cerebro median [range] | data read "
         "| ckpt moved | peak RSS / worker |",
         "|---|--:|--:|--:|--:|--:|",
     ]
-    for system in SYSTEMS:
+    for system in systems:
         outcomes = [run[system] for run in runs]
-        ratios = [run[system].seconds / run["cerebro"].seconds for run in runs]
+        ratios = [run[system].seconds / run["cerebro"].seconds for run in runs if "cerebro" in run]
         lines.append(
             f"| {system} | {_spread([o.seconds for o in outcomes], '.1f')} "
-            f"| {_spread(ratios, '.2f')} "
+            f"| {_spread(ratios, '.2f') if ratios else '-'} "
             f"| {_size(statistics.median(o.bytes_read for o in outcomes))} "
             f"| {_size(statistics.median(o.checkpoint_bytes for o in outcomes))} "
             f"| {_size(statistics.median(o.peak_rss for o in outcomes))} |"
@@ -691,22 +723,23 @@ def tables(setting: Setting, runs: list[dict[str, Outcome]]) -> str:
         "",
         "Final validation accuracy per config (median over repeats):",
         "",
-        "| config | " + " | ".join(SYSTEMS) + " |",
-        "|---|" + "--:|" * len(SYSTEMS),
+        "| config | " + " | ".join(systems) + " |",
+        "|---|" + "--:|" * len(systems),
     ]
     for index, config in enumerate(setting.configs):
         cells = [
             f"{statistics.median(run[system].accuracy[index] for run in runs):.4f}"
-            for system in SYSTEMS
+            for system in systems
         ]
         name = f"hidden {config['hidden_units']}, lr {config['lr']:g}"
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _order(repeat: int) -> list[str]:
-    shift = repeat % len(SYSTEMS)
-    return [*SYSTEMS[shift:], *SYSTEMS[:shift]]
+def _order(repeat: int, systems: Sequence[str] = SYSTEMS) -> list[str]:
+    """The order of repeat ``repeat``: ``systems`` rotated by ``repeat``."""
+    shift = repeat % len(systems)
+    return [*systems[shift:], *systems[:shift]]
 
 
 def _register_pickle_by_value() -> None:
@@ -761,12 +794,12 @@ def benchmark(args: argparse.Namespace) -> tuple[str, list[dict[str, Outcome]]]:
             },
         )
         spark.sparkContext.setLogLevel("ERROR")
-        bench = Bench(setting, location, spark)
+        bench = Bench(setting, location, spark, args.keep_logs)
         try:
-            bench.warm_up()
             for repeat in range(args.repeats):
                 run: dict[str, Outcome] = {}
-                for system in _order(repeat):
+                for system in _order(repeat, args.systems):
+                    bench.warm_up()  # Spark stops Python workers idle for a minute
                     run[system] = bench.run(system)
                     print(
                         f"repeat {repeat + 1}/{args.repeats} {system}: {run[system].seconds:.1f} s",
@@ -778,7 +811,7 @@ def benchmark(args: argparse.Namespace) -> tuple[str, list[dict[str, Outcome]]]:
             if ours:
                 spark.stop()
     load_after = os.getloadavg()
-    orders = ["".join(s[0].upper() for s in _order(r)) for r in range(args.repeats)]
+    orders = ["".join(s[0].upper() for s in _order(r, args.systems)) for r in range(args.repeats)]
     header = [
         f"# benchmarks/peers.py --setting {args.setting}",
         "",
@@ -829,9 +862,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=os.path.join(tempfile.gettempdir(), "cerebro-peers-data"),
         help="where the generated data is prepared once and reused",
     )
+    parser.add_argument(
+        "--systems",
+        default=",".join(SYSTEMS),
+        help=f"comma-separated systems to run, in this order (default: {','.join(SYSTEMS)})",
+    )
+    parser.add_argument(
+        "--keep-logs",
+        metavar="DIR",
+        help="copy each cerebro run's event log (events.jsonl) into DIR, for a breakdown",
+    )
     parser.add_argument("--out", help="also write the report to this file")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    systems = [name.strip() for name in args.systems.split(",") if name.strip()]
+    unknown = sorted(set(systems) - set(SYSTEMS))
+    if unknown or not systems or len(set(systems)) != len(systems):
+        parser.error(
+            f"--systems {args.systems!r}: each of {', '.join(SYSTEMS)} at most once, "
+            f"at least one (unknown: {', '.join(unknown) or 'none'})"
+        )
+    args.systems = tuple(systems)
     args.argv = argv
     return args
 

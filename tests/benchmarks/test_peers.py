@@ -57,3 +57,37 @@ def test_the_quick_setting_trains_every_config_on_all_four_systems(tmp_path: Pat
     assert [row.split("|")[1].strip() for row in rows[1:5]] == list(peers.SYSTEMS)
     out_text = out.read_text()
     assert out_text == text
+
+
+def test_systems_picks_and_orders_the_systems_run() -> None:
+    peers = load()
+    args = peers.parse_args(["--systems", "plain, cerebro"])
+    assert args.systems == ("plain", "cerebro")
+    assert peers._order(1, args.systems) == ["cerebro", "plain"]
+    assert peers.parse_args([]).systems == peers.SYSTEMS
+    for bad in ("cerebro,spark", "plain,plain", ","):
+        with pytest.raises(SystemExit):
+            peers.parse_args(["--systems", bad])
+
+
+def test_tables_print_only_the_systems_run() -> None:
+    peers = load()
+    setting = peers.SETTINGS["quick"]
+    runs = [
+        {
+            system: peers.Outcome(system, seconds, 1000, 0, 2**20, {0: 0.5})
+            for system, seconds in (("cerebro", 2.0), ("plain", 3.0))
+        }
+    ]
+    text = peers.tables(setting, runs)
+    rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| ")]
+    assert [row[0].strip() for row in rows] == [
+        "system",
+        "cerebro",
+        "plain",
+        "config",
+        "hidden [32], lr 0.003",
+    ]
+    assert rows[2][2].strip() == "1.50"  # plain's wall time over cerebro's
+    without_cerebro = peers.tables(setting, [{"plain": runs[0]["plain"]}])
+    assert "| plain | 3.0 | - |" in without_cerebro

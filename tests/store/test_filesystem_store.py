@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from collections.abc import Iterator
@@ -137,3 +138,22 @@ def test_s3_object_written_by_boto3_is_visible(s3_server: Any) -> None:
     store = open_store(s3_server.uri("p"))
     assert store.list() == ["ext.bin"]
     assert store.get("ext.bin") == b"boto"
+
+
+def test_s3_get_reads_an_object_in_one_get_request(
+    s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pyarrow stream's read() asks for 256 KiB at a time, one GET each (9 for 2 MB)."""
+    from moto.moto_api import recorder  # records the requests that reach the moto server
+
+    store = open_store(s3_server.uri("big"))
+    payload = os.urandom(2 * 1024 * 1024 + 17)
+    store.put("part.parquet", payload)
+    recording = tmp_path / "requests.jsonl"
+    monkeypatch.setattr(recorder, "_location", str(recording))
+    monkeypatch.setattr(recorder, "_user_enabled", True)
+    assert store.get("part.parquet") == payload
+    monkeypatch.setattr(recorder, "_user_enabled", False)
+    requests = [json.loads(line) for line in recording.read_text().splitlines()]
+    gets = [r for r in requests if r["method"] == "GET" and "part.parquet" in r["url"]]
+    assert len(gets) == 1, gets
