@@ -1,0 +1,57 @@
+"""A run freezes what predates it for the collector and thaws it at its end (issue 13)."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from cerebro_spark.engine._heap import frozen_heap
+
+
+@pytest.fixture(autouse=True)
+def thawed():
+    """Every test starts and ends with nothing frozen and the collector on."""
+    gc.unfreeze()
+    enabled = gc.isenabled()
+    gc.enable()
+    yield
+    gc.unfreeze()
+    if not enabled:
+        gc.disable()
+
+
+def test_what_exists_at_the_start_is_frozen_for_the_block_then_thawed() -> None:
+    kept = [[i] for i in range(10)]  # lists: objects the collector tracks
+
+    def walked(value: object) -> bool:  # in a generation the collector walks
+        return any(o is value for o in gc.get_objects())
+
+    assert walked(kept[0])
+    with frozen_heap() as frozen:
+        assert frozen and gc.get_freeze_count() >= len(kept)
+        made = [[1]]
+        assert not walked(kept[0]) and walked(made[0])  # the block's own objects are
+    assert gc.get_freeze_count() == 0
+    assert walked(kept[0])
+
+
+def test_it_thaws_when_the_block_raises() -> None:
+    with pytest.raises(RuntimeError), frozen_heap():
+        raise RuntimeError("the run failed")
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_process_that_froze_objects_itself_is_left_alone() -> None:
+    gc.freeze()
+    before = gc.get_freeze_count()
+    with frozen_heap() as frozen:
+        assert not frozen
+    assert gc.get_freeze_count() == before  # its owner thaws them, not the run
+
+
+def test_a_disabled_collector_is_left_alone() -> None:
+    gc.disable()
+    with frozen_heap() as frozen:
+        assert not frozen and gc.get_freeze_count() == 0
+    assert not gc.isenabled()
