@@ -96,6 +96,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from cerebro_spark.engine._heap import paused_collector
 from cerebro_spark.errors import EventLogError
 from cerebro_spark.store import FileSystemStore, Store
 
@@ -454,12 +455,13 @@ def read_events(store: Store, key: str = EVENTS_NAME) -> list[dict[str, Any]]:
             contents = list(pool.map(store.get, keys))
     else:
         contents = [store.get(k) for k in keys]
-    for index, (segment, data) in enumerate(zip(keys, contents, strict=True)):
-        url = store.url(segment)
-        for number, record in _parse(data, url, last=index == len(keys) - 1):
-            events.append(record)
-            lines.append(number)
-            segments.append(url)
+    with paused_collector():  # many dicts, no cycle: the collector would walk them again
+        for index, (segment, data) in enumerate(zip(keys, contents, strict=True)):
+            url = store.url(segment)
+            for number, record in _parse(data, url, last=index == len(keys) - 1):
+                events.append(record)
+                lines.append(number)
+                segments.append(url)
     return EventList(events, where, lines, segments)
 
 

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from cerebro_spark.engine._events import EVENT_KINDS
+from cerebro_spark.engine._heap import paused_collector
 from cerebro_spark.errors import EventLogError
 from cerebro_spark.metrics import BatchMean, Metric
 from cerebro_spark.training._metrics import metric_value
@@ -246,12 +247,13 @@ class ExperimentState:
         """
         state = cls()
         position = getattr(events, "position", None)
-        for index, event in enumerate(events):
-            try:
-                state.apply(event)
-            except EventLogError as error:
-                where = position(index) if position is not None else f"event {index + 1}"
-                raise EventLogError(f"{where}: {error}; {_RECOVERY}") from error
+        with paused_collector():  # the fold makes no cycle; the collector would walk the log
+            for index, event in enumerate(events):
+                try:
+                    state.apply(event)
+                except EventLogError as error:
+                    where = position(index) if position is not None else f"event {index + 1}"
+                    raise EventLogError(f"{where}: {error}; {_RECOVERY}") from error
         return state
 
     def apply(self, event: Mapping[str, Any]) -> None:

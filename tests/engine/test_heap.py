@@ -1,12 +1,16 @@
-"""A run freezes what predates it for the collector and thaws it at its end (issue 13)."""
+"""The collector during a run (what predates it is frozen) and while a log is read (paused)."""
 
 from __future__ import annotations
 
 import gc
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
-from cerebro_spark.engine._heap import frozen_heap
+from cerebro_spark.engine import EventLog, ExperimentState, read_events
+from cerebro_spark.engine._heap import frozen_heap, paused_collector
+from cerebro_spark.store import open_store
 
 
 @pytest.fixture(autouse=True)
@@ -55,3 +59,34 @@ def test_a_disabled_collector_is_left_alone() -> None:
     with frozen_heap() as frozen:
         assert not frozen and gc.get_freeze_count() == 0
     assert not gc.isenabled()
+
+
+def test_the_collector_is_paused_for_the_block_and_back_on_after_it() -> None:
+    with paused_collector():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(KeyError), paused_collector():
+        raise KeyError("a malformed event")
+    assert gc.isenabled()
+
+
+def test_a_collector_that_was_off_stays_off() -> None:
+    gc.disable()
+    with paused_collector():
+        assert not gc.isenabled()
+    assert not gc.isenabled()
+
+
+def test_reading_and_folding_a_log_pause_the_collector_only_meanwhile(tmp_path) -> None:
+    store = open_store(str(tmp_path))
+    log = EventLog(store)
+    seen: list[bool] = []
+
+    class Probe(ExperimentState):
+        def _on_probe(self, event: Mapping[str, Any]) -> None:
+            seen.append(gc.isenabled())
+
+    log.append("probe")
+    log.flush()
+    Probe.from_events(read_events(store))
+    assert seen == [False] and gc.isenabled()
