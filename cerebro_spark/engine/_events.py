@@ -163,9 +163,31 @@ NONFINITE_FIELD = "nonfinite"
 
 _NONFINITE_TEXT = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
-_ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
-"""``json.dumps(record, separators=(",", ":"), allow_nan=False)`` without building an
-encoder per call (two events a unit: this is on the driver's per-unit path)."""
+
+def _compact_encoder() -> Callable[[Any], str]:
+    """``json.dumps(value, separators=(",", ":"), allow_nan=False)``, built once.
+
+    ``json.dumps`` builds an encoder (and its C encoder) on every call; the driver writes
+    two events a unit, so the C encoder is built here once, without the check for
+    circular references (an event is a tree of dicts, lists and scalars; a cycle would
+    raise ``RecursionError`` instead of ``ValueError``): a quarter less CPU an event.
+    """
+    encoder = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+    make = getattr(json.encoder, "c_make_encoder", None)  # CPython's C accelerator
+    if make is None:
+        return encoder.encode
+    chunks = make(
+        None, encoder.default, json.encoder.encode_basestring_ascii, None, ":", ",",
+        False, False, False,
+    )  # fmt: skip
+
+    def encode(value: Any) -> str:
+        return "".join(chunks(value, 0))
+
+    return encode
+
+
+_ENCODE = _compact_encoder()
 
 
 class EventList(list[dict[str, Any]]):

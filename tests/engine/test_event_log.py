@@ -3,11 +3,13 @@
 import errno
 import json
 import logging
+import math
 import os
 
 import pytest
 
 from cerebro_spark.engine import EventLog, read_events
+from cerebro_spark.engine._events import encode_event
 from cerebro_spark.errors import EventLogError, StoreFullError
 from cerebro_spark.store import open_store
 
@@ -237,3 +239,27 @@ def test_a_full_disk_raises_store_full_and_the_log_goes_on_once_freed(tmp_path, 
     log.append("c")
     log.flush()
     assert [e["event"] for e in read_events(store)] == ["a", "c"]
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"event": "unit_end", "time": 1795527213.45124, "trial": "t1", "partition": 3},
+        {"event": "x", "nested": {"a": [1, 2.5, None, True, False, 'é\n"q"']}, "n": -0.0},
+        {"event": "trial_epoch", "metrics": {"loss": 0.1, "acc": 1e-300}, "big": 10**30},
+        {"event": "decision", "tuple": (1, "two"), "empty": {}, "list": []},
+    ],
+)
+def test_an_event_is_encoded_as_json_dumps_writes_it(record) -> None:
+    expected = json.dumps(record, separators=(",", ":"), allow_nan=False)
+    assert encode_event(record) == expected
+
+
+def test_a_non_finite_float_is_written_as_a_string_and_read_back(tmp_path) -> None:
+    record = {"event": "trial_epoch", "metrics": {"loss": float("nan"), "acc": float("inf")}}
+    line = encode_event(record)
+    assert json.loads(line)["nonfinite"] == [["metrics", "loss"], ["metrics", "acc"]]
+    store = open_store(str(tmp_path))
+    store.put(KEY, line.encode() + b"\n")
+    (event,) = read_events(store)
+    assert math.isnan(event["metrics"]["loss"]) and event["metrics"]["acc"] == math.inf
