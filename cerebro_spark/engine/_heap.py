@@ -25,10 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import logging
 from collections.abc import Iterator
-
-logger = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -41,8 +38,7 @@ def frozen_heap() -> Iterator[bool]:
     if not gc.isenabled() or gc.get_freeze_count() > 0:
         yield False
         return
-    gc.freeze()
-    logger.debug("%d objects frozen for the run", gc.get_freeze_count())
+    gc.freeze()  # not gc.get_freeze_count() after it: that walks every frozen object
     try:
         yield True
     finally:
