@@ -21,7 +21,9 @@ def thawed():
     gc.enable()
     yield
     gc.unfreeze()
-    if not enabled:
+    if enabled:
+        gc.enable()
+    else:
         gc.disable()
 
 
