@@ -521,8 +521,8 @@ class ExperimentState:
 _Handler = Callable[[ExperimentState, Mapping[str, Any]], None]
 
 _HANDLERS: dict[tuple[type[ExperimentState], str], _Handler | None] = {}
-"""Each state class's ``_on_<kind>`` method by kind, looked up once (the fold runs it per
-event: on the driver, twice a unit)."""
+"""Each state class's ``_on_<kind>`` method by kind, looked up once (the fold looks one up
+per event; the driver folds an event or more a unit)."""
 
 
 def _handler(cls: type[ExperimentState], kind: str) -> _Handler | None:
