@@ -57,6 +57,7 @@ from cerebro_spark.backends import Backend, Membership, WorkerJob, next_worker_i
 from cerebro_spark.data import Manifest
 from cerebro_spark.engine._config import ExperimentConfig
 from cerebro_spark.engine._events import EventLog, read_events
+from cerebro_spark.engine._heap import frozen_heap
 from cerebro_spark.engine._leaderboard import (
     LEADERBOARD_NAME,
     best_trial,
@@ -357,7 +358,8 @@ class Experiment:
         before it returns or raises, so that ``resume`` goes on from all of them.
         """
         try:
-            ranked = self._run()
+            with frozen_heap():  # the collector skips the objects from before the run
+                ranked = self._run()
         except BaseException:
             try:
                 self.log.flush()

@@ -36,10 +36,11 @@ import dataclasses
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from cerebro_spark.engine._events import EVENT_KINDS
+from cerebro_spark.engine._heap import paused_collector
 from cerebro_spark.errors import EventLogError
 from cerebro_spark.metrics import BatchMean, Metric
 from cerebro_spark.training._metrics import metric_value
@@ -246,12 +247,13 @@ class ExperimentState:
         """
         state = cls()
         position = getattr(events, "position", None)
-        for index, event in enumerate(events):
-            try:
-                state.apply(event)
-            except EventLogError as error:
-                where = position(index) if position is not None else f"event {index + 1}"
-                raise EventLogError(f"{where}: {error}; {_RECOVERY}") from error
+        with paused_collector():  # the fold makes no cycle; the collector would walk the log
+            for index, event in enumerate(events):
+                try:
+                    state.apply(event)
+                except EventLogError as error:
+                    where = position(index) if position is not None else f"event {index + 1}"
+                    raise EventLogError(f"{where}: {error}; {_RECOVERY}") from error
         return state
 
     def apply(self, event: Mapping[str, Any]) -> None:
@@ -264,9 +266,11 @@ class ExperimentState:
             EventLogError: A known event lacks a field, holds a malformed one, or names a
                 trial that was never added.
         """
-        kind = str(event.get("event"))
-        handler = getattr(self, f"_on_{kind}", None)
-        if kind not in EVENT_KINDS and handler is None:
+        kind = event.get("event")
+        if type(kind) is not str:
+            kind = str(kind)
+        handler = _handler(type(self), kind)
+        if handler is None and kind not in EVENT_KINDS:
             if kind not in self._unknown_kinds:
                 self._unknown_kinds.add(kind)
                 logger.warning(
@@ -282,7 +286,7 @@ class ExperimentState:
             if "time" in event:
                 self._clock_event(kind == "experiment_start", float(event["time"]))
             if handler is not None:
-                handler(event)
+                handler(self, event)
         except KeyError as error:
             raise EventLogError(f"the {kind} event lacks its field {error.args[0]!r}") from error
         except (TypeError, ValueError, AttributeError) as error:
@@ -391,7 +395,7 @@ class ExperimentState:
                 self._apply_unit_end(ends[step])
 
     def _apply_unit_end(self, event: Mapping[str, Any]) -> None:
-        kind = UnitKind(event["kind"])
+        kind = _unit_kind(event["kind"])
         trial = event["trial"]
         self.done_units.append(DoneUnit(trial, event["partition"], kind, event["step"]))
         self.unit_seconds[trial] += event.get("seconds", 0.0)
@@ -512,6 +516,34 @@ class ExperimentState:
 
     def _on_elastic_summary(self, event: Mapping[str, Any]) -> None:
         self.elastic_summary = dict(event)
+
+
+_Handler = Callable[[ExperimentState, Mapping[str, Any]], None]
+
+_HANDLERS: dict[tuple[type[ExperimentState], str], _Handler | None] = {}
+"""Each state class's ``_on_<kind>`` method by kind, looked up once (the fold looks one up
+per event; the driver folds an event or more a unit)."""
+
+
+def _handler(cls: type[ExperimentState], kind: str) -> _Handler | None:
+    """``cls._on_<kind>``, or ``None`` if ``cls`` has no handler for ``kind``."""
+    try:
+        return _HANDLERS[cls, kind]
+    except KeyError:
+        pass
+    handler: _Handler | None = getattr(cls, f"_on_{kind}", None)
+    if handler is not None or kind in EVENT_KINDS:  # unknown kinds are not remembered
+        _HANDLERS[cls, kind] = handler
+    return handler
+
+
+_UNIT_KINDS = {kind.value: kind for kind in UnitKind}
+
+
+def _unit_kind(value: Any) -> UnitKind:
+    """``UnitKind(value)`` by a dict lookup (ValueError, TypeError as it raises them)."""
+    kind = _UNIT_KINDS.get(value) if isinstance(value, str) else None
+    return kind if kind is not None else UnitKind(value)
 
 
 def epoch_metrics(

@@ -75,6 +75,10 @@ class Assignment:
     partitions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if not self.workers and not self.partitions:  # an ordinary assignment: valid as is
+            object.__setattr__(self, "workers", (self.worker,))
+            object.__setattr__(self, "partitions", (self.unit.partition,))
+            return
         workers = tuple(self.workers) or (self.worker,)
         partitions = tuple(self.partitions) or (self.unit.partition,)
         object.__setattr__(self, "workers", workers)
@@ -102,6 +106,8 @@ class Assignment:
     @property
     def units(self) -> tuple[Unit, ...]:
         """Every rank's unit, by rank."""
+        if len(self.partitions) == 1:
+            return (self.unit,)
         return tuple(Unit(self.unit.trial, p, self.unit.kind) for p in self.partitions)
 
     def unit_of(self, worker: str) -> Unit:

@@ -87,20 +87,33 @@ class Offers:
         rule makes on the full candidate list. Returns ``(position, partition)``, or
         ``None`` (no draw) when nothing is offered on ``held``.
         """
+        # top() inlined: this loop runs for every partition a worker holds, every decision.
+        all_buckets, heaps, pop = self._buckets, self._heaps, heapq.heappop
         most: float | None = None
+        offered = []
         for partition in held:
-            key = self.top(partition)
-            if key is not None and (most is None or key > most):
+            by_key = all_buckets.get(partition)
+            if not by_key:
+                continue
+            heap = heaps[partition]
+            while -heap[0] not in by_key:
+                pop(heap)
+            key = -heap[0]
+            if most is None or key > most:
                 most = key
+            offered.append((partition, by_key))
         if most is None:
             return None
         lists = []
-        for partition in held:
-            bucket = self._buckets.get(partition, {}).get(most)
+        for partition, by_key in offered:
+            bucket = by_key.get(most)
             if bucket:
                 lists.append((partition, bucket))
         count = sum(len(bucket) for _, bucket in lists)
-        index = int(rng.integers(count))
+        # One candidate (most decisions once keys differ): ``rng.integers(1)`` is 0 and
+        # leaves the generator as it was (numpy draws nothing for a range of one value;
+        # tests/mop/test_scheduler_index.py checks it), so it is not called.
+        index = int(rng.integers(count)) if count > 1 else 0
         if len(lists) == 1:
             partition, bucket = lists[0]
             return bucket[index], partition

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from cerebro_spark.engine import ExperimentConfig, experiment_prefix, load_state, read_events
+from cerebro_spark.engine._heap import paused_collector
 from cerebro_spark.report._data import ReportData, collect
 from cerebro_spark.report._html import render
 from cerebro_spark.store import Store, open_store
@@ -69,8 +70,9 @@ def load_report_data(store_uri: str, experiment_id: str) -> ReportData:
 
 def build_report(store_uri: str, experiment_id: str) -> Report:
     """Build an experiment's report from its store (finished, running or interrupted)."""
-    data = load_report_data(store_uri, experiment_id)
-    return Report(experiment_id, render(data))
+    with paused_collector():  # a whole log's events and a bar per unit: no cycle among them
+        data = load_report_data(store_uri, experiment_id)
+        return Report(experiment_id, render(data))
 
 
 def write_report(store_uri: str, experiment_id: str, output: str | Path | None = None) -> str:
@@ -117,7 +119,8 @@ def refresh_report(
     if not final and last is not None and now - last[0] < last[1] / REFRESH_SHARE:
         return
     try:
-        page = render(collect(experiment_id, config, read_events(store)))
+        with paused_collector():  # a whole log's events and a bar per unit: no cycle
+            page = render(collect(experiment_id, config, read_events(store)))
         store.put(REPORT_NAME, page.encode())
     except Exception as error:  # the report must never fail the run
         logger.warning("could not write the report %s: %s: %s", where, type(error).__name__, error)

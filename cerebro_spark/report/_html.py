@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import html
 import json
 import re
@@ -241,7 +242,9 @@ def _figure(figure: Any, div_id: str) -> str:
     return f'<div class="chart">{body}</div>'
 
 
+@functools.cache
 def _plotly_js() -> str:
+    """plotly.js (4.6 MB), read from plotly's package once per process."""
     from plotly.offline import get_plotlyjs
 
     script: str = get_plotlyjs()

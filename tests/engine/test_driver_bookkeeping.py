@@ -7,6 +7,7 @@ every epoch, and the work-aware rule the engine builds is the indexed one.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import sys
 from collections.abc import Iterator
@@ -119,3 +120,19 @@ def test_the_best_trial_kept_incrementally_is_the_full_rankings(
     experiment.run()
     assert len(checked_best) == 12 * 2  # one update per trial and epoch
     assert experiment.progress.best.endswith(f"({checked_best[-1]}, epoch 1)")
+
+
+@pytest.mark.torch
+def test_a_run_freezes_what_predates_it_and_thaws_it_at_its_end(tmp_path: Path) -> None:
+    bench = load_benchmark()
+    config = bench.config(tmp_path, 2, 3, 2, 1)
+    store = open_store(config.store)
+    checked = preflight(config, store)
+    backend = bench.InstantBackend(2)
+    experiment = Experiment(checked.config, store, "x", lambda c: backend, preflight=checked)
+    frozen: list[int] = []
+    experiment.log.listeners.append(lambda event: frozen.append(gc.get_freeze_count()))
+    gc.unfreeze()
+    experiment.run()
+    assert frozen and min(frozen) > 0  # every event is logged inside the run
+    assert gc.get_freeze_count() == 0

@@ -1,12 +1,16 @@
 """The event log survives what a crash leaves (a torn last line) and refuses the rest."""
 
+import errno
 import json
 import logging
+import math
+import os
 
 import pytest
 
 from cerebro_spark.engine import EventLog, read_events
-from cerebro_spark.errors import EventLogError
+from cerebro_spark.engine._events import encode_event
+from cerebro_spark.errors import EventLogError, StoreFullError
 from cerebro_spark.store import open_store
 
 KEY = "events.jsonl"
@@ -181,3 +185,81 @@ def test_a_log_in_segments_copied_to_a_local_disk_goes_on_in_segments(tmp_path):
     log.flush()
     assert names(read_events(store)) == ["a", "b", "c"]
     assert store.get(KEY) == line(event="a")
+
+
+def test_a_local_log_is_whole_on_disk_after_every_append_and_across_flushes(tmp_path):
+    """Appends between flushes go through one open file; each is on disk as it returns."""
+    store = open_store(str(tmp_path))
+    log = EventLog(store)
+    for round_ in range(3):
+        for n in range(4):
+            log.append("unit_end", round=round_, n=n)
+            lines = store.get(KEY).splitlines()
+            last = json.loads(lines[-1])
+            assert (len(lines), last["round"], last["n"]) == (4 * round_ + n + 1, round_, n)
+        log.flush()  # closes the file; the next append opens it again
+    assert [(e["round"], e["n"]) for e in read_events(store)] == [
+        (r, n) for r in range(3) for n in range(4)
+    ]
+
+
+def test_a_short_write_is_cut_off_and_the_event_appended_whole(tmp_path, monkeypatch):
+    store = open_store(str(tmp_path))
+    log = EventLog(store)
+    log.append("a")  # the log file is open now
+    write = os.write
+    calls = []
+
+    def short_once(fd: int, data: bytes) -> int:  # a disk about to fill: a partial write
+        calls.append(len(data))
+        return write(fd, data[:5]) if len(calls) == 1 else write(fd, data)
+
+    monkeypatch.setattr(os, "write", short_once)
+    log.append("b", n=2)
+    log.append("c", n=3)
+    monkeypatch.undo()
+    log.flush()
+    assert [e["event"] for e in read_events(store)] == ["a", "b", "c"]
+    assert len(calls) >= 3  # the short write, the store's whole append, then "c"
+
+
+def test_a_full_disk_raises_store_full_and_the_log_goes_on_once_freed(tmp_path, monkeypatch):
+    store = open_store(str(tmp_path))
+    log = EventLog(store)
+    log.append("a")
+    write = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(StoreFullError, match="no space left on the disk of"):
+        log.append("b")
+    monkeypatch.setattr(os, "write", write)
+    log.append("c")
+    log.flush()
+    assert [e["event"] for e in read_events(store)] == ["a", "c"]
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"event": "unit_end", "time": 1795527213.45124, "trial": "t1", "partition": 3},
+        {"event": "x", "nested": {"a": [1, 2.5, None, True, False, 'é\n"q"']}, "n": -0.0},
+        {"event": "trial_epoch", "metrics": {"loss": 0.1, "acc": 1e-300}, "big": 10**30},
+        {"event": "decision", "tuple": (1, "two"), "empty": {}, "list": []},
+    ],
+)
+def test_an_event_is_encoded_as_json_dumps_writes_it(record) -> None:
+    expected = json.dumps(record, separators=(",", ":"), allow_nan=False)
+    assert encode_event(record) == expected
+
+
+def test_a_non_finite_float_is_written_as_a_string_and_read_back(tmp_path) -> None:
+    record = {"event": "trial_epoch", "metrics": {"loss": float("nan"), "acc": float("inf")}}
+    line = encode_event(record)
+    assert json.loads(line)["nonfinite"] == [["metrics", "loss"], ["metrics", "acc"]]
+    store = open_store(str(tmp_path))
+    store.put(KEY, line.encode() + b"\n")
+    (event,) = read_events(store)
+    assert math.isnan(event["metrics"]["loss"]) and event["metrics"]["acc"] == math.inf

@@ -286,3 +286,17 @@ def test_a_trial_given_a_group_mid_epoch_falls_back_to_listing() -> None:
     run.both("set_group_size", running[0].unit.trial, 2)
     assert run.new._offers is None
     run.run()
+
+
+def test_a_draw_among_one_candidate_leaves_the_generator_as_it_was() -> None:
+    """The index skips ``rng.integers(1)`` (one candidate): numpy draws nothing for it.
+
+    If a numpy version ever drew there, the index's generator would fall out of step
+    with the rule's; this test would say so before the lockstep tests above do.
+    """
+    rng = np.random.default_rng(2026)
+    rng.integers(5)  # a state that is not the initial one
+    state = rng.bit_generator.state
+    for _ in range(3):
+        assert rng.integers(1) == 0
+    assert rng.bit_generator.state == state
