@@ -200,6 +200,11 @@ def engine_group_scenario(session: Any, tmp: Path, kill: KillExecutor) -> dict[s
 
     def kill_rank_1() -> None:
         wait_for(begun.exists, "the first group", 300)
+        wait_for(  # located by the pool's monitor, not by start()
+            lambda: getattr(backends[-1].workers().get("w1"), "executor_id", None) is not None,
+            "worker w1's executor",
+            60,
+        )
         executor = backends[-1].workers()["w1"].executor_id
         assert executor is not None
         KILLED.add(executor)

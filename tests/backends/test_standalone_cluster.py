@@ -335,6 +335,13 @@ def _scenario_engine(cluster: Cluster, session: Any, tmp: Path) -> dict[str, Any
     thread.start()
     _wait(lambda: begun.exists() or not thread.is_alive(), "the first units of epoch 0", 200)
     assert thread.is_alive(), outcome
+    # start() returns with the first ready worker: w1 may still be loading, or not located
+    _wait(
+        lambda: backends[0].executors().get("w1") is not None or not thread.is_alive(),
+        "worker w1 to be ready on an executor",
+        120,
+    )
+    assert thread.is_alive(), outcome
     executor = str(backends[0].executors()["w1"])
     cluster.crash_worker(cluster.instance_running(executor))
     release.touch()
