@@ -1062,24 +1062,15 @@ class WorkerPool(Backend):
 
         A worker lost before it was ready takes its initial share with it (and a re-home
         load may have failed): those partitions go to the ready workers holding the fewest,
-        or, while none is ready, to the first that becomes ready.
+        or, while none is ready, to the first that becomes ready (which calls this again).
         """
         kept: set[int] = set()
         for handle in self._handles.values():
             if handle.state <= _State.READY:
                 kept |= handle.partitions
         orphans = [p for p in range(self._num_partitions) if p not in kept]
-        for worker_id, moved in rehome(orphans, self._holdings_locked()).items():
-            target = self._handles[worker_id]
-            target.partitions.update(moved)
-            self._change_locked(Membership.PARTITIONS, target)
-            logger.warning(
-                "re-homing partitions %s, held by no worker (theirs left before it was "
-                "ready), on worker %s",
-                moved,
-                worker_id,
-            )
-            self._send_locked(target, "load", moved)
+        if orphans and self._holdings_locked():
+            self._rehome_locked(orphans, "workers that left before they were ready")
 
     def _change_locked(self, kind: Membership, handle: _Handle, reason: str | None = None) -> None:
         """Queue a membership change for :meth:`changes`."""
