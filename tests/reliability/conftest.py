@@ -130,12 +130,23 @@ class Driver:
     Args:
         args: The CLI arguments (``["run", "cfg.yaml", "--experiment-id", "x"]``).
         env: Extra environment variables.
+        hold_at: Hold the driver still for up to ``hold_s`` seconds right after it logs a
+            line holding this text (``tests.reliability.held_driver``), so that a signal
+            sent when the line is seen lands at that step.
+        hold_s: How long the driver is held.
     """
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        hold_at: str | None = None,
+        hold_s: float = 120.0,
+    ) -> None:
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        held = [] if hold_at is None else ["tests.reliability.held_driver", hold_at, str(hold_s)]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "cerebro_spark.cli", *args],
+            [sys.executable, "-m", *(held or ["cerebro_spark.cli"]), *args],
             env=full_env,
             start_new_session=True,
             stdout=subprocess.PIPE,

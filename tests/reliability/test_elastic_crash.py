@@ -153,11 +153,21 @@ def group_members(pgid: int) -> list[int]:
 
 
 MOMENTS = {
-    # the resize begun: the victim's worker is being retired (drained), its executor held
-    "retiring": "shrinking 2 -> 1 workers: retiring",
+    # the resize begun: the victim's worker is being retired (its partitions re-homing,
+    # then drained), its executor held
+    "retiring": "retiring worker ",
     # the victim's executor released with killExecutors, the membership not settled yet
     "released": "executors released; waiting for 1",
 }
+
+
+def held_driver(args: list[str], moment: str) -> Driver:
+    """A driver held still right after it logs ``MOMENTS[moment]``, until it is signalled.
+
+    Without the hold the next steps of the resize (and the next round) can finish before a
+    signal sent from here arrives, on a loaded machine.
+    """
+    return Driver(args, env=ENV, hold_at=MOMENTS[moment])
 
 
 class Output:
@@ -193,6 +203,8 @@ class Output:
 
 def signal_mid_resize(driver: Driver, events_file: Path, moment: str, sig: int) -> Output:
     """Send ``sig`` to the driver (alone) the moment its resize logs ``MOMENTS[moment]``.
+
+    The driver is one of :func:`held_driver` for that moment.
 
     Checks that the resize had not settled (no ``resized`` in the log) when it landed.
     """
@@ -264,7 +276,7 @@ def test_a_driver_sigkilled_during_a_resize_resumes_to_the_same_results(
 ) -> None:
     store, config = setup
     experiment_id = f"sigkill-{moment}"
-    driver = Driver(["run", str(config), "--experiment-id", experiment_id], env=ENV)
+    driver = held_driver(["run", str(config), "--experiment-id", experiment_id], moment)
     try:
         events_file = store / f"experiments/{experiment_id}/events.jsonl"
         signal_mid_resize(driver, events_file, moment, signal.SIGKILL)
@@ -279,7 +291,7 @@ def test_a_driver_sigint_during_a_resize_exits_130_and_resumes(
     setup: tuple[Path, Path], reference: dict[str, Any]
 ) -> None:
     store, config = setup
-    driver = Driver(["run", str(config), "--experiment-id", "sigint"], env=ENV)
+    driver = held_driver(["run", str(config), "--experiment-id", "sigint"], "released")
     try:
         output = signal_mid_resize(
             driver, store / "experiments/sigint/events.jsonl", "released", signal.SIGINT
@@ -308,7 +320,7 @@ def test_a_driver_sigkilled_during_a_resize_of_its_own_standalone_cluster(
     del raw["elastic"]["spark"]
     path = write_config(config.parent / "standalone.yaml", raw)
     daemons = SparkDaemons(root)
-    driver = Driver(["run", str(path), "--experiment-id", "standalone"], env=ENV)
+    driver = held_driver(["run", str(path), "--experiment-id", "standalone"], "released")
     try:
         events_file = store / "experiments/standalone/events.jsonl"
         signal_mid_resize(driver, events_file, "released", signal.SIGKILL)

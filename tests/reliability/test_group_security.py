@@ -50,6 +50,10 @@ if TRAINING not in sys.path:
 from training_fixtures import BLOBS_INFO, blobs, train_task  # noqa: E402
 
 TIMEOUT_S = 60.0
+# How long a rank process waits for the others at the rendezvous. Generous: rank processes
+# are spawned (each imports torch), and on a loaded machine rank 0 may listen only tens of
+# seconds after a peer began to connect. No case here waits it out.
+RENDEZVOUS_S = 120.0
 
 
 def secret_forms(secret: bytes) -> list[str]:
@@ -96,7 +100,7 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def ranks(out: str, token: str, timeout_s: float = 30.0) -> tuple[UnitTask, ...]:
+def ranks(out: str, token: str, timeout_s: float = RENDEZVOUS_S) -> tuple[UnitTask, ...]:
     base = train_task(epoch_units=2, checkpoint_out=out)
     tasks = group_tasks(
         base, (0, 1), f"g-{out}", address="127.0.0.1", port=free_port(), timeout_s=timeout_s
@@ -107,11 +111,23 @@ def ranks(out: str, token: str, timeout_s: float = 30.0) -> tuple[UnitTask, ...]
     )
 
 
-def run_together(tasks: list[UnitTask], store_uri: str) -> list[UnitResult | Exception]:
+def run_together(
+    tasks: list[UnitTask], store_uri: str, first: int | None = None
+) -> list[UnitResult | Exception]:
+    """Run ``tasks`` in rank processes at once; their outcomes in order.
+
+    With ``first``, the tasks before it start, task ``first`` runs to its end, and only then
+    do the rest start.
+    """
     context = multiprocessing.get_context("spawn")
+    limit = RENDEZVOUS_S + TIMEOUT_S * 2
     with context.Pool(len(tasks)) as pool:
-        pending = [pool.apply_async(run_rank, (task, store_uri)) for task in tasks]
-        return [p.get(TIMEOUT_S * 2) for p in pending]
+        cut = len(tasks) if first is None else first + 1
+        pending = [pool.apply_async(run_rank, (task, store_uri)) for task in tasks[:cut]]
+        if first is not None:
+            pending[first].wait(limit)
+        pending += [pool.apply_async(run_rank, (task, store_uri)) for task in tasks[cut:]]
+        return [p.get(limit) for p in pending]
 
 
 @pytest.mark.torch
@@ -124,7 +140,9 @@ def test_a_process_with_a_wrong_token_cannot_take_a_rank_and_the_group_trains(
     rank0, rank1 = ranks("attacked.pt", "b" * 32)
     assert rank1.group is not None
     intruder = dataclasses.replace(rank1, group=dataclasses.replace(rank1.group, token="c" * 32))
-    real0, refused, real1 = run_together([rank0, intruder, rank1], store_uri)
+    # The intruder meets rank 0 at the rendezvous, and is turned away, before the real rank 1
+    # starts (were it to come after the real group had trained, it would find no one).
+    real0, refused, real1 = run_together([rank0, intruder, rank1], store_uri, first=1)
     assert isinstance(refused, GroupBrokenError)
     assert "presented a token that is not the group's" in str(refused)
     assert "c" * 32 not in str(refused) and "b" * 32 not in str(refused)
