@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from cerebro_spark.backends._base import (
     Backend,
     Membership,
+    UnitFuture,
     WorkerChange,
     WorkerInfo,
     WorkerJob,
@@ -36,6 +37,7 @@ __all__ = [
     "SparkTransport",
     "TaskInfo",
     "Transport",
+    "UnitFuture",
     "Worker",
     "WorkerChange",
     "WorkerInfo",

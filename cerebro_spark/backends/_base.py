@@ -22,6 +22,11 @@ relies on (``tests/backends/contract.py`` is the shared suite):
   :class:`~cerebro_spark.errors.TrialError` (user code raised; the worker lives on) or
   :class:`~cerebro_spark.errors.WorkerLostError` (its worker died: the worker is no longer
   listed and its partitions are re-homed on live workers, read from Parquet).
+* The future may be a :class:`UnitFuture`, whose ``freed`` resolves when its worker may
+  take its next unit: before the result when a train unit's pass is done and only its
+  checkpoint is left to write. From then on the worker is not busy (``submit`` takes a
+  unit for it) while the unit is still not done: its result, reported once the checkpoint
+  is durable, may still be a failure (``OSError`` of the store, ``WorkerLostError``).
 * :meth:`Backend.retire` takes a worker out of service gracefully: it takes no new unit,
   finishes the one in flight, its sole-copy partitions are re-homed (and loaded) on the
   workers that remain, then it ends normally. A retire is not a loss: no unit fails.
@@ -48,11 +53,12 @@ workers *together* (a rank blocks until its peers join):
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import enum
 import time
 from collections.abc import Collection, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from types import TracebackType
 from typing import TypeVar
 
@@ -135,6 +141,26 @@ _B = TypeVar("_B", bound="Backend")
 _STARTED_POLL_S = 0.05
 
 
+class UnitFuture(Future[UnitResult]):
+    """A submitted unit's result, and when its worker is free (see the module rules).
+
+    :attr:`freed` resolves with the result at the latest, or before it (:meth:`free`) when
+    the worker may take its next unit while this one's checkpoint is being written. The
+    future cannot be cancelled: the worker runs the unit anyway.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.set_running_or_notify_cancel()
+        self.freed: Future[None] = Future()
+        self.add_done_callback(lambda _: self.free())
+
+    def free(self) -> None:
+        """Resolve :attr:`freed` (once; later calls do nothing)."""
+        with contextlib.suppress(InvalidStateError):
+            self.freed.set_result(None)
+
+
 class Backend(abc.ABC):
     """Runs units on workers that keep their partitions in memory."""
 
@@ -196,7 +222,10 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def submit(self, worker_id: str, task: UnitTask) -> Future[UnitResult]:
-        """Run ``task`` on ``worker_id``; the future resolves when the unit ends."""
+        """Run ``task`` on ``worker_id``; the future resolves when the unit ends.
+
+        It may be a :class:`UnitFuture` (its worker free before the result).
+        """
 
     @abc.abstractmethod
     def submit_group(self, assignments: Mapping[str, UnitTask]) -> dict[str, Future[UnitResult]]:

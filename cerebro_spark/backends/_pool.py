@@ -4,7 +4,9 @@ The transport starts workers and says when they end; the pool owns the rest, onc
 
 * **Control.** Each worker connects to the pool's :class:`~._control.ControlServer`; the
   pool sends ``load``/``run``/``stop`` and a ``ping`` every ``heartbeat_s``, the worker
-  replies in command order and sends a ``heartbeat`` every ``heartbeat_s``.
+  replies in command order and sends a ``heartbeat`` every ``heartbeat_s``. A train
+  unit's ``trained`` comes before its reply: the worker is free (its :class:`UnitFuture`
+  freed) while it writes the checkpoint, and the unit is done with the reply.
 * **Losses** (Cerebro §5.6). A worker is lost when its connection closes or fails a
   check, when it was silent for ``heartbeat_timeout_s``, when its process or task ends
   unasked, when it does not register within ``start_timeout_s``, or when its initial load
@@ -33,7 +35,14 @@ from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from cerebro_spark.backends._base import Backend, Membership, WorkerChange, WorkerInfo, WorkerJob
+from cerebro_spark.backends._base import (
+    Backend,
+    Membership,
+    UnitFuture,
+    WorkerChange,
+    WorkerInfo,
+    WorkerJob,
+)
 from cerebro_spark.backends._control import (
     Channel,
     ControlServer,
@@ -118,6 +127,7 @@ class _Pending:
     future: Future[Any]
     held: bool = False  # a rank awaiting its rank 0's port
     sent: bool = False
+    trained: bool = False  # a train unit whose checkpoint the worker is writing
     peers: list[tuple[_Handle, _Pending]] | None = None  # rank 0: ranks awaiting its port
 
     def message(self) -> dict[str, Any]:
@@ -154,8 +164,12 @@ class _Handle:
 
     @property
     def running(self) -> UnitTask | None:
-        """The unit sent to (or held for) this worker and not finished, if any."""
-        return next((p.task for p in self.pending if p.op == "run"), None)
+        """The unit sent to (or held for) this worker and not trained, if any.
+
+        A unit whose checkpoint the worker is still writing is not running: the worker
+        takes its next unit meanwhile.
+        """
+        return next((p.task for p in self.pending if p.op == "run" and not p.trained), None)
 
     def left(self, not_ready: str, not_retired: str | None) -> None:
         """Settle what waits on a worker that left, and mark it gone.
@@ -808,6 +822,8 @@ class WorkerPool(Backend):
             try:
                 if op == "reply":
                     self._on_reply(handle, message)
+                elif op == "trained":
+                    self._on_trained(handle, message)
                 elif op == "rendezvous":
                     self._on_rendezvous(handle, message)
                 elif op != "heartbeat":
@@ -867,6 +883,20 @@ class WorkerPool(Backend):
         if handle.state == _State.RETIRING:
             self._retire_step(handle)
 
+    def _on_trained(self, handle: _Handle, message: Mapping[str, Any]) -> None:
+        """A unit's pass is done, its checkpoint being written: its worker is free."""
+        with self._lock:
+            pending = next((p for p in handle.pending if p.id == message.get("id")), None)
+            if pending is None:
+                if handle.state < _State.LEFT:
+                    raise ValueError(f"trained for command {message.get('id')!r}, not pending")
+                return
+            if pending.op != "run" or not pending.sent or pending.trained:
+                raise ValueError(f"trained for command {pending.id}, which trains no unit")
+            pending.trained = True
+        if isinstance(pending.future, UnitFuture):
+            pending.future.free()
+
     def _on_rendezvous(self, handle: _Handle, message: Mapping[str, Any]) -> None:
         """Rank 0 bound its port: send the held ranks their tasks with its address and port."""
         port = message.get("port")
@@ -919,7 +949,8 @@ class WorkerPool(Backend):
     ) -> _Pending:
         """Queue a ``load`` of ``partitions`` or a ``run`` of ``task`` (``held``: not sent yet)."""
         partitions = tuple(int(p) for p in partitions)
-        pending = _Pending(handle.next_id, op, partitions, task, _running_future(), held)
+        future = UnitFuture() if op == "run" else _running_future()
+        pending = _Pending(handle.next_id, op, partitions, task, future, held)
         handle.next_id += 1
         handle.pending.append(pending)
         self._flush_locked(handle)

@@ -28,6 +28,7 @@ This module imports neither torch nor pyspark.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -36,6 +37,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 from cerebro_spark.backends._base import WorkerJob
@@ -256,6 +258,7 @@ def _serve_commands(
         daemon=True,
     )
     beat.start()
+    writer = _Writer(spec.worker_id, worker, channel)
     try:
         while True:
             message = channel.recv()
@@ -263,18 +266,96 @@ def _serve_commands(
             if op == "ping":
                 continue
             if op == "stop":
+                writer.wait()  # the last checkpoint is durable and reported first
                 logger.info("worker %s stops", spec.worker_id)
                 return STOPPED
+            if writer.takes(message):
+                writer.train(message)
+                continue
             reply = _execute(worker, message, channel)
             if startup is not None and op == "load" and reply["ok"]:
                 reply["value"] = {"startup": _startup_phases(worker, startup)}
                 startup = None
+            writer.wait()  # replies go in the order of the commands
             channel.send(reply)
     finally:
         stop.set()
+        writer.close()
         channel.close()
         beat.join(timeout=spec.heartbeat_s + 5.0)
         worker.drop(worker.partitions)  # a reused Python worker must not keep the data
+
+
+class _Writer:
+    """Writes a train unit's checkpoint while the worker trains the next unit.
+
+    For a ``run`` of an ordinary train unit, the worker trains the pass (the checkpoint
+    encoded, nothing written), then sends ``trained`` (``id``): it is free for its next
+    command, while this writer's thread writes the checkpoint and only then sends the
+    unit's ``reply``. One write is in flight at a time: a unit trained meanwhile waits for
+    it before it is reported trained, and every other reply waits for it, so replies keep
+    the order of their commands. A worker without ``train`` (a test fake) runs every
+    unit whole.
+    """
+
+    def __init__(self, worker_id: str, worker: _Served, channel: Channel) -> None:
+        self._worker = worker
+        self._channel = channel
+        self._train: Callable[[UnitTask], Any] | None = getattr(worker, "train", None)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"cerebro-write-{worker_id}")
+        self._writing: Future[None] | None = None
+
+    def takes(self, message: Mapping[str, Any]) -> bool:
+        """Whether ``message`` is a ``run`` this writer trains and writes in two steps."""
+        if self._train is None or message["op"] != "run":
+            return False
+        task = message.get("task")
+        return isinstance(task, Mapping) and task.get("kind") == "train" and not task.get("group")
+
+    def train(self, message: Mapping[str, Any]) -> None:
+        """Train the unit; report it ``trained``, then (once written) its ``reply``."""
+        assert self._train is not None  # ok: takes() said so
+        command_id = message.get("id")
+        try:
+            trained = self._train(UnitTask.from_json(message["task"]))
+        except Exception as exc:
+            self.wait()
+            self._channel.send(self._reply(command_id, False, error_to_json(exc)))
+            return
+        self.wait()
+        self._channel.send({"op": "trained", "id": command_id})
+        self._writing = self._pool.submit(self._write, command_id, trained)
+
+    def wait(self) -> None:
+        """Wait until the write in flight, if any, is done and its reply sent."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()  # a failed send: the connection is gone, as recv will say
+
+    def close(self) -> None:
+        """Finish the write in flight, if any (whatever the connection's state)."""
+        with contextlib.suppress(Exception):
+            self.wait()
+        self._pool.shutdown(wait=True)
+
+    def _write(self, command_id: Any, trained: Any) -> None:
+        try:
+            reply = self._reply(command_id, True, trained.write().to_json())
+        except Exception as exc:
+            reply = self._reply(command_id, False, error_to_json(exc))
+        except BaseException:  # the worker cannot go on: the driver is to see it lost
+            self._channel.close()
+            raise
+        self._channel.send(reply)
+
+    def _reply(self, command_id: Any, ok: bool, value: Any) -> dict[str, Any]:
+        reply: dict[str, Any] = {"op": "reply", "id": command_id, "ok": ok}
+        reply["value" if ok else "error"] = value
+        reply["state"] = {
+            "partitions": sorted(self._worker.partitions),
+            "bytes_read": self._worker.bytes_read,
+        }
+        return reply
 
 
 def _startup_phases(worker: _Served, startup: dict[str, float]) -> dict[str, float]:

@@ -26,6 +26,7 @@ from cerebro_spark.units import UnitKind, UnitResult, UnitTask
 
 if TYPE_CHECKING:
     from cerebro_spark.data import Manifest, PartitionData
+    from cerebro_spark.training import TrainedUnit
 
 logger = logging.getLogger(__name__)
 
@@ -142,13 +143,7 @@ class Worker:
             cerebro_spark.errors.TrialError: The trial's user code raised.
             cerebro_spark.units.GroupBrokenError: A group unit's peer was lost.
         """
-        data = self._data.get((_SPLIT_OF_KIND[task.kind], task.partition))
-        if data is None:
-            raise ValueError(
-                f"worker {self._worker_id} does not hold partition {task.partition} "
-                f"(holds {sorted(self.partitions)})"
-            )
-        self._prepare_torch()
+        data = self._held(task)
         from cerebro_spark.training import run_group_unit, run_unit
 
         args = (task, data, self._job.store, self.manifest.info)
@@ -157,6 +152,39 @@ class Worker:
                 *args, worker_id=self._worker_id, device=self._device, on_rendezvous=on_rendezvous
             )
         return run_unit(*args, worker_id=self._worker_id, device=self._device)
+
+    def train(self, task: UnitTask) -> TrainedUnit:
+        """Train one ordinary train unit; its checkpoint is written by ``.write()`` later.
+
+        Raises:
+            ValueError: The task is not an ordinary train unit, or its partition is not
+                held by this worker.
+            cerebro_spark.errors.TrialError: The trial's user code raised.
+        """
+        if task.kind is not UnitKind.TRAIN or task.group is not None:
+            raise ValueError(f"worker {self._worker_id}: only an ordinary train unit trains alone")
+        data = self._held(task)
+        from cerebro_spark.training import train_unit
+
+        return train_unit(
+            task,
+            data,
+            self._job.store,
+            self.manifest.info,
+            worker_id=self._worker_id,
+            device=self._device,
+        )
+
+    def _held(self, task: UnitTask) -> PartitionData:
+        """The held partition ``task`` reads, with torch ready."""
+        data = self._data.get((_SPLIT_OF_KIND[task.kind], task.partition))
+        if data is None:
+            raise ValueError(
+                f"worker {self._worker_id} does not hold partition {task.partition} "
+                f"(holds {sorted(self.partitions)})"
+            )
+        self._prepare_torch()
+        return data
 
     def warm_up(self) -> None:
         """Start importing torch and the unit code in a background thread (once).

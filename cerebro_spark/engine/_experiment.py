@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from cerebro_spark._redact import redact, redact_uri
-from cerebro_spark.backends import Backend, Membership, WorkerJob, next_worker_index
+from cerebro_spark.backends import Backend, Membership, UnitFuture, WorkerJob, next_worker_index
 from cerebro_spark.data import Manifest
 from cerebro_spark.engine._config import ExperimentConfig
 from cerebro_spark.engine._events import EventLog, read_events
@@ -776,7 +776,8 @@ class Experiment:
         for trial_id in live:
             self._maybe_finish_epoch(trial_id)
         running = self._running = {}
-        finished: queue.SimpleQueue[_Running] = queue.SimpleQueue()  # all ranks reported
+        # all ranks reported, or (_Freed) a unit's worker free while it writes the checkpoint
+        finished: queue.SimpleQueue[_Running | _Freed] = queue.SimpleQueue()
         self._departing = set()
         while not scheduler.finished:
             requeued = False
@@ -801,15 +802,21 @@ class Experiment:
             if not ready:
                 self.log.flush()  # idle until a worker reports: make the log current
                 ready = _drain(finished, block=True)
-            ready.sort(key=lambda r: r.number)  # in submission order, as they were started
-            self._sync_membership(backend, scheduler)  # the workers of `ready` still count
-            for item in ready:
+            freed = [r.running for r in ready if isinstance(r, _Freed)]
+            ended = sorted(  # in submission order, as they were started
+                (r for r in ready if isinstance(r, _Running)), key=lambda r: r.number
+            )
+            self._sync_membership(backend, scheduler)  # the workers of `ended` still count
+            for item in ended:
                 del running[item.number]
                 if item.assignment.size == 1:
                     self._handle(item, scheduler)
                 else:
                     self._handle_group(item, scheduler)
                 self._depart(item.assignment.workers, scheduler)
+            for item in freed:  # its checkpoint being written, its worker takes other work
+                if item.number in running:
+                    scheduler.free_worker(item.assignment.worker, item.assignment.unit)
             self.progress.maybe_log()
         self.progress.maybe_log(force=True)
 
@@ -1276,18 +1283,26 @@ class Experiment:
     def _leave(self, worker: str, scheduler: MopScheduler | None) -> None:
         if scheduler is None or worker not in scheduler.workers:
             return
-        if any(worker in item.assignment.workers for item in self._running.values()):
+        if self._runs_on(worker):
             self._departing.add(worker)
         else:
             scheduler.remove_worker(worker)
 
     def _depart(self, workers: Iterable[str], scheduler: MopScheduler) -> None:
-        """Remove the workers that left while this assignment ran, now that it is handled."""
+        """Remove the workers that left while this assignment ran, now that it is handled.
+
+        A worker stays until the last of its assignments is handled (one whose checkpoint
+        it was writing, and the next it ran meanwhile).
+        """
         for worker in workers:
-            if worker in self._departing:
+            if worker in self._departing and not self._runs_on(worker):
                 self._departing.discard(worker)
                 if worker in scheduler.workers:
                     scheduler.remove_worker(worker)
+
+    def _runs_on(self, worker: str) -> bool:
+        """Whether an assignment not handled yet was submitted to ``worker``."""
+        return any(worker in item.assignment.workers for item in self._running.values())
 
     # -- decisions ------------------------------------------------------------------------
 
@@ -1343,13 +1358,19 @@ class _Running:
         """Whether every rank has reported."""
         return all(future.done() for future in self.futures.values())
 
-    def watch(self, finished: queue.SimpleQueue[_Running]) -> None:
+    def watch(self, finished: queue.SimpleQueue[_Running | _Freed]) -> None:
         """Put this assignment on ``finished`` once every rank has reported.
 
-        The driver then waits on one queue instead of polling every running future.
+        The driver then waits on one queue instead of polling every running future. An
+        ordinary unit whose worker is freed before its result (a :class:`UnitFuture`:
+        its checkpoint being written) puts a :class:`_Freed` there first.
         """
         if len(self.futures) == 1:  # an ordinary unit: no count to keep
             (future,) = self.futures.values()
+            if isinstance(future, UnitFuture):
+                future.freed.add_done_callback(
+                    lambda _: None if future.done() else finished.put(_Freed(self))
+                )
             future.add_done_callback(lambda _: finished.put(self))
             return
         left = [len(self.futures)]
@@ -1366,12 +1387,21 @@ class _Running:
             future.add_done_callback(reported)
 
 
-def _drain(finished: queue.SimpleQueue[_Running], *, block: bool) -> list[_Running]:
+@dataclasses.dataclass(frozen=True)
+class _Freed:
+    """The worker of a running ordinary unit is free: only its checkpoint write is left."""
+
+    running: _Running
+
+
+def _drain(
+    finished: queue.SimpleQueue[_Running | _Freed], *, block: bool
+) -> list[_Running | _Freed]:
     """Every finished assignment on the queue (with ``block``: waits for the first).
 
     A blocking drain waits up to ``_WAIT_SECONDS``; if none finished by then, it is empty.
     """
-    ready: list[_Running] = []
+    ready: list[_Running | _Freed] = []
     if block:
         try:
             ready.append(finished.get(timeout=_WAIT_SECONDS))

@@ -37,9 +37,12 @@ class MopScheduler:
     units of idle trials on partitions it holds (§5.5: the availability map, worker to
     partitions, replaces Alg. 1's ``j' = j``) and the rule picks one (Alg. 1); it moves
     from Q to Q'. On completion it leaves Q' and its trial and worker are idle again
-    (Alg. 2). If its worker fails or leaves, it moves back from Q' to Q (§5.6) and runs
-    later on a worker holding its partition; workers may join, leave and be re-homed, and
-    a trial whose user code failed may be dropped (:meth:`remove_trial`).
+    (Alg. 2). A worker may be freed earlier (:meth:`free_worker`: the unit's pass is
+    done, its checkpoint being written): it takes other work while the unit stays in Q'
+    and its trial busy until completion. If its worker fails or leaves, it moves back
+    from Q' to Q (§5.6) and runs later on a worker holding its partition; workers may
+    join, leave and be re-homed, and a trial whose user code failed may be dropped
+    (:meth:`remove_trial`).
     The invariants of §3.1 hold throughout: each trial trains on each partition exactly
     once per epoch (completeness), two units of a trial never run at once (isolation), a
     worker runs one unit at a time (exclusivity), and a unit runs to its end or fails
@@ -197,7 +200,11 @@ class MopScheduler:
 
     @property
     def running(self) -> Mapping[str, Assignment]:
-        """Q': the running assignments, by worker (a group under each of its workers)."""
+        """Q': the running assignments, by worker (a group under each of its workers).
+
+        An assignment whose worker was freed (:meth:`free_worker`) is in Q' still, but
+        under no worker here.
+        """
         return dict(self._running)
 
     @property
@@ -223,7 +230,7 @@ class MopScheduler:
     @property
     def finished(self) -> bool:
         """Whether every unit of the epoch is complete (Q and Q' are empty)."""
-        return not self._running and not self._queued
+        return not self._busy and not self._queued
 
     @property
     def stalled(self) -> bool:
@@ -232,7 +239,7 @@ class MopScheduler:
         The engine must then re-home partitions (:meth:`set_partitions`, :meth:`add_worker`;
         see :attr:`unheld_partitions`) or give up.
         """
-        if self.finished or self._running:
+        if self.finished or self._busy:
             return False
         groups = self._next_groups()
         return not any(self._candidates(worker, groups, ()) for worker in self._held)
@@ -319,6 +326,27 @@ class MopScheduler:
         self._steps[unit.trial, unit.kind] += assignment.size
         self._dirty.add(unit.trial)
 
+    def free_worker(self, worker: str, unit: Unit) -> None:
+        """Record that ``unit`` needs its worker no more (only its checkpoint write is left).
+
+        The worker is idle again and :meth:`assign` may give it work; the unit stays in Q'
+        (its trial busy: isolation) until :meth:`complete` or :meth:`fail`. Only an
+        ordinary assignment frees its worker early. Nothing happens unless ``worker`` runs
+        ``unit`` (it was completed, failed or removed meanwhile).
+
+        Raises:
+            ConfigError: ``worker`` runs ``unit`` in a group assignment.
+        """
+        assignment = self._running.get(worker)
+        if assignment is None or unit not in assignment.units:
+            return
+        if assignment.size != 1:
+            raise ConfigError(
+                f"worker {worker!r} runs a group assignment of trial "
+                f"{assignment.unit.trial!r}: a group frees its workers when it completes"
+            )
+        del self._running[worker]
+
     def fail(self, unit: Unit, *, worker: str | None = None) -> None:
         """Record that a running unit must be retried (§5.6): it moves from Q' back to Q.
 
@@ -349,8 +377,7 @@ class MopScheduler:
         self._check_trial(trial)
         assignment = self._busy.pop(trial, None)
         if assignment is not None:
-            for worker in assignment.workers:
-                del self._running[worker]
+            self._unrun(assignment)
         if self._waiting == trial:
             self._waiting = None
         for kind in UnitKind:
@@ -638,9 +665,14 @@ class MopScheduler:
                 f"cannot {verb} {unit!r} for worker {worker!r}: it runs on worker {runs_on}"
             )
         del self._busy[unit.trial]
-        for member in assignment.workers:
-            del self._running[member]
+        self._unrun(assignment)
         return assignment
+
+    def _unrun(self, assignment: Assignment) -> None:
+        """Take ``assignment`` off the workers still running it (not those it freed)."""
+        for member in assignment.workers:
+            if self._running.get(member) is assignment:
+                del self._running[member]
 
     def _requeue(self, units: Sequence[Unit]) -> None:
         first = units[0]

@@ -1,7 +1,8 @@
 """Training units: the user's ModelSpec, ready specs, and the unit that trains one sub-epoch.
 
-``run_group_unit`` runs one rank of a group unit (a trial trained data-parallel by k
-workers, Cerebro §5.7).
+``train_unit`` trains a unit without writing its checkpoint yet (a worker writes it while
+it trains the next); ``run_group_unit`` runs one rank of a group unit (a trial trained
+data-parallel by k workers, Cerebro §5.7).
 """
 
 from cerebro_spark.training._checkpoint import (
@@ -20,7 +21,7 @@ from cerebro_spark.training._group import run_group_unit
 from cerebro_spark.training._loading import add_code_directory, load_spec, user_code_files
 from cerebro_spark.training._models import CNNSpec, MLPSpec, Standardize
 from cerebro_spark.training._spec import BASE_HYPERPARAMETERS, ModelSpec, accepted_hyperparameters
-from cerebro_spark.training._unit import run_unit
+from cerebro_spark.training._unit import TrainedUnit, run_unit, train_unit
 
 __all__ = [
     "BASE_HYPERPARAMETERS",
@@ -32,6 +33,7 @@ __all__ = [
     "MLPSpec",
     "ModelSpec",
     "Standardize",
+    "TrainedUnit",
     "accepted_hyperparameters",
     "add_code_directory",
     "dataset_metadata",
@@ -41,6 +43,7 @@ __all__ = [
     "run_group_unit",
     "run_unit",
     "state_digest",
+    "train_unit",
     "user_code_files",
     "weights_digest",
     "with_dataset",

@@ -114,15 +114,48 @@ def run_unit(
             (``task.checkpoint_in_sha256``): a storage fault, not the trial's.
         OSError: If the store fails (not the trial's fault; the unit can be retried).
     """
+    if task.kind is UnitKind.TRAIN:
+        return train_unit(task, data, store, info, worker_id=worker_id, device=device).write()
     _check_task(task, data, info)
     with _UNIT_LOCK, _unit_environment(device) as dev:
         start = time.perf_counter()
-        with _user_code(task, "loading the spec"):
-            spec = load_spec(task.spec)
-        if task.kind is UnitKind.TRAIN:
-            result = _train(spec, task, data, store, info, dev, worker_id, start)
-        else:
-            result = _validate(spec, task, data, store, info, dev, worker_id, start)
+        spec = _spec(task)
+        result = _validate(spec, task, data, store, info, dev, worker_id, start)
+    _log_unit(result)
+    return result
+
+
+def train_unit(
+    task: UnitTask,
+    data: PartitionData,
+    store: Store,
+    info: DatasetInfo,
+    *,
+    worker_id: str = "",
+    device: str = "cpu",
+) -> TrainedUnit:
+    """Train one unit's pass and encode its checkpoint; write nothing yet.
+
+    :func:`run_unit` of a train task is ``train_unit(...).write()``. Split in two, a worker
+    can write the checkpoint (:meth:`TrainedUnit.write`, in another thread) while it
+    already trains its next unit: the unit is done only once :meth:`~TrainedUnit.write`
+    returned. The arguments, and the errors raised before the write, are
+    :func:`run_unit`'s.
+    """
+    _check_task(task, data, info)
+    with _UNIT_LOCK, _unit_environment(device) as dev:
+        start = time.perf_counter()
+        trained = _train(_spec(task), task, data, store, info, dev, worker_id, start)
+    return trained
+
+
+def _spec(task: UnitTask) -> ModelSpec:
+    with _user_code(task, "loading the spec"):
+        return load_spec(task.spec)
+
+
+def _log_unit(result: UnitResult) -> None:
+    task = result.task
     logger.debug(
         "%s unit trial=%s epoch=%d partition=%d rows=%d took %.3fs (checkpoint io %.3fs)",
         task.kind.value,
@@ -133,7 +166,47 @@ def run_unit(
         result.seconds,
         result.io_seconds,
     )
-    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedUnit:
+    """A train unit whose pass is done and whose checkpoint is encoded, not yet written.
+
+    Attributes:
+        result: The unit's result as it will be reported, but for the write: its
+            ``seconds`` and ``io_seconds`` are those up to now, and ``checkpoint_sha256`` is
+            ``None`` (the digest is taken as the bytes are written).
+        blob: The encoded checkpoint, to be written to ``result.task.checkpoint_out``.
+        store: Where it is written.
+        decoded: The payload ``blob`` encodes, kept decoded in the worker's cache with it.
+    """
+
+    result: UnitResult
+    blob: bytes
+    store: Store
+    decoded: Checkpoint | None = None
+
+    def write(self) -> UnitResult:
+        """Write the checkpoint durably (and into the worker's cache); the unit's result.
+
+        Thread-safe with units training meanwhile. The time the write took is added to the
+        result's ``seconds`` and ``io_seconds`` (not the time it waited to start).
+
+        Raises:
+            OSError: The store failed (the unit is not done; it can be retried).
+        """
+        began = time.perf_counter()
+        key = _key(self.result.task, self.result.task.checkpoint_out, "checkpoint_out")
+        sha256 = _write_checkpoint(self.store, key, self.blob, self.decoded)
+        took = time.perf_counter() - began
+        result = dataclasses.replace(
+            self.result,
+            seconds=self.result.seconds + took,
+            io_seconds=self.result.io_seconds + took,
+            checkpoint_sha256=sha256,
+        )
+        _log_unit(result)
+        return result
 
 
 def _check_task(task: UnitTask, data: PartitionData, info: DatasetInfo) -> None:
@@ -503,7 +576,7 @@ def _train(
     dev: torch.device,
     worker_id: str,
     start: float,
-) -> UnitResult:
+) -> TrainedUnit:
     io_seconds = 0.0
     checkpoint = None
     read = None
@@ -514,13 +587,11 @@ def _train(
     metrics, rows = _train_pass(spec, state, task, data, info, dev)
     states, sums = _report(metrics, task)
     _end_unit(state, task)
-    written = time.perf_counter()
+    encoding = time.perf_counter()
     payload = checkpoint_payload(with_dataset(_snapshot(state, task), info))
     blob = encode_payload(payload)
-    key = _key(task, task.checkpoint_out, "checkpoint_out")
-    sha256 = _write_checkpoint(store, key, blob, payload)
-    io_seconds += time.perf_counter() - written
-    return UnitResult(
+    io_seconds += time.perf_counter() - encoding
+    result = UnitResult(
         task=task,
         worker_id=worker_id,
         rows=rows,
@@ -528,12 +599,12 @@ def _train(
         metric_sums=sums,
         metric_states=states,
         checkpoint_bytes=len(blob),
-        checkpoint_sha256=sha256,
         io_seconds=io_seconds,
         checkpoint_bytes_read=read.store_bytes if read is not None else 0,
         checkpoint_bytes_written=len(blob),
         checkpoint_cache_hits=int(read is not None and read.cache_hit),
     )
+    return TrainedUnit(result, blob, store, payload)
 
 
 def _validate(

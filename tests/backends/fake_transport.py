@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from concurrent.futures import Future
+from typing import Any
 
 from cerebro_spark.backends import TaskInfo, Transport, WorkerJob, WorkerSpec, serve
 from cerebro_spark.errors import DataError, TrialError
@@ -42,6 +43,8 @@ class Script:
         self.slow_loads: dict[str, float] = {}  # worker id: seconds its first load sleeps
         self.load_gates: dict[str, threading.Event] = {}  # worker id: its first load waits
         self.no_register: set[str] = set()  # worker ids that never start serving
+        self.write_s = 0.0  # seconds every checkpoint write takes
+        self.written: list[tuple[str, str]] = []  # (worker id, checkpoint key) as written
         self.lock = threading.Lock()
 
     def gate(self, name: str) -> threading.Event:
@@ -108,6 +111,22 @@ class FakeWorker:
         """Run a unit; ``task.params`` may hold ``gate`` (wait for it), ``silent_rank0``
         (rank 0 never announces), ``die`` (this worker id dies), ``fail`` ({worker id:
         "trial" | "io" | "broken"})."""
+        self._pass(task, on_rendezvous)
+        blob = self._checkpoint(task)
+        if blob is not None:
+            self._write(task, blob)
+        return self._result(task, blob)
+
+    def train(self, task: UnitTask) -> FakeTrained:
+        """An ordinary train unit in two steps, as the real worker's: the pass now, the
+        checkpoint write in :meth:`FakeTrained.write` (``task.params`` as for :meth:`run`,
+        and ``write_gate``: the write waits for it, ``write_fail``: {worker id: "io"})."""
+        self._pass(task, None)
+        blob = self._checkpoint(task)
+        assert blob is not None  # ok: an ordinary train unit
+        return FakeTrained(self, task, blob)
+
+    def _pass(self, task: UnitTask, on_rendezvous: Callable[[int], None] | None) -> None:
         if task.partition not in self.held:
             raise ValueError(f"worker {self.worker_id} does not hold partition {task.partition}")
         with SCRIPT.lock:
@@ -131,33 +150,67 @@ class FakeWorker:
             raise FileNotFoundError("no such checkpoint")
         if failure == "broken":
             raise GroupBrokenError("lost its peers")
-        return self._result(task)
 
-    def _result(self, task: UnitTask) -> UnitResult:
+    def _checkpoint(self, task: UnitTask) -> bytes | None:
+        """The checkpoint a train unit writes (rank 0's for a group); ``None`` for others."""
         store = self.job.store
-        sha = None
         if task.kind is UnitKind.TRAIN and (task.group is None or task.group.rank == 0):
             before = store.get(task.checkpoint_in) if task.checkpoint_in else b"init"
             covered = task.group.partitions if task.group else (task.partition,)
-            blob = hashlib.sha256(before + repr((task.epoch, covered)).encode()).digest()
-            assert task.checkpoint_out is not None
-            store.put(task.checkpoint_out, blob)
-            sha = hashlib.sha256(blob).hexdigest()
-        elif task.kind is UnitKind.VALIDATE and task.checkpoint_in is not None:
+            return hashlib.sha256(before + repr((task.epoch, covered)).encode()).digest()
+        if task.kind is UnitKind.VALIDATE and task.checkpoint_in is not None:
             store.get(task.checkpoint_in)  # it must exist
+        return None
+
+    def _write(self, task: UnitTask, blob: bytes) -> None:
+        gate = task.params.get("write_gate")
+        if gate is not None:
+            while not SCRIPT.gate(str(gate)).wait(0.05):
+                if self.worker_id in SCRIPT.killed:
+                    raise Died(self.worker_id)
+        time.sleep(SCRIPT.write_s)
+        if self.worker_id in SCRIPT.killed:
+            raise Died(self.worker_id)
+        if dict(task.params.get("write_fail", {})).get(self.worker_id) == "io":
+            raise OSError(f"no space left on the store, writing {task.checkpoint_out}")
+        assert task.checkpoint_out is not None
+        self.job.store.put(task.checkpoint_out, blob)
+        with SCRIPT.lock:
+            SCRIPT.written.append((self.worker_id, task.checkpoint_out))
+
+    def _result(self, task: UnitTask, blob: bytes | None) -> UnitResult:
         return UnitResult(
             task=task,
             worker_id=self.worker_id,
             rows=10,
             seconds=0.001,
             metric_sums={"loss": 5.0, "accuracy": 9.0},
-            checkpoint_bytes=32 if sha else 0,
-            checkpoint_sha256=sha,
+            checkpoint_bytes=32 if blob else 0,
+            checkpoint_sha256=hashlib.sha256(blob).hexdigest() if blob else None,
         )
 
 
+class FakeTrained:
+    """A fake train unit whose pass is done: :meth:`write` writes its checkpoint."""
+
+    def __init__(self, worker: FakeWorker, task: UnitTask, blob: bytes) -> None:
+        self.worker, self.task, self.blob = worker, task, blob
+
+    def write(self) -> UnitResult:
+        self.worker._write(self.task, self.blob)
+        return self.worker._result(self.task, self.blob)
+
+
 class ThreadTransport(Transport):
-    """The in-memory fake transport: each worker is a thread running ``serve``."""
+    """The in-memory fake transport: each worker is a thread running ``serve``.
+
+    Args:
+        make_worker: What each thread serves with (the real ``Worker`` too: then units
+            train with torch, in this process).
+    """
+
+    def __init__(self, make_worker: Callable[[str, WorkerJob, str], Any] | None = None) -> None:
+        self.make_worker = make_worker or FakeWorker
 
     def launch(self, spec: WorkerSpec) -> Future[str]:
         ended: Future[str] = Future()
@@ -169,7 +222,7 @@ class ThreadTransport(Transport):
                     return
                 time.sleep(0.05)
             try:
-                ended.set_result(serve(spec, TaskInfo(), FakeWorker))
+                ended.set_result(serve(spec, TaskInfo(), self.make_worker))
             except BaseException as exc:
                 ended.set_exception(exc)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from cerebro_spark.backends import Membership, WorkerChange, WorkerJob, WorkerPool
+from cerebro_spark.backends import Membership, UnitFuture, WorkerChange, WorkerJob, WorkerPool
 from cerebro_spark.backends._control import connect
 from cerebro_spark.errors import ConfigError, DataError, StoreError, TrialError, WorkerLostError
 from cerebro_spark.store import open_store
@@ -287,6 +287,81 @@ def test_a_worker_loading_longer_than_the_start_timeout_is_waited_for_while_it_b
     script.slow_loads["w1"] = 2.0
     pool = pools(2, start_timeout_s=0.5, heartbeat_s=0.1, heartbeat_timeout_s=1.5)
     assert held(pool) == {"w0": {0, 2}, "w1": {1, 3}}
+
+
+# -- checkpoint writes overlapping the next unit ---------------------------------------------------
+
+
+def freed(future: Future[Any]) -> bool:
+    """Whether the unit's worker was freed before its result came."""
+    assert isinstance(future, UnitFuture)
+    return future.freed.done() and not future.done()
+
+
+def test_a_worker_takes_its_next_unit_while_it_writes_a_checkpoint(
+    pools: Callable[..., WorkerPool], script: Script
+) -> None:
+    pool = pools(2)
+    writing = pool.submit("w0", task("a", 0, write_gate="disk"))
+    wait_until(lambda: freed(writing), "the unit's pass to end")
+    time.sleep(0.2)
+    assert not writing.done()  # not done while its checkpoint is not durable
+    nxt = pool.submit("w0", task("b", 2))  # the worker is not busy: it takes the next unit
+    wait_until(lambda: [t.trial_id for t in script.ran("w0")] == ["a", "b"], "b to start")
+    time.sleep(0.2)
+    # One write at a time, replies in command order: b waits for a's write.
+    assert not nxt.done() and not nxt.freed.done()  # type: ignore[attr-defined]
+    assert not script.written
+    script.gate("disk").set()
+    assert result(writing).checkpoint_sha256 is not None
+    assert result(nxt).rows == 10
+    assert [key for _, key in script.written] == ["a.pt", "b.pt"]
+    # A unit whose write is instant frees its worker with its result: nothing overtakes.
+    assert result(pool.submit("w0", task("c", 0))).rows == 10
+
+
+def test_a_failed_checkpoint_write_fails_its_unit_and_the_worker_lives_on(
+    pools: Callable[..., WorkerPool],
+) -> None:
+    pool = pools(1)
+    failing = pool.submit("w0", task("a", 0, write_fail={"w0": "io"}))
+    with pytest.raises(StoreError, match="I/O error on worker w0: OSError: no space left"):
+        result(failing)
+    assert failing.freed.done()  # type: ignore[attr-defined]
+    assert result(pool.submit("w0", task("a", 0))).checkpoint_sha256 is not None
+    assert list(pool.workers()) == ["w0"]
+
+
+def test_a_worker_lost_while_writing_fails_the_written_unit_and_the_next(
+    pools: Callable[..., WorkerPool], script: Script
+) -> None:
+    pool = pools(2)
+    pool.changes()
+    writing = pool.submit("w1", task("a", 1, write_gate="never"))
+    wait_until(lambda: freed(writing), "the unit's pass to end")
+    nxt = pool.submit("w1", task("b", 3, gate="never"))
+    wait_until(lambda: len(script.ran("w1")) == 2, "b to start")
+    pool.kill_worker("w1")
+    for future in (writing, nxt):
+        with pytest.raises(WorkerLostError, match="worker w1 was lost"):
+            result(future)
+    assert not script.written  # a's checkpoint never became durable: a is not done
+    wait_until(lambda: held(pool) == {"w0": {0, 1, 2, 3}}, "re-homing")
+
+
+def test_a_worker_retires_once_its_checkpoint_is_written(
+    pools: Callable[..., WorkerPool], script: Script
+) -> None:
+    pool = pools(2)
+    writing = pool.submit("w1", task("a", 1, write_gate="disk"))
+    wait_until(lambda: freed(writing), "the unit's pass to end")
+    retired = pool.retire("w1")
+    time.sleep(0.3)
+    assert not retired.done()  # the write in flight is drained like a unit
+    script.gate("disk").set()
+    assert result(writing).checkpoint_sha256 is not None  # a retire is no loss
+    result(retired)
+    assert script.written == [("w1", "a.pt")]
 
 
 # -- groups --------------------------------------------------------------------------------------

@@ -176,6 +176,44 @@ def test_rehomed_worker_keeps_running_its_unit() -> None:
     assert sched.unheld_partitions == frozenset()  # partition 0 is no longer needed
 
 
+def test_a_freed_worker_takes_other_work_while_its_trial_stays_busy() -> None:
+    sched = make(trials=["a", "b"], workers={"w0": [0, 1]}, validate=False)
+    (first,) = sched.assign()
+    sched.free_worker("w0", first.unit)  # its pass is done, its checkpoint being written
+    assert sched.running == {} and not sched.finished and not sched.stalled
+    (second,) = sched.assign()
+    assert second.worker == "w0" and second.unit.trial != first.unit.trial  # isolation
+    assert sched.assign() == []  # the first trial is still busy, the worker is not free
+    sched.free_worker("w0", first.unit)  # a stale free: w0 runs another unit now
+    assert sched.running == {"w0": second}
+    sched.complete(first.unit, worker="w0")  # durable: the trial is idle, w0 still busy
+    assert sched.running == {"w0": second} and sched.assign() == []
+    sched.free_worker("w0", second.unit)
+    sched.fail(second.unit, worker="w0")  # its write failed: the unit goes back to Q
+    assert second.unit in sched.remaining[second.unit.trial]
+    for _ in range(3):
+        (nxt,) = sched.assign()
+        sched.complete(nxt.unit)
+    assert sched.finished
+
+
+def test_only_an_ordinary_assignment_frees_its_worker_early() -> None:
+    sched = make(trials=["a"], partitions=[0, 1], group_sizes={"a": 2}, validate=False)
+    (group,) = sched.assign()
+    assert group.size == 2
+    with pytest.raises(ConfigError, match="runs a group assignment of trial 'a'"):
+        sched.free_worker("w0", group.unit)
+
+
+def test_a_freed_worker_that_leaves_leaves_its_written_unit_in_q_prime() -> None:
+    sched = make(trials=["a", "b"], workers={"w0": [0, 1], "w1": [0, 1]}, validate=False)
+    first = {a.worker: a for a in sched.assign()}
+    sched.free_worker("w0", first["w0"].unit)
+    assert sched.remove_worker("w0") is None  # it runs nothing; its unit is still writing
+    sched.fail(first["w0"].unit, worker="w0")  # then the write is reported lost
+    assert first["w0"].unit in sched.remaining[first["w0"].unit.trial]
+
+
 def test_remove_trial_drops_its_units_and_frees_its_worker() -> None:
     sched = make(trials=["a", "b"], validate=False)
     first = {a.unit.trial: a for a in sched.assign()}
