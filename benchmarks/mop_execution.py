@@ -13,6 +13,7 @@ Runs a digits experiment (or reads an existing one with --experiment) and prints
 
     python benchmarks/mop_execution.py --backend spark --master local[2] --epochs 5
     python benchmarks/mop_execution.py --backend spark --master local[2] --epochs 5 --s3
+    python benchmarks/mop_execution.py --backend local --epochs 5 --s3 --s3-latency-ms 20
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ import argparse
 import contextlib
 import json
 import os
+import socket
 import statistics
 import tempfile
+import threading
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -142,9 +146,58 @@ def traffic(ends: list[dict], dataset_bytes: int) -> None:
     print(f"checkpoint bytes moved / dataset bytes: {total / dataset_bytes:.2f}")
 
 
+class LatencyProxy:
+    """Forwards ``127.0.0.1:<port>`` to ``target``; each answer comes ``latency_s`` late.
+
+    The first bytes the server sends after the client spoke are held back ``latency_s``:
+    every request (a PUT, a GET) takes that much longer, as across a network, without
+    costing CPU here (moto runs on this machine's cores; a network's latency does not).
+    """
+
+    def __init__(self, target: tuple[str, int], latency_s: float) -> None:
+        self.target, self.latency_s = target, latency_s
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            asked = threading.Event()
+            for source, sink, delay in ((client, server, None), (server, client, asked)):
+                threading.Thread(
+                    target=self._pipe, args=(source, sink, asked, delay), daemon=True
+                ).start()
+
+    def _pipe(
+        self, source: socket.socket, sink: socket.socket, asked: threading.Event,
+        answer: threading.Event | None,
+    ) -> None:  # fmt: skip
+        with contextlib.suppress(OSError):
+            while chunk := source.recv(1 << 16):
+                if answer is None:
+                    asked.set()  # the client spoke: the next answer is late
+                elif answer.is_set():
+                    answer.clear()
+                    time.sleep(self.latency_s)
+                sink.sendall(chunk)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
 @contextlib.contextmanager
-def moto_store() -> Iterator[str]:
-    """A moto S3 server on 127.0.0.1 and a fresh bucket: the ``s3://`` store URI."""
+def moto_store(latency_ms: float = 0.0) -> Iterator[str]:
+    """A moto S3 server on 127.0.0.1 and a fresh bucket: the ``s3://`` store URI.
+
+    With ``latency_ms``, the URI points at a :class:`LatencyProxy` in front of it.
+    """
     import boto3
     from moto.server import ThreadedMotoServer
 
@@ -161,8 +214,13 @@ def moto_store() -> Iterator[str]:
         host, port = server.get_host_and_port()
         bucket = f"bench-{uuid.uuid4().hex[:12]}"
         boto3.client("s3", endpoint_url=f"http://{host}:{port}").create_bucket(Bucket=bucket)
+        proxy = LatencyProxy((host, port), latency_ms / 1000) if latency_ms else None
+        if proxy is not None:
+            port = proxy.port
         yield (f"s3://{bucket}/lake?endpoint_override={host}:{port}&scheme=http&region=us-east-1")
     finally:
+        if proxy is not None:
+            proxy.close()
         server.stop()
 
 
@@ -185,13 +243,19 @@ def main() -> None:
         help=f"bound of each worker's checkpoint cache ({CACHE_BYTES_ENV}; 0: no cache)",
     )
     parser.add_argument("--s3", action="store_true", help="store on a local moto S3 server")
+    parser.add_argument(
+        "--s3-latency-ms",
+        type=float,
+        default=0.0,
+        help="with --s3: each S3 request answers this much later (a network's latency)",
+    )
     args = parser.parse_args()
     if args.cache_bytes is not None:
         os.environ[CACHE_BYTES_ENV] = str(args.cache_bytes)
     if args.experiment:
         report(args.store, args.experiment)
     elif args.s3:
-        with moto_store() as uri:
+        with moto_store(args.s3_latency_ms) as uri:
             args.store = uri
             report(*run(args))
     else:

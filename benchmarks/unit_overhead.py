@@ -10,6 +10,10 @@ variant once, in rotating order), for units sized so that the bare loop takes ab
 * **pass**: our train loop (``_train_pass``: seeded batch order and torch stream, the
   finite-loss check, the loss and the family's default metrics accumulated on the device,
   deterministic algorithms on) on a model kept alive between runs, plus ``_report``;
+* **worker**: the unit as a worker runs it since its checkpoint write overlaps the next
+  unit (issue 13, part 3): ``train_unit`` (the pass and the encoded checkpoint), the
+  write in a thread while the next unit (another trial's) trains; timed: what keeps the
+  worker from its next unit;
 * **unit**: the real :func:`~cerebro_spark.training.run_unit`: spec loading, model and
   optimizer built and restored from the previous unit's checkpoint (given its digest, as
   the engine gives it, so the worker's checkpoint cache answers, as when a trial comes
@@ -76,6 +80,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -84,9 +89,9 @@ import torch
 from cerebro_spark.data import DatasetInfo, PartitionData
 from cerebro_spark.store import open_store
 from cerebro_spark.training import _unit as unit_module
-from cerebro_spark.training import run_unit
+from cerebro_spark.training import run_unit, train_unit
 from cerebro_spark.training._loading import load_spec
-from cerebro_spark.units import UnitKind, UnitTask
+from cerebro_spark.units import UnitKind, UnitResult, UnitTask
 
 SPEC = "cerebro_spark.training:MLPSpec"
 PARAMS: dict[str, Any] = {"hidden_units": [128], "lr": 1e-3, "batch_size": 64, "standardize": False}
@@ -144,29 +149,61 @@ class Pass:
 class Unit:
     """The real unit, chaining checkpoints on a local store."""
 
-    def __init__(self, info: DatasetInfo, device: torch.device, root: str) -> None:
-        self.info, self.device = info, device
+    def __init__(
+        self, info: DatasetInfo, device: torch.device, root: str, trial: str = "t0"
+    ) -> None:
+        self.info, self.device, self.trial = info, device, trial
         self.store = open_store(root)
         self.count = 0
         self.sha256: str | None = None  # the digest the engine logged, sent with the next unit
 
-    def run(self, data: PartitionData, task: UnitTask) -> None:
-        previous = f"ckpt/{self.count - 1}.pt" if self.count else None
-        unit_task = UnitTask(
+    def task(self, task: UnitTask) -> UnitTask:
+        """The next unit of this trial's chain."""
+        previous = f"{self.trial}/{self.count - 1}.pt" if self.count else None
+        return UnitTask(
             UnitKind.TRAIN,
-            "t0",
+            self.trial,
             SPEC,
             PARAMS,
             trial_seed=task.trial_seed,
             epoch=task.epoch,
             partition=0,
             checkpoint_in=previous,
-            checkpoint_out=f"ckpt/{self.count}.pt",
+            checkpoint_out=f"{self.trial}/{self.count}.pt",
             checkpoint_in_sha256=self.sha256 if previous else None,
         )
-        result = run_unit(unit_task, data, self.store, self.info, device=str(self.device))
+
+    def run(self, data: PartitionData, task: UnitTask) -> None:
+        result = run_unit(self.task(task), data, self.store, self.info, device=str(self.device))
+        self.done(result)
+
+    def done(self, result: UnitResult) -> None:
         self.sha256 = result.checkpoint_sha256
         self.count += 1
+
+
+class Worker:
+    """The unit as a worker runs it: the pass and the encoded checkpoint (``train_unit``),
+    then the write in a thread while the next unit trains (one write in flight, as
+    ``backends/_serve._Writer``). Two trials alternate, as on a worker: a trial's next unit
+    waits for its checkpoint to be durable, another trial's does not. Timed: what keeps
+    the worker from its next unit (the pass, the encoding, a wait for the last write)."""
+
+    def __init__(self, info: DatasetInfo, device: torch.device, root: str) -> None:
+        self.chains = [Unit(info, device, root, trial) for trial in ("t0", "t1")]
+        self.writer = ThreadPoolExecutor(1)
+        self.writing: Future[None] | None = None
+        self.turn = 0
+
+    def run(self, data: PartitionData, task: UnitTask) -> None:
+        chain = self.chains[self.turn % len(self.chains)]
+        self.turn += 1
+        trained = train_unit(
+            chain.task(task), data, chain.store, chain.info, device=str(chain.device)
+        )
+        if self.writing is not None:
+            self.writing.result()
+        self.writing = self.writer.submit(lambda: chain.done(trained.write()))
 
 
 def timed(
@@ -231,10 +268,16 @@ def main() -> None:
         print(out.getvalue())
         return
 
+    variants = ("pass", "unit", "worker")
     print(
-        f"{'target s':>8} {'rows':>7} {'batches':>7} {'bare s':>7} {'pass s':>7} {'unit s':>7} "
-        f"{'pass +%':>8} {'unit +%':>8} {'pass +%cpu':>10} {'unit +%cpu':>10} "
-        f"{'pass +%min':>10} {'unit +%min':>10}"
+        f"{'target s':>8} {'rows':>7} {'batches':>7} {'bare s':>7} "
+        + " ".join(f"{v + ' s':>8}" for v in variants)
+        + " "
+        + " ".join(f"{v + ' +%':>9}" for v in variants)
+        + " "
+        + " ".join(f"{v + ' +%cpu':>11}" for v in variants)
+        + " "
+        + " ".join(f"{v + ' +%min':>11}" for v in variants)
     )
     with tempfile.TemporaryDirectory() as root:
         for target in targets:
@@ -244,22 +287,27 @@ def main() -> None:
                 "bare": bare.run,
                 "pass": Pass(info, device, task).run,
                 "unit": Unit(info, device, f"{root}/{target}").run,
+                "worker": Worker(info, device, f"{root}/{target}-worker").run,
             }
             for run in runners.values():  # warm-up, untimed
                 run(data, task)
             times: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}
             names = list(runners)
             for rep in range(args.repeat):
-                for name in names[rep % 3 :] + names[: rep % 3]:
+                turn = rep % len(names)
+                for name in names[turn:] + names[:turn]:
                     times[name].append(timed(runners[name], data, task))
 
             med = {name: statistics.median(t[0] for t in values) for name, values in times.items()}
             print(
                 f"{target:>8} {rows:>7} {rows // BATCH:>7} {med['bare']:>7.4f} "
-                f"{med['pass']:>7.4f} {med['unit']:>7.4f} {overhead(times, 'pass', 0):>+8.1f} "
-                f"{overhead(times, 'unit', 0):>+8.1f} {overhead(times, 'pass', 1):>+10.1f} "
-                f"{overhead(times, 'unit', 1):>+10.1f} {least_overhead(times, 'pass'):>+10.1f} "
-                f"{least_overhead(times, 'unit'):>+10.1f}",
+                + " ".join(f"{med[v]:>8.4f}" for v in variants)
+                + " "
+                + " ".join(f"{overhead(times, v, 0):>+9.1f}" for v in variants)
+                + " "
+                + " ".join(f"{overhead(times, v, 1):>+11.1f}" for v in variants)
+                + " "
+                + " ".join(f"{least_overhead(times, v):>+11.1f}" for v in variants),
                 flush=True,
             )
 
