@@ -817,6 +817,7 @@ class Experiment:
             for item in freed:  # its checkpoint being written, its worker takes other work
                 if item.number in running:
                     scheduler.free_worker(item.assignment.worker, item.assignment.unit)
+                    self._depart(item.assignment.workers, scheduler)  # unless it left
             self.progress.maybe_log()
         self.progress.maybe_log(force=True)
 
@@ -1283,26 +1284,24 @@ class Experiment:
     def _leave(self, worker: str, scheduler: MopScheduler | None) -> None:
         if scheduler is None or worker not in scheduler.workers:
             return
-        if self._runs_on(worker):
-            self._departing.add(worker)
-        else:
-            scheduler.remove_worker(worker)
+        self._departing.add(worker)
+        self._depart([worker], scheduler)
 
     def _depart(self, workers: Iterable[str], scheduler: MopScheduler) -> None:
-        """Remove the workers that left while this assignment ran, now that it is handled.
+        """Remove the workers that left from the schedule once they run nothing there.
 
-        A worker stays until the last of its assignments is handled (one whose checkpoint
-        it was writing, and the next it ran meanwhile).
+        A worker that runs an assignment stays (busy: it gets no other work) until that
+        assignment is handled or frees it. A unit whose checkpoint it was still writing
+        does not hold it: that unit stays in Q' and is failed or completed by its result.
         """
+        if not self._departing:
+            return
+        running = scheduler.running
         for worker in workers:
-            if worker in self._departing and not self._runs_on(worker):
+            if worker in self._departing and worker not in running:
                 self._departing.discard(worker)
                 if worker in scheduler.workers:
                     scheduler.remove_worker(worker)
-
-    def _runs_on(self, worker: str) -> bool:
-        """Whether an assignment not handled yet was submitted to ``worker``."""
-        return any(worker in item.assignment.workers for item in self._running.values())
 
     # -- decisions ------------------------------------------------------------------------
 

@@ -12,14 +12,16 @@ no Spark.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cerebro_spark.backends import WorkerPool
+from cerebro_spark.backends import UnitFuture, WorkerPool
 from cerebro_spark.engine import (
     ExperimentConfig,
     load_state,
@@ -27,11 +29,15 @@ from cerebro_spark.engine import (
     read_events,
     run_experiment,
 )
+from cerebro_spark.errors import WorkerLostError
 from cerebro_spark.store import open_store
+from cerebro_spark.units import UnitKind, UnitResult, UnitTask
 from tests.backends import fake_transport
 from tests.backends.fake_transport import ThreadTransport
+from tests.engine.test_group_failures import ScriptedBackend
 
 TRIALS, EPOCHS, PARTITIONS = 3, 2, 4
+TRIALS_LOST = 8  # enough that some trial always has a unit for the lost worker
 
 
 @pytest.fixture(autouse=True)
@@ -105,3 +111,82 @@ def test_the_next_unit_trains_while_a_checkpoint_is_written_and_results_are_the_
     assert not any(e["event"] == "unit_failed" for e in events)
     # The same trained checkpoints (the visit orders are seeded; the writes only moved).
     assert digests == reference and all(digests.values())
+
+
+class FreeingBackend(ScriptedBackend):
+    """Frees the worker of every ordinary train unit before its result (a
+    :class:`UnitFuture`), as a pool whose worker writes the checkpoint; the first train unit
+    on ``victim`` loses its worker at the moment it is freed: its result is then a loss."""
+
+    def __init__(self, num_workers: int, victim: str) -> None:
+        super().__init__(num_workers)
+        self.victim = victim
+        self.lost_unit: UnitTask | None = None
+
+    def submit(self, worker_id: str, task: UnitTask) -> Future[UnitResult]:
+        if task.kind is not UnitKind.TRAIN:
+            return super().submit(worker_id, task)
+        with self.lock:
+            self._check(worker_id, task)
+            self.busy.add(worker_id)
+            lose = worker_id == self.victim and self.lost_unit is None
+            if lose:
+                self.lost_unit = task
+        self.log.append((worker_id, "train", str(task.partition), ""))
+        future = UnitFuture()
+
+        def trained() -> None:
+            with self.lock:
+                self.busy.discard(worker_id)
+                if lose:
+                    self._kill_locked(worker_id)  # lost while writing the checkpoint
+            future.free()
+            threading.Timer(0.05, durable).start()
+
+        def durable() -> None:
+            if lose:
+                future.set_exception(WorkerLostError(f"worker {worker_id} died writing"))
+            else:
+                future.set_result(self._result(worker_id, task))
+
+        threading.Timer(0.01, trained).start()
+        return future
+
+
+def test_a_worker_lost_while_writing_leaves_the_schedule_and_its_unit_runs_again(
+    tmp_path: Path,
+) -> None:
+    """The lost worker was freed (idle in the schedule) when its loss came: it must leave
+    the schedule then, not be handed the next unit (which the backend would refuse)."""
+    cfg = parse_config(
+        {
+            "name": "lost-writing",
+            "seed": 3,
+            "store": str(tmp_path),
+            "data": {"source": "sklearn:digits", "partitions": 4},
+            "procedure": "grid",
+            "epochs": 2,
+            "workers": 2,
+            "model": "tests.engine.free_spec:FreeSpec",
+            "space": {"hidden": {"grid": list(range(TRIALS_LOST))}},
+        }
+    )
+    backend = FreeingBackend(2, victim="w1")
+    result = run_experiment(cfg, experiment_id="lost", backend_factory=lambda c: backend)
+    events = read_events(open_store(str(tmp_path)).child("experiments/lost"))
+    lost = backend.lost_unit
+    assert lost is not None
+    failed = [e for e in events if e["event"] == "unit_failed"]
+    assert [(e["trial"], e["partition"], e["reason"]) for e in failed] == [
+        (lost.trial_id, lost.partition, "worker_lost")
+    ]
+    gone = next(i for i, e in enumerate(events) if e["event"] == "worker_lost")
+    assert events[gone]["worker"] == "w1"
+    assert not [e for e in events[gone:] if e["event"] == "unit_start" and e["worker"] == "w1"]
+    ends = Counter(
+        (e["trial"], e["epoch"], e["kind"], e["partition"])
+        for e in events
+        if e["event"] == "unit_end"
+    )
+    assert len(ends) == TRIALS_LOST * 2 * 2 * 4 and set(ends.values()) == {1}
+    assert all(t.status == "completed" for t in result.trials)
