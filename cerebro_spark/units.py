@@ -198,7 +198,8 @@ class UnitResult:
         task: The task that ran.
         worker_id: The worker that ran it.
         rows: Rows of the partition processed.
-        seconds: Wall time of the unit on the worker (checkpoint I/O included).
+        seconds: Wall time of the unit on the worker (checkpoint I/O included; a train
+            unit's checkpoint write may overlap the worker's next unit).
         metric_sums: Each metric's value over this unit's rows times ``rows`` (``"loss"``:
             the sum of per-row losses); divide by ``rows`` for the unit's value. The form
             logs written before ``metric_states`` carried; summing it over units gives

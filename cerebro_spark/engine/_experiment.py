@@ -120,6 +120,11 @@ logger = logging.getLogger(__name__)
 CONFIG_NAME = "config.json"
 BEST_CHECKPOINT_NAME = "best.pt"
 _WAIT_SECONDS = 0.5
+# How long the driver waits for a worker's report before it counts as idle and flushes the
+# event log. On an object store a flush is a PUT (tens of ms): flushing whenever no report
+# was queued would put one in the driver's loop per unit while workers keep finishing.
+# Busy, the log still lags by at most EventLog.flush_seconds.
+_SETTLE_SECONDS = 0.05
 MAX_UNIT_RETRIES = 3
 """Times a unit is retried after I/O errors before the experiment gives up."""
 GROUP_TIMEOUT_S = 60.0
@@ -798,10 +803,12 @@ class Experiment:
                 time.sleep(_WAIT_SECONDS)
                 self._sync_membership(backend, scheduler)
                 continue
-            ready = _drain(finished, block=False)
+            ready = _drain(finished, 0.0)
+            if not ready:  # a unit due any moment is handled before the log is flushed
+                ready = _drain(finished, _SETTLE_SECONDS)
             if not ready:
                 self.log.flush()  # idle until a worker reports: make the log current
-                ready = _drain(finished, block=True)
+                ready = _drain(finished, _WAIT_SECONDS)
             freed = [r.running for r in ready if isinstance(r, _Freed)]
             ended = sorted(  # in submission order, as they were started
                 (r for r in ready if isinstance(r, _Running)), key=lambda r: r.number
@@ -1394,16 +1401,16 @@ class _Freed:
 
 
 def _drain(
-    finished: queue.SimpleQueue[_Running | _Freed], *, block: bool
+    finished: queue.SimpleQueue[_Running | _Freed], wait_s: float
 ) -> list[_Running | _Freed]:
-    """Every finished assignment on the queue (with ``block``: waits for the first).
+    """Every finished assignment on the queue, waiting up to ``wait_s`` for the first.
 
-    A blocking drain waits up to ``_WAIT_SECONDS``; if none finished by then, it is empty.
+    If none finished by then, it is empty.
     """
     ready: list[_Running | _Freed] = []
-    if block:
+    if wait_s > 0:
         try:
-            ready.append(finished.get(timeout=_WAIT_SECONDS))
+            ready.append(finished.get(timeout=wait_s))
         except queue.Empty:
             return ready
     while True:
