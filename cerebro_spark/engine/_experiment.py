@@ -302,6 +302,7 @@ class Experiment:
         self._top: str | None = None  # the best trial so far (progress), once known
         self._top_known = False
         self._departing: set[str] = set()
+        self._freed_at: dict[int, float] = {}  # by submission: when its worker was freed
         self._unit_seconds: dict[tuple[str, UnitKind], float] = {}
         self._unit_counts: dict[tuple[str, UnitKind], int] = {}
         self._retries: dict[tuple[Unit, int], int] = {}
@@ -781,6 +782,7 @@ class Experiment:
         for trial_id in live:
             self._maybe_finish_epoch(trial_id)
         running = self._running = {}
+        self._freed_at = {}
         # all ranks reported, or (_Freed) a unit's worker free while it writes the checkpoint
         finished: queue.SimpleQueue[_Running | _Freed] = queue.SimpleQueue()
         self._departing = set()
@@ -823,6 +825,7 @@ class Experiment:
                 self._depart(item.assignment.workers, scheduler)
             for item in freed:  # its checkpoint being written, its worker takes other work
                 if item.number in running:
+                    self._freed_at[item.number] = time.time()  # unit_end says when
                     scheduler.free_worker(item.assignment.worker, item.assignment.unit)
                     self._depart(item.assignment.workers, scheduler)  # unless it left
             self.progress.maybe_log()
@@ -983,6 +986,7 @@ class Experiment:
             checkpoint_sha256=result.checkpoint_sha256,
             **_traffic(result),
             **_states(result),
+            **_trained_at(self._freed_at.pop(item.number, None)),
         )
         scheduler.complete(unit, worker=assignment.worker)
         self.progress.unit_done()
@@ -1391,6 +1395,11 @@ class _Running:
 
         for future in self.futures.values():
             future.add_done_callback(reported)
+
+
+def _trained_at(freed_at: float | None) -> dict[str, float]:
+    """``unit_end``'s ``trained_at``: when the worker was freed, if before the unit's end."""
+    return {} if freed_at is None else {"trained_at": round(freed_at, 6)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -243,7 +243,10 @@ def _timeline(
                 begin = when - (seconds or 0.0)
             if failed:
                 failures[str(event.get("reason") or "error")] += 1
-            units.append(_bar(event, "failed" if failed else None, begin, when, seconds))
+            end = when  # the worker was busy until its checkpoint was written ...
+            if event.get("trained_at") is not None:  # ... or only until its pass was done
+                end = min(when, float(event["trained_at"]) - origin)
+            units.append(_bar(event, "failed" if failed else None, begin, end, seconds))
         elif kind in WORKER_EVENTS:
             label = WORKER_EVENTS[kind]
             detail = f"worker {event['worker']} {label}"

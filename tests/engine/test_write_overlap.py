@@ -12,6 +12,7 @@ no Spark.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from cerebro_spark.engine import (
     run_experiment,
 )
 from cerebro_spark.errors import WorkerLostError
+from cerebro_spark.report import load_report_data
 from cerebro_spark.store import open_store
 from cerebro_spark.units import UnitKind, UnitResult, UnitTask
 from tests.backends import fake_transport
@@ -111,6 +113,16 @@ def test_the_next_unit_trains_while_a_checkpoint_is_written_and_results_are_the_
     assert not any(e["event"] == "unit_failed" for e in events)
     # The same trained checkpoints (the visit orders are seeded; the writes only moved).
     assert digests == reference and all(digests.values())
+    # unit_end says when the worker was freed; the report's bars end there, so a worker's
+    # bars never overlap though its units did (the write after the pass).
+    trained = [e for e in events if e["event"] == "unit_end" and "trained_at" in e]
+    assert trained and all(e["trained_at"] <= e["time"] for e in trained)
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for bar in load_report_data(str(tmp_path), "slow-disk").units:
+        spans.setdefault(bar.worker, []).append((bar.start, bar.end))
+    for worker_spans in spans.values():
+        worker_spans.sort()
+        assert all(a[1] <= b[0] + 1e-6 for a, b in itertools.pairwise(worker_spans))
 
 
 class FreeingBackend(ScriptedBackend):
