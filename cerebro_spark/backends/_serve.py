@@ -351,10 +351,7 @@ class _Writer:
     def _reply(self, command_id: Any, ok: bool, value: Any) -> dict[str, Any]:
         reply: dict[str, Any] = {"op": "reply", "id": command_id, "ok": ok}
         reply["value" if ok else "error"] = value
-        reply["state"] = {
-            "partitions": sorted(self._worker.partitions),
-            "bytes_read": self._worker.bytes_read,
-        }
+        reply["state"] = _state(self._worker)
         return reply
 
 
@@ -413,5 +410,10 @@ def _execute(worker: _Served, message: Mapping[str, Any], channel: Channel) -> d
             raise ValueError(f"unknown control command {op!r}")
     except Exception as exc:
         reply = {"op": "reply", "id": command_id, "ok": False, "error": error_to_json(exc)}
-    reply["state"] = {"partitions": sorted(worker.partitions), "bytes_read": worker.bytes_read}
+    reply["state"] = _state(worker)
     return reply
+
+
+def _state(worker: _Served) -> dict[str, Any]:
+    """A reply's ``state``: the partitions the worker holds and the bytes it read."""
+    return {"partitions": sorted(worker.partitions), "bytes_read": worker.bytes_read}

@@ -22,23 +22,16 @@ from typing import Any
 
 import pytest
 
-from cerebro_spark.backends import UnitFuture, WorkerPool
-from cerebro_spark.engine import (
-    ExperimentConfig,
-    load_state,
-    parse_config,
-    read_events,
-    run_experiment,
-)
+from cerebro_spark.backends import UnitFuture
+from cerebro_spark.engine import load_state, parse_config, read_events, run_experiment
 from cerebro_spark.errors import WorkerLostError
 from cerebro_spark.report import load_report_data
 from cerebro_spark.store import open_store
 from cerebro_spark.units import UnitKind, UnitResult, UnitTask
 from tests.backends import fake_transport
-from tests.backends.fake_transport import ThreadTransport
+from tests.engine.test_early_start import EPOCHS, PARTITIONS, TRIALS, config, pool
 from tests.engine.test_group_failures import ScriptedBackend
 
-TRIALS, EPOCHS, PARTITIONS = 3, 2, 4
 TRIALS_LOST = 8  # enough that some trial always has a unit for the lost worker
 
 
@@ -46,26 +39,6 @@ TRIALS_LOST = 8  # enough that some trial always has a unit for the lost worker
 def script() -> Iterator[fake_transport.Script]:
     yield fake_transport.reset()
     fake_transport.reset()
-
-
-def config(store: Path) -> ExperimentConfig:
-    return parse_config(
-        {
-            "name": "overlap",
-            "seed": 5,
-            "store": str(store),
-            "data": {"source": "sklearn:digits", "partitions": PARTITIONS},
-            "procedure": "grid",
-            "epochs": EPOCHS,
-            "workers": 2,
-            "model": "tests.engine.free_spec:FreeSpec",
-            "space": {"hidden": {"grid": [1, 2, 3]}},
-        }
-    )
-
-
-def pool(cfg: ExperimentConfig) -> WorkerPool:
-    return WorkerPool(ThreadTransport(), cfg.workers, heartbeat_s=0.5, heartbeat_timeout_s=10.0)
 
 
 def run(store: Path, experiment: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
