@@ -6,7 +6,12 @@ a scale no one can afford to measure, each measured on a real run's ``events.jso
 * **compute**: a unit's training (or validation) time without its checkpoint I/O, mean of
   ``seconds - io_seconds`` over the train (validation) units;
 * **hop**: moving the trial to the unit's worker and back, the checkpoint read and write
-  around a train unit (mean ``io_seconds``; a validation unit's read is ``validate_hop``);
+  around a train unit, as far as they keep the worker from its next unit (mean
+  ``io_seconds``; a validation unit's read is ``validate_hop``). A train unit whose
+  worker was freed before its checkpoint was durable (``trained_at``, issue 13 part 3)
+  wrote it while the worker ran its next unit: its write, taken as the time from
+  ``trained_at`` to its ``unit_end`` (at most its ``io_seconds``), is left out of its hop
+  and of its worker's time, and its worker's span ends at ``trained_at``;
 * **dispatch**: what a worker spends per unit outside the unit's own ``seconds`` -- the
   task and result crossing the control protocol, the driver handling the result (event
   log, state fold, scheduler) and handing out the next unit: the mean over units of
@@ -191,7 +196,9 @@ def measure_overheads(
         start = starts.pop(key, None)
         if start is not None:
             worker = (number, str(event["worker"]))
-            by_worker.setdefault(worker, []).append((start, when, float(event["seconds"])))
+            freed = float(event.get("trained_at", when))
+            span = (start, freed, float(event["seconds"]) - _overlapped(event))
+            by_worker.setdefault(worker, []).append(span)
     train = [e for e in ends if e["kind"] == "train"]
     validate = [e for e in ends if e["kind"] == "validate"]
     if not train or not validate:
@@ -237,7 +244,7 @@ def measure_overheads(
         validate_seconds=_mean(
             float(e["seconds"]) - float(e.get("io_seconds", 0.0)) for e in validate
         ),
-        hop_seconds=_mean(float(e.get("io_seconds", 0.0)) for e in train),
+        hop_seconds=_mean(float(e.get("io_seconds", 0.0)) - _overlapped(e) for e in train),
         validate_hop_seconds=_mean(float(e.get("io_seconds", 0.0)) for e in validate),
         dispatch_seconds=dispatch,
         startup_seconds=max(0.0, statistics.median(ready.values()) - backend_start),
@@ -260,6 +267,14 @@ def round_makespans(events: Sequence[Mapping[str, Any]]) -> dict[int, float]:
         elif kind == "round_end" and int(event["round"]) in opened:
             spans[int(event["round"])] = float(event["time"]) - opened[int(event["round"])]
     return spans
+
+
+def _overlapped(end: Mapping[str, Any]) -> float:
+    """Seconds of a unit's checkpoint write done after its worker was freed (else 0)."""
+    if "trained_at" not in end:
+        return 0.0
+    after = float(end["time"]) - float(end["trained_at"])
+    return min(max(0.0, after), float(end.get("io_seconds", 0.0)))
 
 
 def _mean(values: Any) -> float:

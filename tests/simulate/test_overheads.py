@@ -43,6 +43,31 @@ def log() -> list[dict[str, Any]]:
     ]
 
 
+def test_a_write_done_after_the_worker_was_freed_is_not_the_workers_time() -> None:
+    # w0's train unit: freed at 10.65 (trained_at), its checkpoint durable at 10.75, and w0
+    # starting its next unit at 10.70 meanwhile (the write overlaps it: issue 13 part 3).
+    events = log()
+    end = {"rows": 1, "metric_sums": {}}
+    events[7] = unit(
+        "unit_end",
+        10.75,
+        "w0",
+        "t0",
+        "train",
+        seconds=0.5,
+        io_seconds=0.1,
+        trained_at=10.65,
+        **end,
+    )
+    events[9] = unit("unit_start", 10.70, "w0", "t1", "validate")
+    found = measure_overheads(events)
+    assert found.hop_seconds == pytest.approx((0.0 + 0.3) / 2)  # w0's 0.1 s written after
+    assert found.train_seconds == pytest.approx((0.4 + 0.6) / 2)  # compute unchanged
+    # outside: w0's train 0.55 span - 0.4 on the worker, then 0.1, 0.1, 0.1; between: 0.05
+    # (10.65 -> 10.70, not a negative gap from its unit_end) and 0.1
+    assert found.dispatch_seconds == pytest.approx((0.15 + 0.1 + 0.1 + 0.1) / 4 + 0.075)
+
+
 def test_each_overhead_is_measured_as_documented() -> None:
     found = measure_overheads(log())
     assert found.train_seconds == pytest.approx((0.4 + 0.6) / 2)  # seconds - io_seconds
