@@ -109,7 +109,9 @@ class Metric(abc.ABC):
     name: str
     mode: Mode
     on_train: bool = True
-    """Whether training passes compute it too (their running value is logged)."""
+    """Whether training passes compute it too (their running value is logged in the train
+    unit's ``metric_sums``). Built-ins other than accuracy and the regression metrics are
+    validation only unless made with ``on_train=True``."""
 
     @abc.abstractmethod
     def init(self, device: torch.device) -> Accumulator:

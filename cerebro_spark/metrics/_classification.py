@@ -21,6 +21,12 @@ predictions (up to float rounding):
 * ``log_loss``: ``log_loss(y, softmax)``, the mean of ``-log p(label)`` (as
   ``logsumexp(scores) - score of the label`` in float64, so no clipping is needed).
 
+On training passes only ``accuracy`` is computed by default (besides the loss, always):
+the others are validation metrics (``on_train=False``), since nothing reads their running
+values on training data and, with 10 classes, they cost a training pass of a small model
+about 3 % of its time (``benchmarks/unit_overhead.py``). Pass ``on_train=True`` to one to
+log its running value on training passes too (in ``unit_end``'s ``metric_sums``).
+
 Metrics of one batch share what they have in common (:class:`~cerebro_spark.metrics.Batch`):
 the argmax, the label's score and rank, and the per-class counts are computed once.
 """
@@ -164,11 +170,12 @@ class TopKAccuracy(Metric):
 
     mode: Mode = "max"
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, *, on_train: bool = False) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"top-k accuracy needs an int k >= 1, got {k!r}")
         self.k = k
         self.name = f"top{k}_accuracy"
+        self.on_train = on_train
 
     def init(self, device: torch.device) -> Accumulator:
         """Return zero counts."""
@@ -197,7 +204,13 @@ class _ClassCountMetric(Metric):
     mode: Mode = "max"
     kind: _Kind
 
-    def __init__(self, num_classes: int, average: Literal["macro"] | int = "macro") -> None:
+    def __init__(
+        self,
+        num_classes: int,
+        average: Literal["macro"] | int = "macro",
+        *,
+        on_train: bool = False,
+    ) -> None:
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
             raise ValueError(f"num_classes must be an int >= 2, got {num_classes!r}")
         is_index = isinstance(average, int) and not isinstance(average, bool)
@@ -209,6 +222,7 @@ class _ClassCountMetric(Metric):
         self.average = average
         suffix = "macro" if average == "macro" else f"class_{average}"
         self.name = f"{self.kind}_{suffix}"
+        self.on_train = on_train
 
     def accumulator_key(self) -> tuple[str, int]:
         """Precision, recall and F1 of any class or average share the per-class counts."""
@@ -359,6 +373,9 @@ class LogLoss(Metric):
 
     name = "log_loss"
     mode: Mode = "min"
+
+    def __init__(self, *, on_train: bool = False) -> None:
+        self.on_train = on_train
 
     def init(self, device: torch.device) -> Accumulator:
         """Return a zero sum and count."""

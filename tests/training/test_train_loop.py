@@ -20,9 +20,20 @@ PARAMS = {"hidden_units": [16], "lr": 0.01, "batch_size": 3, "dropout": 0.25, "s
 INFO4 = DatasetInfo(feature_shape=(4,), task="classification", num_classes=4)
 
 
-def two_units(store, **params):
+class EveryMetricOnTrain(MLPSpec):
+    """The default metrics, each (but ROC AUC's buffers) computed on training passes too."""
+
+    def build_metrics(self, info):
+        metrics = list(super().build_metrics(info))
+        for metric in metrics:
+            if metric.name != "roc_auc":
+                metric.on_train = True
+        return metrics
+
+
+def two_units(store, spec="cerebro_spark.training:MLPSpec", **params):
     first = run_unit(
-        train_task("pin", params={**PARAMS, **params}, seed=5),
+        train_task("pin", spec=spec, params={**PARAMS, **params}, seed=5),
         blobs(0, rows=400),
         store,
         BLOBS_INFO,
@@ -30,6 +41,7 @@ def two_units(store, **params):
     second = run_unit(
         train_task(
             "pin",
+            spec=spec,
             params={**PARAMS, **params},
             seed=5,
             epoch=1,
@@ -45,7 +57,7 @@ def two_units(store, **params):
 def test_weights_and_counts_are_those_of_the_per_batch_loop(store):
     # Pinned with the loop that synced and updated every metric per batch (134 batches
     # a unit, dropout on: the torch stream and the batch order are exercised).
-    first, second = two_units(store)
+    first, second = two_units(store, spec="test_train_loop:EveryMetricOnTrain")
     assert weights_digest(store.get(second.task.checkpoint_out)) == (
         "2537a17f7ee4f341a9656aa733d31b4a4cb20c326bb211ceb13b1c605bf45b46"
     )
@@ -58,10 +70,24 @@ def test_weights_and_counts_are_those_of_the_per_batch_loop(store):
     }
 
 
+def test_training_passes_compute_the_loss_and_accuracy_unless_a_metric_asks(store):
+    default, _ = two_units(store)
+    assert set(default.metric_states) == set(default.metric_sums) == {"loss", "accuracy"}
+    every, _ = two_units(store.child("every"), spec="test_train_loop:EveryMetricOnTrain")
+    # metrics never touch the weights (the checkpoints differ: each names its spec)
+    assert weights_digest(store.get(default.task.checkpoint_out)) == weights_digest(
+        store.child("every").get(every.task.checkpoint_out)
+    )
+    assert {"precision_macro", "f1_class_1", "log_loss"} <= set(every.metric_states)
+    assert "roc_auc" not in every.metric_states
+    assert every.metric_states["accuracy"] == default.metric_states["accuracy"]
+
+
 def test_grouping_does_not_change_metric_states(store, monkeypatch):
-    grouped, _ = two_units(store)
+    spec = "test_train_loop:EveryMetricOnTrain"
+    grouped, _ = two_units(store, spec=spec)
     monkeypatch.setattr(pass_metrics, "GROUP_BATCHES", 1)  # the old cadence: every batch
-    single, _ = two_units(store.child("single"))
+    single, _ = two_units(store.child("single"), spec=spec)
     assert grouped.checkpoint_sha256 == single.checkpoint_sha256
     assert grouped.metric_states.keys() == single.metric_states.keys()
     for name, state in grouped.metric_states.items():
@@ -70,7 +96,7 @@ def test_grouping_does_not_change_metric_states(store, monkeypatch):
 
 
 def test_count_metrics_share_one_accumulator() -> None:
-    metrics = pass_metrics.PassMetrics(MLPSpec(), INFO4, torch.device("cpu"), training=True)
+    metrics = pass_metrics.PassMetrics(MLPSpec(), INFO4, torch.device("cpu"), training=False)
     names = [n for n in metrics.metrics if n.startswith(("precision", "recall", "f1"))]
     assert len(names) == 3 + 3 * 4
     assert len({id(metrics.accumulators[n]) for n in names}) == 1
@@ -98,7 +124,7 @@ class ReplacesPrecision(MLPSpec):
 
 def test_replacing_the_first_shared_metric_keeps_the_others_updated() -> None:
     metrics = pass_metrics.PassMetrics(
-        ReplacesPrecision(), INFO4, torch.device("cpu"), training=True
+        ReplacesPrecision(), INFO4, torch.device("cpu"), training=False
     )
     outputs = torch.eye(4)[[0, 1, 2, 3]]
     metrics.add(outputs, torch.tensor([0, 1, 2, 3]), torch.tensor(1.0))
