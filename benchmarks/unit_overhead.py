@@ -8,8 +8,8 @@ variant once, in rotating order), for units sized so that the bare loop takes ab
   ``x, y = features[index], labels[index]``, ``zero_grad``, forward, cross-entropy,
   ``backward``, ``step``; nothing else (no metric, no check);
 * **pass**: our train loop (``_train_pass``: seeded batch order and torch stream, the
-  finite-loss check, the loss and the family's default metrics accumulated on the device,
-  deterministic algorithms on) on a model kept alive between runs, plus ``_report``;
+  finite-loss check, the loss and the default metrics a training pass computes, on the
+  device, deterministic algorithms on) on a model kept alive between runs, plus ``_report``;
 * **worker**: the unit as a worker runs it since its checkpoint write overlaps the next
   unit (issue 13, part 3): ``train_unit`` (the pass and the encoded checkpoint), the
   write in a thread while the next unit (another trial's) trains; timed: what keeps the
@@ -67,6 +67,15 @@ queuing seeds for accelerators). What is left: ``torch.save`` (0.9-1.4 ms), the 
 atomic, fsync'd put (0.6 ms CPU; 6-8 ms of wall time on this disk), building the model
 and optimizer (0.8 ms, most of it the initial weights' random draws), the report (0.6
 ms) and the metrics' arithmetic.
+
+**Then, on a quiet machine**, the pass itself was the gap (+6 to +10 % at 0.1-2 s): a
+tensor operation costs 2-3 us here, and a batch added six that nothing needed (detaches,
+reshapes, the finite check's own copy of the loss), and the 36 default metrics of a
+10-class problem ran on every training pass though nothing reads them there. Now one
+detached loss serves the check and the metrics, one guard wraps a batch's user code,
+and training passes compute the loss and accuracy (other classification metrics are
+validation only unless made with ``on_train=True``): the pass is +3 to +5 %, a unit and
+a worker +4 to +7 % (``benchmarks/results/unit_overhead.txt``).
 """
 
 from __future__ import annotations
