@@ -146,9 +146,12 @@ class PassMetrics:
             loss = loss.detach()
         self._losses.append(loss if loss.dim() == 0 else loss.reshape(()))
         self._batch_rows.append(rows)
+        if self._keep_outputs or self.batch_metrics:
+            outputs = outputs.detach() if outputs.requires_grad else outputs
+            labels = labels.detach() if labels.requires_grad else labels
         if self._keep_outputs:
-            self._outputs.append(outputs.detach() if outputs.requires_grad else outputs)
-            self._labels.append(labels.detach() if labels.requires_grad else labels)
+            self._outputs.append(outputs)
+            self._labels.append(labels)
             self._elements += outputs.numel()
         if self.batch_metrics:
             with torch.no_grad():

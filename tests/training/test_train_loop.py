@@ -170,3 +170,16 @@ def test_a_loss_of_several_values_is_a_trial_error(store):
 class VectorLoss(MLPSpec):
     def loss(self, outputs, labels, info):
         return torch.nn.functional.cross_entropy(outputs, labels, reduction="none")
+
+
+class GradientBatchMetric(MLPSpec):
+    """A deprecated per-batch ``metrics`` reporting whether its outputs need a gradient."""
+
+    def metrics(self, outputs, labels, info):
+        return {"needs_grad": float(outputs.requires_grad or labels.requires_grad)}
+
+
+def test_a_per_batch_metric_gets_outputs_without_a_gradient(store):
+    task = train_task("detached", spec="test_train_loop:GradientBatchMetric", params=PARAMS)
+    result = run_unit(task, blobs(0, rows=30), store, BLOBS_INFO)
+    assert result.metric_sums["needs_grad"] == 0.0
