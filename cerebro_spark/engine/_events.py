@@ -241,10 +241,9 @@ class EventLog:
     are committed in groups: an appended event is buffered and written with the others
     at the next :meth:`flush`, which an append makes itself once the oldest buffered
     event waited ``flush_seconds`` (or the buffer holds ``segment_bytes``). The driver
-    flushes whenever it has waited a moment (50 ms) for workers, at stage boundaries and
-    at its end, so a log
-    lags the run by at most ``flush_seconds`` of busy work; a crash loses at most that
-    tail, which resume treats as never done (as it treats a crash just before it).
+    flushes whenever it has waited a moment for workers, at stage boundaries and at its
+    end, so a log lags the run by at most ``flush_seconds`` of busy work; a crash loses at
+    most that tail, which resume treats as never done (as it treats a crash just before it).
     Whatever must wait until the events before it are durable (deleting a checkpoint
     they superseded) goes through :meth:`after_flush`.
 

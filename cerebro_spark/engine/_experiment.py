@@ -805,9 +805,9 @@ class Experiment:
                 time.sleep(_WAIT_SECONDS)
                 self._sync_membership(backend, scheduler)
                 continue
-            ready = _drain(finished, 0.0)
-            if not ready:  # a unit due any moment is handled before the log is flushed
-                ready = _drain(finished, _SETTLE_SECONDS)
+            # returns at once if a report is queued; one due any moment is handled before
+            # the log is flushed
+            ready = _drain(finished, _SETTLE_SECONDS)
             if not ready:
                 self.log.flush()  # idle until a worker reports: make the log current
                 ready = _drain(finished, _WAIT_SECONDS)
@@ -1416,12 +1416,10 @@ def _drain(
 
     If none finished by then, it is empty.
     """
-    ready: list[_Running | _Freed] = []
-    if wait_s > 0:
-        try:
-            ready.append(finished.get(timeout=wait_s))
-        except queue.Empty:
-            return ready
+    try:
+        ready = [finished.get(timeout=wait_s)]  # at once if one is queued
+    except queue.Empty:
+        return []
     while True:
         try:
             ready.append(finished.get_nowait())
