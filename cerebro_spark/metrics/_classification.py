@@ -15,9 +15,11 @@ predictions (up to float rounding):
   ``precision_class_<i>`` (and recall, F1): class ``i`` alone.
 * ``roc_auc``: binary, ``roc_auc_score(y, p1)`` on the probability of class 1; with
   more classes, one-vs-rest macro (``multi_class="ovr", average="macro"``) on the
-  softmax probabilities. ``nan`` when a class has no positive or no negative row.
-  Exact: its state buffers every row's scores, compactly (base64 of their bytes); it is
-  not computed on training passes.
+  softmax probabilities. ``nan`` when a class has no positive or no negative row. By
+  default *binned*: scikit-learn's AUC of the scores counted on a fine log-odds grid
+  (within about ``1e-5`` of the exact value), so that its state is a fixed number of
+  counts, not every row's scores; ``RocAuc(n, bins=None)`` is exact. It is not computed
+  on training passes.
 * ``log_loss``: ``log_loss(y, softmax)``, the mean of ``-log p(label)`` (as
   ``logsumexp(scores) - score of the label`` in float64, so no clipping is needed).
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import base64
 import math
+import zlib
 from typing import Literal
 
 import numpy as np
@@ -284,38 +287,87 @@ class F1(_ClassCountMetric):
     kind: _Kind = "f1"
 
 
+AUC_BINS = 1024
+"""Bins of a binned :class:`RocAuc`'s score grid (default)."""
+AUC_LIMIT = 16.0
+"""A binned :class:`RocAuc`'s grid spans log-odds ``[-AUC_LIMIT, AUC_LIMIT]``; scores beyond
+it fall into the end bins (probabilities within about ``1e-7`` of 0 or 1)."""
+
+
 class RocAuc(Metric):
     """ROC AUC: binary on class 1's probability; one-vs-rest macro for more classes.
 
-    Its state buffers every row's probabilities and label (nothing smaller is exact), so
-    it is computed on validation passes only. The buffers are compact: each unit's
-    scores and labels are one chunk of little-endian bytes in base64 (the scores in
-    the outputs' float dtype, bit for bit), and merging concatenates the lists of
-    chunks.
+    **Binned** (the default, ``bins=AUC_BINS``): each class's scores are counted on a
+    fixed grid of ``bins`` equal steps in log-odds (``log p - log(1 - p)``, from the
+    log-softmax in float64) over ``[-AUC_LIMIT, AUC_LIMIT]``, positives and all rows
+    apart; the AUC is that of the binned scores, rows of one bin counted as ties (half),
+    as scikit-learn counts tied scores. Its state is ``2 x bins`` counts per class, the
+    same size for 100 rows as for 100 million, and merging adds counts (exact, in any
+    order). It differs from the exact AUC only through positive and negative rows that
+    share a bin, by at most half their share of all positive-negative pairs: about
+    ``1e-5`` on 40,000 rows of 10 classes here (the grid's step is 1/32 in log-odds).
+
+    **Exact** (``bins=None``): the state buffers every row's probabilities and label
+    (one chunk of little-endian bytes in base64 per unit, the scores in the outputs'
+    float dtype, bit for bit; merging concatenates the chunks), so the AUC equals
+    scikit-learn's. The state, and so each validation ``unit_end`` event, grows with
+    the rows: 10,000 rows of 10 classes are 0.6 MB of event log per unit.
+
+    Either way it is computed on validation passes only. A binned metric merges an
+    exact state (older logs) by binning its probabilities; :meth:`value` reads either.
+
+    Args:
+        num_classes: Number of classes (at least 2).
+        bins: Bins of the score grid (at least 2), or ``None`` for the exact AUC.
+
+    Raises:
+        ValueError: ``num_classes`` or ``bins`` breaks the rules above.
     """
 
     name = "roc_auc"
     mode: Mode = "max"
     on_train = False
 
-    def __init__(self, num_classes: int) -> None:
+    def __init__(self, num_classes: int, *, bins: int | None = AUC_BINS) -> None:
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
             raise ValueError(f"num_classes must be an int >= 2, got {num_classes!r}")
+        if bins is not None and (isinstance(bins, bool) or not isinstance(bins, int) or bins < 2):
+            raise ValueError(f"bins must be an int >= 2 or None (exact), got {bins!r}")
         self.num_classes = num_classes
+        self.bins = bins
+
+    @property
+    def _columns(self) -> int:
+        """Classes with a curve of their own: class 1 alone when binary."""
+        return 1 if self.num_classes == 2 else self.num_classes
 
     def init(self, device: torch.device) -> Accumulator:
-        """Return empty buffers (lists of batch tensors, joined at the end)."""
-        return {"scores": [], "labels": []}
+        """Return zero counts (binned), or empty buffers (exact)."""
+        if self.bins is None:
+            return {"scores": [], "labels": []}
+        return {
+            "counts": torch.zeros(2 * self._columns * self.bins, dtype=torch.int64, device=device)
+        }
 
     def update(self, acc: Accumulator, outputs: torch.Tensor, labels: torch.Tensor) -> None:
-        """Keep the batch's probabilities (class 1's alone when binary) and labels."""
-        probabilities = torch.softmax(class_scores(outputs), dim=1)
-        scores = probabilities[:, 1] if self.num_classes == 2 else probabilities
-        acc["scores"].append(scores.detach())
-        acc["labels"].append(labels.detach().reshape(-1))
+        """Count the batch's binned scores (binned), or keep its probabilities (exact)."""
+        scores = class_scores(outputs)
+        labels = labels.detach().reshape(-1)
+        if self.bins is None:
+            probabilities = torch.softmax(scores, dim=1)
+            kept = probabilities[:, 1] if self.num_classes == 2 else probabilities
+            acc["scores"].append(kept.detach())
+            acc["labels"].append(labels)
+            return
+        log_p = torch.log_softmax(scores.detach().to(torch.float64), dim=1)
+        logit = log_p - torch.log(-torch.expm1(log_p))  # log(1 - p) exact near p = 1
+        acc["counts"] += _bin_counts(logit, labels.long(), self.num_classes, self.bins)
 
     def state(self, acc: Accumulator) -> State:
-        """Return one chunk of each buffer (none when the unit had no rows)."""
+        """Return the grid and its counts (binned), or one chunk of each buffer (exact)."""
+        if self.bins is not None:
+            counts = acc["counts"].cpu().numpy()
+            return {"bins": self.bins, "limit": AUC_LIMIT, "counts": _encode_counts(counts)}
         if not acc["labels"]:
             return {"scores": [], "labels": []}
         scores_tensor = torch.cat(acc["scores"]).cpu()
@@ -326,21 +378,118 @@ class RocAuc(Metric):
         return {"scores": [_encode(scores)], "labels": [_encode(labels)]}
 
     def merge(self, a: State, b: State) -> State:
-        """Concatenate the lists of chunks."""
-        return {key: list(a[key]) + list(b[key]) for key in ("scores", "labels")}
+        """Add the counts (an exact state is binned first), or concatenate two exact states.
 
-    def value(self, state: State) -> float:
-        """Return the AUC (``nan`` when a class has no positive or no negative row)."""
+        Raises:
+            ValueError: Two binned states on different grids.
+        """
+        if "counts" not in a and "counts" not in b:
+            return {key: list(a[key]) + list(b[key]) for key in ("scores", "labels")}
+        grid = a if "counts" in a else b
+        counts = self._counts(a, grid) + self._counts(b, grid)
+        return {"bins": grid["bins"], "limit": grid["limit"], "counts": _encode_counts(counts)}
+
+    def _counts(self, state: State, grid: State) -> np.ndarray:
+        """``state``'s counts on ``grid``'s bins (an exact state's probabilities binned)."""
+        bins, limit = int(grid["bins"]), float(grid["limit"])
+        if "counts" in state:
+            if (int(state["bins"]), float(state["limit"])) != (bins, limit):
+                raise ValueError(
+                    f"cannot merge roc_auc states on different grids: bins={state['bins']}, "
+                    f"limit={state['limit']} and bins={bins}, limit={limit}"
+                )
+            return _decode_counts(state["counts"])
         if not state["labels"]:
-            return math.nan
+            return np.zeros(2 * self._columns * bins, dtype=np.int64)
+        labels, probabilities = self._exact_rows(state)
+        if self.num_classes == 2:  # the class-1 column alone: class 0's is its complement
+            probabilities = np.stack([1.0 - probabilities, probabilities], axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logit = np.log(probabilities) - np.log1p(-probabilities)
+        counts = _bin_counts(
+            torch.from_numpy(logit), torch.from_numpy(labels), self.num_classes, bins, limit
+        )
+        return counts.numpy()
+
+    def _exact_rows(self, state: State) -> tuple[np.ndarray, np.ndarray]:
+        """An exact state's labels and float64 probabilities (``(N,)`` binary, else ``(N, C)``)."""
         labels = np.concatenate([_decode(chunk) for chunk in state["labels"]]).astype(np.int64)
         scores = np.concatenate([_decode(chunk) for chunk in state["scores"]])
         scores = scores.astype(np.float64)
         if self.num_classes == 2:
+            return labels, scores
+        return labels, scores.reshape(labels.size, self.num_classes)
+
+    def value(self, state: State) -> float:
+        """Return the AUC (``nan`` when a class has no positive or no negative row)."""
+        if "counts" in state:
+            counts = _decode_counts(state["counts"]).reshape(2, -1, int(state["bins"]))
+            return _binned_auc(counts[0], counts[1])
+        if not state["labels"]:
+            return math.nan
+        labels, scores = self._exact_rows(state)
+        if self.num_classes == 2:
             return binary_auc(scores, labels == 1)
-        scores = scores.reshape(labels.size, self.num_classes)
         aucs = [binary_auc(scores[:, c], labels == c) for c in range(self.num_classes)]
         return float(np.mean(aucs))
+
+
+def _bin_counts(
+    logit: torch.Tensor,
+    labels: torch.Tensor,
+    num_classes: int,
+    bins: int,
+    limit: float = AUC_LIMIT,
+) -> torch.Tensor:
+    """Counts of ``(N, C)`` log-odds on the grid: positives, then all rows, per class.
+
+    Binary: class 1's column alone. A ``nan`` score counts in the lowest bin. One
+    ``bincount`` a call (on a GPU it reads its input's maximum back: once per group of
+    batches, not per batch).
+    """
+    position = torch.nan_to_num((logit + limit) * (bins / (2 * limit)), nan=0.0)
+    index = position.floor().clamp(0, bins - 1).long()
+    if num_classes == 2:
+        index, positive = index[:, 1:], labels == 1
+        own = index[positive].reshape(-1)
+    else:
+        index = index + torch.arange(num_classes, device=index.device) * bins
+        own = index.gather(1, labels.reshape(-1, 1)).reshape(-1)
+    size = index.shape[1] * bins
+    positives = torch.bincount(own, minlength=size)
+    every = torch.bincount(index.reshape(-1), minlength=size)
+    return torch.cat([positives, every])
+
+
+def _binned_auc(positives: np.ndarray, every: np.ndarray) -> float:
+    """Mean over classes of the AUC of binned scores, each bin's rows tied (half).
+
+    ``positives`` and ``every`` are ``(classes, bins)`` counts; ``nan`` when a class has
+    no positive or no negative row.
+    """
+    positives = positives.astype(np.float64)
+    negatives = every.astype(np.float64) - positives
+    below = np.cumsum(negatives, axis=1) - negatives  # negatives in lower bins
+    pairs = positives.sum(axis=1) * negatives.sum(axis=1)
+    if np.any(pairs == 0):
+        return math.nan
+    ahead = (positives * (below + negatives / 2)).sum(axis=1)
+    return float(np.mean(ahead / pairs))
+
+
+def _encode_counts(counts: np.ndarray) -> str:
+    """``"<i8:zlib:<base64>"`` of flat int64 counts (mostly zeros: they compress well)."""
+    data = np.ascontiguousarray(counts.reshape(-1), dtype="<i8").tobytes()
+    return "<i8:zlib:" + base64.b64encode(zlib.compress(data, 1)).decode("ascii")
+
+
+def _decode_counts(text: str) -> np.ndarray:
+    dtype, codec, data = text.split(":", 2)
+    if codec != "zlib":
+        raise ValueError(f"unknown roc_auc counts encoding {codec!r} (expected 'zlib')")
+    return np.frombuffer(zlib.decompress(base64.b64decode(data)), dtype=np.dtype(dtype)).astype(
+        np.int64
+    )
 
 
 def _encode(array: np.ndarray) -> str:

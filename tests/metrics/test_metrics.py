@@ -35,6 +35,7 @@ from cerebro_spark.metrics import (
     metric_modes,
 )
 from cerebro_spark.metrics._classification import _class_counts, _one_hot_counts
+from tests.metrics.auc_reference import auc_bins, sklearn_auc
 
 pytestmark = pytest.mark.torch
 
@@ -104,12 +105,10 @@ def reference(name: str, logits: np.ndarray, labels: np.ndarray, classes: int) -
     if kind in scorer:
         c = int(which.removeprefix("class_"))
         return scorer[kind](labels, predicted, labels=[c], average=None, zero_division=0)[0]
-    if name == "roc_auc":
-        if len(np.unique(labels)) < classes:
-            return math.nan
-        if classes == 2:
-            return skm.roc_auc_score(labels, proba[:, 1])
-        return skm.roc_auc_score(labels, proba, multi_class="ovr", average="macro")
+    if name == "roc_auc":  # the default, binned: sklearn's AUC of the bin of each score
+        return sklearn_auc(labels, auc_bins(logits), classes)
+    if name == "roc_auc_exact":
+        return sklearn_auc(labels, proba, classes)
     if name == "log_loss":
         exact = torch.softmax(torch.from_numpy(logits).double(), dim=1).numpy()
         return skm.log_loss(labels, exact, labels=range(classes))
@@ -126,7 +125,9 @@ def reference(name: str, logits: np.ndarray, labels: np.ndarray, classes: int) -
 def test_classification_metrics_equal_sklearn(seed, n, classes, units):
     logits, labels = classification_data(seed, n, classes)
     rng = np.random.default_rng(seed + 1)
-    for metric in default_metrics("classification", classes):
+    exact_auc = RocAuc(classes, bins=None)
+    exact_auc.name = "roc_auc_exact"
+    for metric in [*default_metrics("classification", classes), exact_auc]:
         states = unit_states(metric, logits, labels, rng, units)
         got = merged_value(metric, states, rng)
         want = reference(metric.name, logits.numpy(), labels.numpy(), classes)
@@ -309,10 +310,77 @@ def test_merge_states_of_many_units_in_order():
 def test_auc_of_half_precision_outputs_and_the_compact_state():
     labels = torch.tensor([0, 1, 1, 0, 1])
     logits = torch.tensor([[0.1, 0.3], [0.2, 0.9], [0.5, 0.4], [0.0, -1.0], [1.0, 1.5]])
-    metric = RocAuc(2)
+    metric = RocAuc(2, bins=None)
     acc = metric.init(CPU)
     metric.update(acc, logits.to(torch.bfloat16), labels)
     state = json.loads(json.dumps(metric.state(acc)))
     assert all(isinstance(chunk, str) for chunk in state["scores"] + state["labels"])
     proba = torch.softmax(logits.to(torch.bfloat16), dim=1)[:, 1].float().numpy()
     assert metric.value(state) == pytest.approx(skm.roc_auc_score(labels.numpy(), proba))
+
+
+def auc_states(metric: RocAuc, logits: torch.Tensor, labels: torch.Tensor, units: int) -> list:
+    states = []
+    for part in range(units):
+        acc = metric.init(CPU)
+        metric.update(acc, logits[part::units], labels[part::units])
+        states.append(json.loads(json.dumps(metric.state(acc))))
+    return states
+
+
+@pytest.mark.parametrize("classes", [2, 10])
+def test_binned_auc_is_within_1e_4_of_the_exact_auc_on_many_rows(classes):
+    logits, labels = classification_data(1, 40_000, classes)
+    binned, exact = RocAuc(classes), RocAuc(classes, bins=None)
+    got = merge_states(binned, auc_states(binned, logits, labels, 4))
+    want = merge_states(exact, auc_states(exact, logits, labels, 4))
+    assert abs(binned.value(got) - exact.value(want)) < 1e-4
+    proba = torch.softmax(logits, dim=1).numpy()
+    assert exact.value(want) == pytest.approx(sklearn_auc(labels.numpy(), proba, classes))
+
+
+def test_binned_auc_state_does_not_grow_with_the_rows():
+    metric = RocAuc(10)
+    sizes = []
+    for rows in (1_000, 200_000):
+        logits, labels = classification_data(2, rows, 10)
+        (state,) = auc_states(metric, logits, labels, 1)
+        sizes.append(len(json.dumps(state)))
+    assert sizes[1] < 40_000  # the exact state of 200,000 rows: 11 MB
+    exact = RocAuc(10, bins=None)
+    (state,) = auc_states(exact, *classification_data(2, 10_000, 10), 1)
+    assert len(json.dumps(state)) > 500_000
+
+
+def test_binned_auc_counts_extreme_and_nan_scores_in_the_end_bins():
+    logits = torch.tensor([[0.0, 1e4], [0.0, -1e4], [0.0, float("nan")], [0.0, 0.0]])
+    labels = torch.tensor([1, 0, 0, 1])
+    metric = RocAuc(2)
+    acc = metric.init(CPU)
+    metric.update(acc, logits, labels)
+    counts = acc["counts"].reshape(2, 1, 1024)
+    assert counts[1, 0, 1023] == 1 and counts[1, 0, 0] == 2 and counts[1, 0, 512] == 1
+    assert counts[0].sum() == 2
+    assert metric.value(metric.state(acc)) == pytest.approx(1.0)
+
+
+def test_binned_auc_merges_an_exact_state_of_an_older_log():
+    logits, labels = classification_data(3, 2_000, 4)
+    binned, exact = RocAuc(4), RocAuc(4, bins=None)
+    old = auc_states(exact, logits[:1000], labels[:1000], 1)[0]
+    new = auc_states(binned, logits[1000:], labels[1000:], 1)[0]
+    everything = merge_states(binned, auc_states(binned, logits, labels, 2))
+    for merged in (binned.merge(old, new), binned.merge(new, old), exact.merge(old, new)):
+        assert "counts" in merged
+        assert binned.value(merged) == pytest.approx(binned.value(everything), abs=1e-3)
+    assert binned.value(old) == pytest.approx(exact.value(old))  # an exact state stays exact
+
+
+def test_binned_auc_refuses_bad_bins_and_states_on_other_grids():
+    with pytest.raises(ValueError, match=r"bins must be an int >= 2 or None \(exact\), got 1"):
+        RocAuc(2, bins=1)
+    logits, labels = classification_data(4, 50, 2)
+    (coarse,) = auc_states(RocAuc(2, bins=64), logits, labels, 1)
+    (fine,) = auc_states(RocAuc(2), logits, labels, 1)
+    with pytest.raises(ValueError, match="different grids: bins=64"):
+        RocAuc(2).merge(fine, coarse)

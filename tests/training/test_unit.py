@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 import textwrap
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,7 @@ from cerebro_spark.training._unit import (
     _unit_environment,
 )
 from cerebro_spark.units import UnitResult
+from tests.metrics.auc_reference import auc_bins, sklearn_auc
 
 pytestmark = pytest.mark.torch
 
@@ -224,17 +226,17 @@ def test_validation_sums_match_a_hand_computation(store):
     assert result.metric_sums["accuracy"] == pytest.approx(correct, rel=1e-9)
     assert result.metrics()["accuracy"] == pytest.approx(correct / 50)
     assert result.metric_states["accuracy"] == {"correct": correct, "count": 50}
-    # Exact over the unit's rows, batches of 7 notwithstanding.
-    probability = torch.softmax(outputs, dim=1)[:, 1].numpy()
+    # Exact over the unit's rows, batches of 7 notwithstanding (the AUC: of the binned scores).
     predicted = outputs.argmax(1).numpy()
-    assert result.metrics()["roc_auc"] == pytest.approx(skm.roc_auc_score(labels, probability))
+    binned = auc_bins(outputs.numpy())
+    assert result.metrics()["roc_auc"] == pytest.approx(sklearn_auc(labels.numpy(), binned, 2))
     assert result.metrics()["f1_macro"] == pytest.approx(
         skm.f1_score(labels, predicted, average="macro")
     )
-    (chunk,) = result.metric_states["roc_auc"]["scores"]  # the scores, bit for bit
-    assert np.frombuffer(base64.b64decode(chunk.partition(":")[2]), "<f4").tolist() == (
-        probability.tolist()
-    )
+    state = result.metric_states["roc_auc"]  # 2 x 1024 counts (class 1): positives, all rows
+    counts = np.frombuffer(zlib.decompress(base64.b64decode(state["counts"][9:])), "<i8")
+    assert (state["bins"], counts.size) == (1024, 2048)
+    assert counts[:1024].sum() == int(labels.sum()) and counts[1024:].sum() == 50
 
 
 def test_a_spec_adds_its_own_metric_and_keeps_the_built_ins(store):
