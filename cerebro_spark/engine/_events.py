@@ -456,14 +456,18 @@ def _segment_number(key: str, segment: str) -> int:
     return 0 if segment == key else int(segment.rsplit("/", 1)[1].split(".", 1)[0])
 
 
-def read_events(store: Store, key: str = EVENTS_NAME) -> list[dict[str, Any]]:
+def read_events(
+    store: Store, key: str = EVENTS_NAME, *, live: bool = False
+) -> list[dict[str, Any]]:
     """Read an event log, tolerating exactly what a crash can leave.
 
     A crash can leave one torn last line (no newline after it): it is ignored, with a
     warning, unless it is a whole event. Anything else that is not an event (an invalid
     line that a newline ends, a JSON value that is not an event) was not written by a
     crash, and is refused. A log in segments (object stores, see :class:`EventLog`) is
-    read segment by segment; only the last one can end torn.
+    read segment by segment; only the last one can end torn. ``live``: the log's driver
+    may be appending to it as it is read, so a torn last line is an append in flight,
+    ignored without a warning.
 
     Raises:
         EventLogError: A line other than the torn tail is not an event (the message names
@@ -482,7 +486,8 @@ def read_events(store: Store, key: str = EVENTS_NAME) -> list[dict[str, Any]]:
     with paused_collector():  # many dicts, no cycle: the collector would walk them again
         for index, (segment, data) in enumerate(zip(keys, contents, strict=True)):
             url = store.url(segment)
-            for number, record in _parse(data, url, last=index == len(keys) - 1):
+            last = index == len(keys) - 1
+            for number, record in _parse(data, url, last=last, live=live):
                 events.append(record)
                 lines.append(number)
                 segments.append(url)
@@ -561,8 +566,13 @@ def _event_or_none(line: bytes) -> dict[str, Any] | None:
     return None
 
 
-def _parse(data: bytes, where: str, last: bool = True) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line number, event)`` of each event in ``data`` (``last``: it may end torn)."""
+def _parse(
+    data: bytes, where: str, last: bool = True, live: bool = False
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, event)`` of each event in ``data``.
+
+    ``last``: it may end torn; ``live``: its tear is an append in flight (no warning).
+    """
     body, tail = _split_tail(data)
     lines = body.split(b"\n")[:-1]
     for number, line in enumerate(lines, start=1):
@@ -585,14 +595,14 @@ def _parse(data: bytes, where: str, last: bool = True) -> Iterator[tuple[int, di
                 "follows it; a crash cannot leave that (segments are written whole): "
                 "restore the log from a copy"
             )
-        if record is None:
+        if record is None and not live:
             logger.warning(
                 "%s: ignoring a torn last line %d (a driver stopped mid-append; the next "
                 "append cuts it off)",
                 where,
                 len(lines) + 1,
             )
-        else:
+        elif record is not None:
             yield len(lines) + 1, _decoded(record, where, len(lines) + 1)
 
 

@@ -48,7 +48,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -114,6 +114,9 @@ from cerebro_spark.store import ExperimentLease, Store
 from cerebro_spark.training import load_spec
 from cerebro_spark.training._metrics import family_metrics
 from cerebro_spark.units import GroupBrokenError, UnitKind, UnitResult, UnitTask, group_tasks
+
+if TYPE_CHECKING:  # the report imports the engine
+    from cerebro_spark.report import ReportRefresher
 
 logger = logging.getLogger(__name__)
 
@@ -308,6 +311,7 @@ class Experiment:
         self._retries: dict[tuple[Unit, int], int] = {}
         self._group_attempts = 0
         self._group_breaks: dict[str, int] = {}
+        self._reporter: ReportRefresher | None = None  # made at the first round end
 
     # -- events ---------------------------------------------------------------------------
 
@@ -367,6 +371,7 @@ class Experiment:
             with frozen_heap():  # the collector skips the objects from before the run
                 ranked = self._run()
         except BaseException:
+            self._wait_for_report()  # nothing writes the report after the run
             try:
                 self.log.flush()
             except Exception as error:  # the run's own error says more; this is logged
@@ -451,6 +456,7 @@ class Experiment:
             seconds=round(time.monotonic() - started, 3),
         )
         self.log.flush()
+        self._wait_for_report()
         from cerebro_spark.report import refresh_report  # here: the report imports the engine
 
         refresh_report(self.store, self.experiment_id, self.config, final=True)
@@ -1345,9 +1351,16 @@ class Experiment:
         if self.procedure.is_finished() and not self.state.live_trials():
             return  # the run ends now: its final refresh follows, this one would be redone
         self.log.flush()  # the report reads the log
-        from cerebro_spark.report import refresh_report  # here: the report imports the engine
+        if self._reporter is None:
+            from cerebro_spark.report import ReportRefresher  # here: it imports the engine
 
-        refresh_report(self.store, self.experiment_id, self.config, final=False)
+            self._reporter = ReportRefresher(self.store, self.experiment_id, self.config)
+        self._reporter.request()  # in a thread: the workers do not wait for the page
+
+    def _wait_for_report(self) -> None:
+        """Wait for a report refresh still running from a round end."""
+        if self._reporter is not None:
+            self._reporter.wait()
 
     def _write_leaderboard(self) -> None:
         text = leaderboard_csv(self.state.trials.values(), self.metric, self.mode)

@@ -6,12 +6,14 @@ learning curve coloured by the procedure's decisions, a per-worker Gantt chart o
 with worker joins, losses and resizes, the rounds (rungs, brackets), the plan beside what
 each stage took and cost, and the cost summary. Charts are plotly, with plotly.js inlined
 once, so the file opens offline. The engine rewrites ``report.html`` in the experiment's
-directory at round ends and at the end of a run (:func:`refresh_report`).
+directory at round ends, in a thread beside the run (:class:`ReportRefresher`), and at the
+end of a run (:func:`refresh_report`).
 """
 
 from cerebro_spark.report._api import (
     REPORT_NAME,
     Report,
+    ReportRefresher,
     build_report,
     load_report_data,
     refresh_report,
@@ -31,6 +33,7 @@ __all__ = [
     "REPORT_NAME",
     "Report",
     "ReportData",
+    "ReportRefresher",
     "build_report",
     "check_metric",
     "collect",

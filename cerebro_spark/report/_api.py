@@ -102,9 +102,11 @@ def refresh_report(
 ) -> None:
     """Rewrite ``report.html`` in a running experiment's directory; never raises.
 
-    Called by the engine at every round end (skipped while the last refresh is too recent,
-    see :data:`REFRESH_SHARE`) and at the end of a run (``final``). A failure is logged as
-    a warning: the report never fails a run.
+    Called at every round end (by a :class:`ReportRefresher`; skipped while the last
+    refresh is too recent, see :data:`REFRESH_SHARE`) and at the end of a run
+    (``final``). A failure is logged as a warning: the report never fails a run. While
+    the run goes on (not ``final``) its driver may be appending to the log: a torn last
+    line is that append, read without a warning.
 
     Args:
         store: The experiment's directory (``experiments/<id>`` of its root store).
@@ -120,7 +122,8 @@ def refresh_report(
         return
     try:
         with paused_collector():  # a whole log's events and a bar per unit: no cycle
-            page = render(collect(experiment_id, config, read_events(store)))
+            events = read_events(store, live=not final)
+            page = render(collect(experiment_id, config, events))
         store.put(REPORT_NAME, page.encode())
     except Exception as error:  # the report must never fail the run
         logger.warning("could not write the report %s: %s: %s", where, type(error).__name__, error)
@@ -132,3 +135,45 @@ def refresh_report(
         else:
             _refreshes[where] = (now, took)
     logger.debug("report %s written in %.2f s", where, took)
+
+
+class ReportRefresher:
+    """Refreshes a running experiment's report beside its driver, in a thread.
+
+    A refresh reads the whole log and renders every chart: tenths of a second for a small
+    run, seconds for a long one, during which every worker would wait for the driver's
+    next round. :meth:`request` starts one in a thread of its own and returns at once; a
+    request while one is still running is dropped (the next round end's, or the final
+    refresh, shows what it would have). :meth:`wait` returns once none is running: the
+    engine waits before the final refresh, and before it returns or raises, so nothing
+    writes the report after the run.
+
+    Args:
+        store: The experiment's directory.
+        experiment_id: Its id.
+        config: Its config (metric and mode resolved).
+    """
+
+    def __init__(self, store: Store, experiment_id: str, config: ExperimentConfig) -> None:
+        self.store, self.experiment_id, self.config = store, experiment_id, config
+        self._thread: threading.Thread | None = None
+
+    def request(self) -> None:
+        """Start a refresh (:func:`refresh_report`) unless one is running."""
+        if self._thread is not None and self._thread.is_alive():
+            logger.debug("report refresh still running: this round end's is skipped")
+            return
+        self._thread = threading.Thread(
+            target=refresh_report,
+            args=(self.store, self.experiment_id, self.config),
+            kwargs={"final": False},
+            name=f"report-{self.experiment_id}",
+            daemon=True,  # a driver that dies does not wait for its report
+        )
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Return once no refresh is running."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None

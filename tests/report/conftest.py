@@ -144,7 +144,11 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> RealRun:
     page = store / "experiments" / "e1" / "report.html"
 
     def watching(stage: Stage, backend: Backend) -> StageDirective:
-        """The plan's hook; first, keep the report the last round end wrote."""
+        """The plan's hook; first, keep the report the last round end wrote (round 0's:
+        rendered beside the run, it may still be on its way)."""
+        waited = time.monotonic() + (60.0 if stage.round == 1 else 0.0)
+        while not page.exists() and time.monotonic() < waited:
+            time.sleep(0.05)
         if stage.round > 0 and page.exists():
             live_pages.setdefault(stage.round, page.read_text())
         return hook(stage, backend)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from cerebro_spark.errors import ConfigError
 from cerebro_spark.report import (
     REPORT_NAME,
     Report,
+    _api,
     check_metric,
     collect,
     failures_text,
@@ -237,3 +239,24 @@ def test_learning_curves_draw_many_trials_in_one_trace_per_status() -> None:
     assert completed.y[:2] == (1 / 300, 1 / 300) and completed.connectgaps is False
     assert len(completed.marker.color) == len(completed.x) == len(completed.hovertext)
     assert completed.hovertext[0].startswith("trial t001 epoch 1")
+
+
+def test_a_refresh_asked_while_one_runs_is_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    release = threading.Event()
+    calls: list[bool] = []
+
+    def refresh(*args: Any, final: bool) -> None:
+        calls.append(final)
+        release.wait(timeout=60)
+
+    monkeypatch.setattr(_api, "refresh_report", refresh)
+    refresher = _api.ReportRefresher(None, "x", None)  # type: ignore[arg-type]
+    refresher.request()
+    refresher.request()  # the first still runs: dropped
+    release.set()
+    refresher.wait()
+    refresher.request()  # none runs: starts
+    refresher.wait()
+    assert calls == [False, False]
