@@ -298,8 +298,8 @@ class RocAuc(Metric):
     """ROC AUC: binary on class 1's probability; one-vs-rest macro for more classes.
 
     **Binned** (the default, ``bins=AUC_BINS``): each class's scores are counted on a
-    fixed grid of ``bins`` equal steps in log-odds (``log p - log(1 - p)``, from the
-    log-softmax in float64) over ``[-AUC_LIMIT, AUC_LIMIT]``, positives and all rows
+    fixed grid of ``bins`` equal steps in log-odds (``log p - log(1 - p)`` in float64:
+    ``s1 - s0`` for two classes) over ``[-AUC_LIMIT, AUC_LIMIT]``, positives and all rows
     apart; the AUC is that of the binned scores, rows of one bin counted as ties (half),
     as scikit-learn counts tied scores. Its state is ``2 x bins`` counts per class, the
     same size for 100 rows as for 100 million, and merging adds counts (exact, in any
@@ -359,9 +359,9 @@ class RocAuc(Metric):
             acc["scores"].append(kept.detach())
             acc["labels"].append(labels)
             return
-        log_p = torch.log_softmax(scores.detach().to(torch.float64), dim=1)
-        logit = log_p - torch.log(-torch.expm1(log_p))  # log(1 - p) exact near p = 1
-        acc["counts"] += _bin_counts(logit, labels.long(), self.num_classes, self.bins)
+        acc["counts"] += _bin_counts(
+            _log_odds(scores.detach()), labels.long(), self.num_classes, self.bins
+        )
 
     def state(self, acc: Accumulator) -> State:
         """Return the grid and its counts (binned), or one chunk of each buffer (exact)."""
@@ -402,8 +402,8 @@ class RocAuc(Metric):
         if not state["labels"]:
             return np.zeros(2 * self._columns * bins, dtype=np.int64)
         labels, probabilities = self._exact_rows(state)
-        if self.num_classes == 2:  # the class-1 column alone: class 0's is its complement
-            probabilities = np.stack([1.0 - probabilities, probabilities], axis=1)
+        if self.num_classes == 2:  # the class-1 column alone
+            probabilities = probabilities.reshape(-1, 1)
         with np.errstate(divide="ignore", invalid="ignore"):
             logit = np.log(probabilities) - np.log1p(-probabilities)
         counts = _bin_counts(
@@ -434,6 +434,19 @@ class RocAuc(Metric):
         return float(np.mean(aucs))
 
 
+def _log_odds(scores: torch.Tensor) -> torch.Tensor:
+    """Each class's log-odds ``log p - log(1 - p)`` under the softmax, in float64.
+
+    Binary: class 1's is ``s1 - s0`` exactly (a ``(N, 1)`` column); with more classes,
+    from the log-softmax (``log(1 - p)`` as ``log(-expm1(log p))``, exact near ``p = 1``).
+    """
+    scores = scores.to(torch.float64)
+    if scores.shape[1] == 2:
+        return scores[:, 1:] - scores[:, :1]
+    log_p = torch.log_softmax(scores, dim=1)
+    return log_p - torch.log(-torch.expm1(log_p))
+
+
 def _bin_counts(
     logit: torch.Tensor,
     labels: torch.Tensor,
@@ -443,15 +456,14 @@ def _bin_counts(
 ) -> torch.Tensor:
     """Counts of ``(N, C)`` log-odds on the grid: positives, then all rows, per class.
 
-    Binary: class 1's column alone. A ``nan`` score counts in the lowest bin. One
+    Binary: one ``(N, 1)`` column, class 1's. A ``nan`` score counts in the lowest bin. One
     ``bincount`` a call (on a GPU it reads its input's maximum back: once per group of
     batches, not per batch).
     """
     position = torch.nan_to_num((logit + limit) * (bins / (2 * limit)), nan=0.0)
     index = position.floor().clamp(0, bins - 1).long()
     if num_classes == 2:
-        index, positive = index[:, 1:], labels == 1
-        own = index[positive].reshape(-1)
+        own = index[labels == 1].reshape(-1)
     else:
         index = index + torch.arange(num_classes, device=index.device) * bins
         own = index.gather(1, labels.reshape(-1, 1)).reshape(-1)

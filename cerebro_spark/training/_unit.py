@@ -636,16 +636,19 @@ def _validate(
     model.eval()
     metrics = _pass_metrics(spec, task, info, dev, training=False)
     rows = 0
+    user_code = _user_code(task, "")  # one guard, entered once per batch, names each step
     with torch.no_grad():
         for first in range(0, data.rows, size):
             x = features[first : first + size].to(dev)
             y = labels[first : first + size].to(dev)
-            with _user_code(task, "transform"):
+            with user_code:
+                user_code.what = "transform"
                 x, y = spec.transform(x, y)
-            with _user_code(task, "the forward pass or loss"):
+                user_code.what = "the forward pass or loss"
                 outputs = model(x)
                 loss = spec.loss(outputs, y, info)
-            _add_batch(metrics, task, outputs, y, loss)
+                user_code.what = "metrics"
+                metrics.add(outputs, y, loss)
             rows += int(y.shape[0])
     states, sums = _report(metrics, task)
     return UnitResult(

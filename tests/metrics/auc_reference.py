@@ -10,10 +10,14 @@ from sklearn import metrics as skm
 def auc_bins(logits: np.ndarray, bins: int = 1024, limit: float = 16.0) -> np.ndarray:
     """Each score's bin on the default roc_auc grid: ``bins`` steps of log-odds in
     ``[-limit, limit]`` (written apart from the metric: numpy, float64)."""
-    shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
-    log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    with np.errstate(divide="ignore"):
-        logit = log_p - np.log(-np.expm1(log_p))
+    scores = logits.astype(np.float64)
+    if scores.shape[1] == 2:  # class 1's log-odds, exactly (class 0's column: unused)
+        logit = np.repeat(scores[:, 1:] - scores[:, :1], 2, axis=1)
+    else:
+        shifted = scores - scores.max(axis=1, keepdims=True)
+        log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        with np.errstate(divide="ignore"):
+            logit = log_p - np.log(-np.expm1(log_p))
     return np.clip(np.floor((logit + limit) * bins / (2 * limit)), 0, bins - 1)
 
 
