@@ -3,7 +3,9 @@
 Four systems train the same configs (``MLPSpec`` models from a grid of ``hidden_units`` x
 ``lr``, Adam, batch size 64, cross-entropy, one torch thread per worker) for the same
 epochs on the same prepared dataset (cerebro-spark's partitioned Parquet, prepared once
-and reused), validating every config after every epoch:
+and reused), validating every config after every epoch in batches of
+:data:`VALIDATION_BATCH` rows (cerebro: the ``validation_batch_size`` param; it computes
+its whole default metric set there, the peers accuracy alone):
 
 1. **cerebro** -- the real API (:func:`~cerebro_spark.engine.run_experiment`): grid search,
    model hopper parallelism on the Spark backend, one long-lived worker per slot, each
@@ -100,6 +102,8 @@ import numpy as np
 SYSTEMS = ("cerebro", "hyperopt", "plain", "ddp")
 SPEC = "cerebro_spark.training:MLPSpec"
 CLASSES = 10
+VALIDATION_BATCH = 8192
+"""Rows per validation batch, every system (no gradient is kept there)."""
 REGION = "us-east-1"
 
 
@@ -369,9 +373,9 @@ def correct(model: Any, x: Any, y: Any) -> int:
     model.eval()
     right = 0
     with torch.no_grad():
-        for first in range(0, len(x), 8192):
-            outputs = model(x[first : first + 8192])
-            right += int((outputs.argmax(dim=1) == y[first : first + 8192]).sum())
+        for first in range(0, len(x), VALIDATION_BATCH):
+            outputs = model(x[first : first + VALIDATION_BATCH])
+            right += int((outputs.argmax(dim=1) == y[first : first + VALIDATION_BATCH]).sum())
     return right
 
 
@@ -553,6 +557,7 @@ class Bench:
                 "hidden_units": {"grid": [list(h) for h in setting.hidden]},
                 "lr": {"grid": list(setting.lrs)},
                 "batch_size": setting.batch_size,
+                "validation_batch_size": VALIDATION_BATCH,
             },
         }
         for pid in python_workers():

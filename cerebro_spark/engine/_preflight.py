@@ -283,10 +283,10 @@ def _check_family(spec_path: str, params: Mapping[str, Any], info: DatasetInfo) 
             optimizer = spec.build_optimizer(model, trial_params)
             what = "build_lr_scheduler"
             spec.build_lr_scheduler(optimizer, trial_params)
-            what = "batch_size"
-            size = spec.batch_size(trial_params)
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise ConfigError(f"batch_size must be a positive int, got {size!r}")
+            for what in ("batch_size", "validation_batch_size"):
+                size = getattr(spec, what)(trial_params)
+                if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                    raise ConfigError(f"{what} must be a positive int, got {size!r}")
             what = "build_metrics"
             metrics = family_metrics(spec, info)
             what = "the forward pass on a zero batch"

@@ -7,7 +7,8 @@ naming the param and the rule. Each declares the params it reads
 is refused before the run starts, with the closest known name. Shared params:
 
 * ``lr`` (float > 0, default 1e-3), ``weight_decay`` (float >= 0, default 0),
-  ``batch_size`` (int >= 1, default 64).
+  ``batch_size`` (int >= 1, default 64), ``validation_batch_size`` (int >= 1, default
+  ``batch_size``: rows per validation batch, where no gradient is kept).
 * ``optimizer``: ``"adam"`` (default), ``"adamw"`` or ``"sgd"``; ``momentum``
   (float in [0, 1), default 0) is used by ``"sgd"`` only.
 * ``lr_schedule``: ``"none"`` (default), ``"cosine"`` (``CosineAnnealingLR`` over
@@ -189,6 +190,7 @@ _SHARED_HYPERPARAMETERS = frozenset(
         "lr_step_gamma",
         "lr_step_size",
         "batch_size",
+        "validation_batch_size",
         "dropout",
         "standardize",
     }
@@ -229,6 +231,10 @@ class _TrainingParams(ModelSpec):
         """Return the ``batch_size`` param (default 64)."""
         return _int(params, "batch_size", 64, 1)
 
+    def validation_batch_size(self, params: Mapping[str, Any]) -> int:
+        """Return the ``validation_batch_size`` param (default: :meth:`batch_size`)."""
+        return _int(params, "validation_batch_size", self.batch_size(params), 1)
+
     def check_params(self, params: Mapping[str, Any], info: DatasetInfo) -> None:
         """Validate every param this spec reads without training anything.
 
@@ -243,6 +249,7 @@ class _TrainingParams(ModelSpec):
         optimizer = self.build_optimizer(model, params)
         self.build_lr_scheduler(optimizer, params)
         self.batch_size(params)
+        self.validation_batch_size(params)
 
 
 class MLPSpec(_TrainingParams):

@@ -26,8 +26,13 @@ that varies between trials comes in ``params``. Rules:
   exact only for metrics that are means over rows. A spec that overrides it still works;
   its names replace built-ins of the same name.
 * ``transform`` runs on every batch (train and validation) before the model.
+* ``validation_batch_size`` sizes validation batches (default: the
+  ``validation_batch_size`` param, else ``batch_size``). Validation keeps no gradient, so
+  a larger batch than training's usually fits, and it runs the same rows in fewer, larger
+  operations (the result is the same up to float rounding).
 * ``hyperparameters`` declares the params a spec reads (besides ``lr``,
-  ``weight_decay`` and ``batch_size``, which the base class reads and every spec
+  ``weight_decay``, ``batch_size`` and ``validation_batch_size``, which the base class
+  reads and every spec
   accepts). When it is set, the driver refuses, before anything is written, a search
   space that gives the spec a param it does not declare (a ``hiden_units`` typo), naming
   the param and the closest declared one. A spec that leaves it ``None`` (the default)
@@ -47,7 +52,7 @@ from torch import nn
 from cerebro_spark.data import DatasetInfo
 from cerebro_spark.metrics import Metric, default_metrics
 
-BASE_HYPERPARAMETERS = frozenset({"lr", "weight_decay", "batch_size"})
+BASE_HYPERPARAMETERS = frozenset({"lr", "weight_decay", "batch_size", "validation_batch_size"})
 """Params the base :class:`ModelSpec` reads: every spec accepts them."""
 
 
@@ -107,6 +112,12 @@ class ModelSpec(abc.ABC):
     def batch_size(self, params: Mapping[str, Any]) -> int:
         """Return the mini-batch size (default: the ``batch_size`` param, else 64)."""
         return int(params.get("batch_size", 64))
+
+    def validation_batch_size(self, params: Mapping[str, Any]) -> int:
+        """Return the rows per validation batch (default: its param, else the batch size)."""
+        if "validation_batch_size" in params:
+            return int(params["validation_batch_size"])
+        return self.batch_size(params)
 
     def loss(self, outputs: torch.Tensor, labels: torch.Tensor, info: DatasetInfo) -> torch.Tensor:
         """Return the mean loss of a batch (default: cross-entropy or MSE by task)."""

@@ -326,11 +326,12 @@ def _batch_order(task: UnitTask, rows: int) -> np.ndarray:
     return np.random.default_rng(sequence).permutation(rows)
 
 
-def _batch_size(spec: ModelSpec, task: UnitTask) -> int:
-    with _user_code(task, "batch_size"):
-        size = spec.batch_size(task.params)
+def _batch_size(spec: ModelSpec, task: UnitTask, *, validation: bool = False) -> int:
+    name = "validation_batch_size" if validation else "batch_size"
+    with _user_code(task, name):
+        size = getattr(spec, name)(task.params)
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ConfigError(f"batch_size must be a positive int, got {size!r}")
+            raise ConfigError(f"{name} must be a positive int, got {size!r}")
     return size
 
 
@@ -630,7 +631,7 @@ def _validate(
     model = _build_model(spec, task, info, dev)
     with _user_code(task, f"restoring checkpoint {task.checkpoint_in!r}"):
         model.load_state_dict(checkpoint["model"])
-    size = _batch_size(spec, task)
+    size = _batch_size(spec, task, validation=True)
     features, labels = data.tensors()
     _manual_seed(_seed((task.trial_seed, task.epoch, task.partition), _TORCH_STREAM), dev)
     model.eval()

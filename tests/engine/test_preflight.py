@@ -78,6 +78,10 @@ def test_bad_params_are_a_config_error_naming_the_param(tmp_path):
     config = parse_config(raw_config(tmp_path, space=space))
     with pytest.raises(ConfigError, match=r"dropout must be a float in \[0, 1\), got 2.0"):
         preflight(config, open_store(str(tmp_path)))
+    space = {"hidden_units": [8], "validation_batch_size": 0}
+    config = parse_config(raw_config(tmp_path, space=space))
+    with pytest.raises(ConfigError, match="validation_batch_size must be an int >= 1, got 0"):
+        preflight(config, open_store(str(tmp_path)))
 
 
 def test_a_metric_the_spec_does_not_produce_is_refused_with_what_it_produces(tmp_path):

@@ -96,6 +96,8 @@ def test_optimizer_and_schedule_params():
     step = spec.build_lr_scheduler(sgd, {"lr_schedule": "step", "lr_step_gamma": 0.5})
     assert isinstance(step, torch.optim.lr_scheduler.StepLR) and step.gamma == 0.5
     assert spec.batch_size({"batch_size": 16.0}) == 16 and spec.batch_size({}) == 64
+    assert spec.validation_batch_size({"batch_size": 16}) == 16  # default: the batch size
+    assert spec.validation_batch_size({"batch_size": 16, "validation_batch_size": 512}) == 512
 
 
 @pytest.mark.parametrize(
@@ -112,6 +114,7 @@ def test_optimizer_and_schedule_params():
         ({"weight_decay": -1e-4}, "weight_decay must be a float >= 0"),
         ({"batch_size": 0}, "batch_size must be an int >= 1, got 0"),
         ({"batch_size": 2.5}, "batch_size must be an int >= 1, got 2.5"),
+        ({"validation_batch_size": 0}, "validation_batch_size must be an int >= 1, got 0"),
         ({"optimizer": "rmsprop"}, "optimizer must be one of ['adam', 'adamw', 'sgd']"),
         ({"optimizer": "sgd", "momentum": 1.0}, "momentum must be a float in [0, 1)"),
         ({"lr_schedule": "linear"}, "lr_schedule must be one of ['none', 'cosine', 'step']"),

@@ -239,6 +239,32 @@ def test_validation_sums_match_a_hand_computation(store):
     assert counts[:1024].sum() == int(labels.sum()) and counts[1024:].sum() == 50
 
 
+def test_validation_batches_have_their_own_size_and_give_the_same_metrics(store, monkeypatch):
+    train = train_task(params={"hidden_units": [8], "batch_size": 7})
+    run_unit(train, blobs(0), store, BLOBS_INFO)
+    data = blobs(0, rows=50, split="validation")
+    seen: list[int] = []
+    forward = torch.nn.Sequential.forward
+
+    def counting(self, x):
+        seen.append(int(x.shape[0]))
+        return forward(self, x)
+
+    monkeypatch.setattr(torch.nn.Sequential, "forward", counting)
+    small = run_unit(validate_task(train, train.checkpoint_out), data, store, BLOBS_INFO)
+    assert seen == [7] * 7 + [1]  # the training batch size by default
+    seen.clear()
+    wide = dataclasses.replace(train, params={**train.params, "validation_batch_size": 32})
+    large = run_unit(validate_task(wide, train.checkpoint_out), data, store, BLOBS_INFO)
+    assert seen == [32, 18]
+    assert large.rows == small.rows == 50
+    for name, value in small.metrics().items():
+        assert large.metrics()[name] == pytest.approx(value, rel=1e-6), name
+    bad = dataclasses.replace(train, params={**train.params, "validation_batch_size": 0})
+    with pytest.raises(TrialError, match="validation_batch_size must be an int >= 1, got 0"):
+        run_unit(validate_task(bad, train.checkpoint_out), data, store, BLOBS_INFO)
+
+
 def test_a_spec_adds_its_own_metric_and_keeps_the_built_ins(store):
     train = train_task(spec="training_fixtures:CustomMetricSpec")
     result = run_unit(train, blobs(0), store, BLOBS_INFO)
