@@ -32,12 +32,12 @@ that varies between trials comes in ``params``. Rules:
   operations (the result is the same up to float rounding).
 * ``hyperparameters`` declares the params a spec reads (besides ``lr``,
   ``weight_decay``, ``batch_size`` and ``validation_batch_size``, which the base class
-  reads and every spec
-  accepts). When it is set, the driver refuses, before anything is written, a search
-  space that gives the spec a param it does not declare (a ``hiden_units`` typo), naming
-  the param and the closest declared one. A spec that leaves it ``None`` (the default)
-  is not checked: it may read any param; so is a subclass that does not declare its own
-  (it may read more than its parent). The built-in specs declare theirs.
+  reads and every spec accepts). When it is set, the driver refuses, before anything is
+  written, a search space that gives the spec a param it does not declare (a
+  ``hiden_units`` typo), naming the param and the closest declared one. A spec that
+  leaves it ``None`` (the default) is not checked: it may read any param; so is a
+  subclass that does not declare its own (it may read more than its parent). The
+  built-in specs declare theirs.
 """
 
 from __future__ import annotations
