@@ -30,6 +30,7 @@ from cerebro_spark.metrics._classification import (
     binary_auc,
 )
 from cerebro_spark.metrics._defaults import (
+    AUC_CLASS_LIMIT,
     DEFAULT_METRIC,
     PER_CLASS_LIMIT,
     TOP_K,
@@ -40,6 +41,7 @@ from cerebro_spark.metrics._defaults import (
 from cerebro_spark.metrics._regression import R2, MeanAbsoluteError, MeanSquaredError
 
 __all__ = [
+    "AUC_CLASS_LIMIT",
     "DEFAULT_METRIC",
     "F1",
     "LOSS",

