@@ -62,7 +62,7 @@ CASES = {
         "space.hiden_units: model spec 'cerebro_spark.training:MLPSpec' has no hyperparameter "
         "'hiden_units' (did you mean 'hidden_units'?); it accepts: activation, batch_size, "
         "dropout, hidden_units, lr, lr_cosine_epochs, lr_schedule, lr_step_gamma, lr_step_size, "
-        "momentum, optimizer, standardize, weight_decay",
+        "momentum, optimizer, standardize, validation_batch_size, weight_decay",
     ),
     "procedure-option-typo": (
         ("epochs: 1", "epochs: 1\nprocedure: {name: random, num_trails: 2}"),
