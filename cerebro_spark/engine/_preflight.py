@@ -261,6 +261,7 @@ def _check_family(spec_path: str, params: Mapping[str, Any], info: DatasetInfo) 
 
     from cerebro_spark.training import load_spec
     from cerebro_spark.training._metrics import family_metrics, overrides_batch_metrics
+    from cerebro_spark.training._spec import checked_batch_size
 
     spec = load_spec(spec_path)  # ConfigError names the path
     trial_params = {k: v for k, v in params.items() if k != "model"}
@@ -283,10 +284,10 @@ def _check_family(spec_path: str, params: Mapping[str, Any], info: DatasetInfo) 
             optimizer = spec.build_optimizer(model, trial_params)
             what = "build_lr_scheduler"
             spec.build_lr_scheduler(optimizer, trial_params)
-            for what in ("batch_size", "validation_batch_size"):
-                size = getattr(spec, what)(trial_params)
-                if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                    raise ConfigError(f"{what} must be a positive int, got {size!r}")
+            what = "batch_size"
+            checked_batch_size(spec, trial_params)
+            what = "validation_batch_size"
+            checked_batch_size(spec, trial_params, validation=True)
             what = "build_metrics"
             metrics = family_metrics(spec, info)
             what = "the forward pass on a zero batch"

@@ -359,9 +359,10 @@ class RocAuc(Metric):
             acc["scores"].append(kept.detach())
             acc["labels"].append(labels)
             return
-        acc["counts"] += _bin_counts(
-            _log_odds(scores.detach()), labels.long(), self.num_classes, self.bins
-        )
+        logit = _log_odds(scores.detach())
+        if self.num_classes == 2:
+            logit = logit[:, 1:]  # class 1's column alone
+        acc["counts"] += _bin_counts(logit, labels.long(), self.num_classes, self.bins)
 
     def state(self, acc: Accumulator) -> State:
         """Return the grid and its counts (binned), or one chunk of each buffer (exact)."""
@@ -435,14 +436,15 @@ class RocAuc(Metric):
 
 
 def _log_odds(scores: torch.Tensor) -> torch.Tensor:
-    """Each class's log-odds ``log p - log(1 - p)`` under the softmax, in float64.
+    """Each column's log-odds ``log p - log(1 - p)`` under the softmax, in float64.
 
-    Binary: class 1's is ``s1 - s0`` exactly (a ``(N, 1)`` column); with more classes,
-    from the log-softmax (``log(1 - p)`` as ``log(-expm1(log p))``, exact near ``p = 1``).
+    Two columns: ``s1 - s0`` and its negation, exactly; more, from the log-softmax
+    (``log(1 - p)`` as ``log(-expm1(log p))``, exact near ``p = 1``).
     """
     scores = scores.to(torch.float64)
     if scores.shape[1] == 2:
-        return scores[:, 1:] - scores[:, :1]
+        difference = scores[:, 1:] - scores[:, :1]
+        return torch.cat([-difference, difference], dim=1)
     log_p = torch.log_softmax(scores, dim=1)
     return log_p - torch.log(-torch.expm1(log_p))
 

@@ -50,6 +50,7 @@ import torch
 from torch import nn
 
 from cerebro_spark.data import DatasetInfo
+from cerebro_spark.errors import ConfigError
 from cerebro_spark.metrics import Metric, default_metrics
 
 BASE_HYPERPARAMETERS = frozenset({"lr", "weight_decay", "batch_size", "validation_batch_size"})
@@ -151,3 +152,18 @@ class ModelSpec(abc.ABC):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Transform a batch before the model sees it (default: identity)."""
         return features, labels
+
+
+def checked_batch_size(
+    spec: ModelSpec, params: Mapping[str, Any], *, validation: bool = False
+) -> int:
+    """``spec``'s training (or validation) batch size for ``params``, checked.
+
+    Raises:
+        ConfigError: It is not a positive int (the message names which size).
+    """
+    name = "validation_batch_size" if validation else "batch_size"
+    size = spec.validation_batch_size(params) if validation else spec.batch_size(params)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"{name} must be a positive int, got {size!r}")
+    return size

@@ -52,7 +52,7 @@ from cerebro_spark.training._checkpoint import (
 )
 from cerebro_spark.training._loading import load_spec
 from cerebro_spark.training._metrics import PassMetrics
-from cerebro_spark.training._spec import ModelSpec
+from cerebro_spark.training._spec import ModelSpec, checked_batch_size
 from cerebro_spark.units import UnitKind, UnitResult, UnitTask
 
 logger = logging.getLogger(__name__)
@@ -327,12 +327,8 @@ def _batch_order(task: UnitTask, rows: int) -> np.ndarray:
 
 
 def _batch_size(spec: ModelSpec, task: UnitTask, *, validation: bool = False) -> int:
-    name = "validation_batch_size" if validation else "batch_size"
-    with _user_code(task, name):
-        size = getattr(spec, name)(task.params)
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ConfigError(f"{name} must be a positive int, got {size!r}")
-    return size
+    with _user_code(task, "validation_batch_size" if validation else "batch_size"):
+        return checked_batch_size(spec, task.params, validation=validation)
 
 
 def _key(task: UnitTask, key: str | None, name: str) -> str:
