@@ -207,25 +207,31 @@ class Worker:
             done.set_result(None)
 
     def _prepare_torch(self) -> None:
-        """Import torch and the unit code and pin torch's threads, once (not in a unit's time)."""
-        warming, self._warming = self._warming, None
-        if self._torch_ready:
-            return
-        if warming is None:
-            self._import_torch()
-        else:
-            warming.result()  # an import error is raised here
+        """Import torch and the unit code once (not in a unit's time); pin torch's threads.
 
-    def _import_torch(self) -> None:
+        The thread count is pinned in the calling thread, the one units run in: torch's
+        intra-op count is per thread (OpenMP's), so the count the warm-up thread set
+        does not hold here.
+        """
+        warming, self._warming = self._warming, None
+        if not self._torch_ready:
+            if warming is None:
+                self._import_torch()
+            else:
+                warming.result()  # an import error is raised here
         import torch
 
-        import cerebro_spark.training  # noqa: F401  (warm-up import)
+        if torch.get_num_threads() != self._job.torch_threads:
+            torch.set_num_threads(self._job.torch_threads)
 
-        torch.set_num_threads(self._job.torch_threads)
+    def _import_torch(self) -> None:
         # The first optimizer (any torch._disable_dynamo function) imports torch._dynamo,
         # and use_deterministic_algorithms (every unit) torch._inductor.config: seconds,
         # which belong to the start-up, not to the first unit.
+        import torch
         import torch._dynamo
+
+        import cerebro_spark.training  # noqa: F401  (warm-up import)
 
         torch.use_deterministic_algorithms(
             torch.are_deterministic_algorithms_enabled(),

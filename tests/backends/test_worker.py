@@ -32,6 +32,36 @@ def test_a_worker_warms_up_while_it_reads_and_records_both(tmp_path: Path) -> No
     assert "torch._dynamo" in sys.modules  # what the first optimizer would import
 
 
+def test_the_thread_that_runs_units_trains_on_the_jobs_torch_threads(tmp_path: Path) -> None:
+    # torch's intra-op count is per thread: the warm-up thread's setting must not be all
+    import threading
+
+    import torch
+
+    before = torch.get_num_threads()
+    wanted = before + 1
+    dataset = make_dataset(tmp_path / "dataset")
+    job = WorkerJob(dataset.uri, open_store(str(tmp_path / "store")), torch_threads=wanted)
+    worker = Worker("w0", job)
+    seen: list[int] = []
+
+    def serve() -> None:  # a thread that used torch before, as a reused Python worker has
+        assert torch.get_num_threads() == before
+        worker.warm_up()
+        worker.load([0])
+        seen.append(torch.get_num_threads())
+        worker.run(contract.train_task("t", 0))
+        seen.append(torch.get_num_threads())
+
+    try:
+        thread = threading.Thread(target=serve)
+        thread.start()
+        thread.join()
+        assert seen == [wanted, wanted]
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_failed_warm_up_fails_the_load_that_waits_for_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
