@@ -15,6 +15,7 @@ from cerebro_spark.engine._elastic import cost_table
 from cerebro_spark.report._data import ReportData
 from cerebro_spark.report._figures import (
     STATUS_COLORS,
+    TEMPLATE,
     gantt,
     learning_curves,
     plan_vs_actual,
@@ -233,13 +234,29 @@ def _cost(data: ReportData) -> str:
 
 
 def _figure(figure: Any, div_id: str) -> str:
-    body: str = figure.to_html(
+    """The figure's ``<div>``, drawn in :data:`~cerebro_spark.report._figures.TEMPLATE`."""
+    import plotly.io as pio
+
+    spec = figure.to_plotly_json()
+    spec["layout"]["template"] = _template()
+    body: str = pio.to_html(
+        spec,
+        validate=False,  # validated as the figure was built
         full_html=False,
         include_plotlyjs=False,
         div_id=div_id,
         config={"displaylogo": False, "responsive": True},
     )
     return f'<div class="chart">{body}</div>'
+
+
+@functools.cache
+def _template() -> dict[str, Any]:
+    """The figures' template as JSON, built once per process."""
+    import plotly.io as pio
+
+    template: dict[str, Any] = pio.templates[TEMPLATE].to_plotly_json()
+    return template
 
 
 @functools.cache

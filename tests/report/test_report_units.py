@@ -241,6 +241,35 @@ def test_learning_curves_draw_many_trials_in_one_trace_per_status() -> None:
     assert completed.hovertext[0].startswith("trial t001 epoch 1")
 
 
+def test_each_figure_of_the_page_is_drawn_in_the_report_template() -> None:
+    """The template is added to each figure's JSON as the page is written."""
+    import plotly.io as pio
+
+    from cerebro_spark.report._figures import TEMPLATE
+    from cerebro_spark.report._html import render
+
+    events: list[dict[str, Any]] = [
+        {"event": "experiment_start", "time": 100.0, "config": {}, "resumed": False},
+        {"event": "trial_added", "time": 100.0, "trial": "t0", "params": {}, "seed": 1,
+         "spec": "m:S", "clone_from": None},
+        {"event": "round_start", "time": 101.0, "round": 0, "trials": ["t0"],
+         "epochs": {"t0": 0}, "visit_orders": None, "procedure_state": {}},
+        {"event": "trial_epoch", "time": 102.0, "round": 0, "trial": "t0", "epoch": 1,
+         "metrics": {"accuracy": 0.5}, "checkpoint": None, "checkpoint_sha256": None},
+    ]  # fmt: skip
+    page = render(collect("x", CONFIG, events))
+    decoder = json.JSONDecoder()
+    template = pio.templates[TEMPLATE].to_plotly_json()
+    layouts = []
+    for piece in page.split("<body>")[1].split("Plotly.newPlot(")[1:]:
+        _, at = decoder.raw_decode(piece, piece.index('"'))  # the div id
+        _, at = decoder.raw_decode(piece, piece.index("[", at))  # the traces
+        layout, _ = decoder.raw_decode(piece, piece.index("{", at))
+        layouts.append(layout)
+    assert layouts and all(layout["template"] == template for layout in layouts)
+    assert layouts[0]["title"]["text"].startswith("Learning curves")
+
+
 def test_a_refresh_asked_while_one_runs_is_dropped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
