@@ -92,6 +92,18 @@ def _own_scores(batch: Batch) -> torch.Tensor:
     return batch.shared("own", lambda: _scores(batch).gather(1, _labels(batch).reshape(-1, 1)))
 
 
+def _scores64(batch: Batch) -> torch.Tensor:
+    """The class scores in float64 (what log loss and ROC AUC compute in)."""
+    return batch.shared("scores64", lambda: _scores(batch).to(torch.float64))
+
+
+def _log_normalizer(batch: Batch) -> torch.Tensor:
+    """Each row's ``logsumexp`` of its float64 scores, ``(N, 1)``: ``log p = score - it``."""
+    return batch.shared(
+        "log_normalizer", lambda: torch.logsumexp(_scores64(batch), dim=1, keepdim=True)
+    )
+
+
 def _ahead(batch: Batch) -> torch.Tensor:
     """How many classes rank ahead of each row's label (ties: the lower index first)."""
 
@@ -351,18 +363,22 @@ class RocAuc(Metric):
 
     def update(self, acc: Accumulator, outputs: torch.Tensor, labels: torch.Tensor) -> None:
         """Count the batch's binned scores (binned), or keep its probabilities (exact)."""
-        scores = class_scores(outputs)
-        labels = labels.detach().reshape(-1)
+        self.update_batch(acc, Batch(outputs.detach(), labels.detach()))
+
+    def update_batch(self, acc: Accumulator, batch: Batch) -> None:
+        """As :meth:`update`; the float64 scores and their normalizer shared with log loss."""
+        labels = _labels(batch)
         if self.bins is None:
-            probabilities = torch.softmax(scores, dim=1)
+            probabilities = torch.softmax(_scores(batch), dim=1)
             kept = probabilities[:, 1] if self.num_classes == 2 else probabilities
-            acc["scores"].append(kept.detach())
+            acc["scores"].append(kept)
             acc["labels"].append(labels)
             return
-        logit = _log_odds(scores.detach())
+        scores = _scores64(batch)
+        logit = _log_odds(scores, None if scores.shape[1] == 2 else _log_normalizer(batch))
         if self.num_classes == 2:
             logit = logit[:, 1:]  # class 1's column alone
-        acc["counts"] += _bin_counts(logit, labels.long(), self.num_classes, self.bins)
+        acc["counts"] += _bin_counts(logit, labels, self.num_classes, self.bins)
 
     def state(self, acc: Accumulator) -> State:
         """Return the grid and its counts (binned), or one chunk of each buffer (exact)."""
@@ -435,17 +451,20 @@ class RocAuc(Metric):
         return float(np.mean(aucs))
 
 
-def _log_odds(scores: torch.Tensor) -> torch.Tensor:
+def _log_odds(scores: torch.Tensor, normalizer: torch.Tensor | None = None) -> torch.Tensor:
     """Each column's log-odds ``log p - log(1 - p)`` under the softmax, in float64.
 
-    Two columns: ``s1 - s0`` and its negation, exactly; more, from the log-softmax
-    (``log(1 - p)`` as ``log(-expm1(log p))``, exact near ``p = 1``).
+    Two columns: ``s1 - s0`` and its negation, exactly; more, from ``log p = s -
+    logsumexp(s)`` (``normalizer``, the rows' ``logsumexp`` when already computed) and
+    ``log(1 - p)`` as ``log(-expm1(log p))``, exact near ``p = 1``.
     """
     scores = scores.to(torch.float64)
     if scores.shape[1] == 2:
         difference = scores[:, 1:] - scores[:, :1]
         return torch.cat([-difference, difference], dim=1)
-    log_p = torch.log_softmax(scores, dim=1)
+    if normalizer is None:
+        normalizer = torch.logsumexp(scores, dim=1, keepdim=True)
+    log_p = scores - normalizer
     return log_p - torch.log(-torch.expm1(log_p))
 
 
@@ -557,9 +576,8 @@ class LogLoss(Metric):
 
     def update_batch(self, acc: Accumulator, batch: Batch) -> None:
         """Add ``sum(logsumexp(scores) - score of the label)`` in float64."""
-        scores = _scores(batch).to(torch.float64)
         own = _own_scores(batch).reshape(-1).to(torch.float64)
-        acc["sum"] += (torch.logsumexp(scores, dim=1) - own).sum()
+        acc["sum"] += (_log_normalizer(batch).reshape(-1) - own).sum()
         acc["count"] += batch.labels.shape[0]
 
     def value(self, state: State) -> float:
