@@ -312,6 +312,7 @@ class Experiment:
         self._group_attempts = 0
         self._group_breaks: dict[str, int] = {}
         self._reporter: ReportRefresher | None = None  # made at the first round end
+        self._report_due = False  # a round ended: refresh once the next round is under way
 
     # -- events ---------------------------------------------------------------------------
 
@@ -801,6 +802,7 @@ class Experiment:
                 else:
                     running[started.number] = started
                     started.watch(finished)
+            self._request_report()  # the round's first units are out (or none can be)
             if not running:
                 if requeued:
                     continue  # a worker left since the last sync: assign again now
@@ -1351,6 +1353,18 @@ class Experiment:
         if self.procedure.is_finished() and not self.state.live_trials():
             return  # the run ends now: its final refresh follows, this one would be redone
         self.log.flush()  # the report reads the log
+        self._report_due = True  # asked for once the next round's first units are out
+
+    def _request_report(self) -> None:
+        """Refresh the report in a thread, if a round end asked for it.
+
+        Called once the next round has submitted its first units (or found none to
+        submit): the rendering thread would otherwise take the interpreter from the
+        round's start while the workers wait for their units.
+        """
+        if not self._report_due:
+            return
+        self._report_due = False
         if self._reporter is None:
             from cerebro_spark.report import ReportRefresher  # here: it imports the engine
 

@@ -95,7 +95,8 @@ class RealRun:
     experiment_id: str
     config: ExperimentConfig
     live_pages: dict[int, str]
-    """``report.html`` as it was when round ``n`` was about to start (``n`` > 0)."""
+    """``report.html`` as it was when stage ``n`` was about to start (``n`` > 0; stage 2
+    is the final one, after the last round)."""
 
     @property
     def directory(self) -> Path:
@@ -144,9 +145,10 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> RealRun:
     page = store / "experiments" / "e1" / "report.html"
 
     def watching(stage: Stage, backend: Backend) -> StageDirective:
-        """The plan's hook; first, keep the report the last round end wrote (round 0's:
-        rendered beside the run, it may still be on its way)."""
-        waited = time.monotonic() + (60.0 if stage.round == 1 else 0.0)
+        """The plan's hook; first, keep the report as it is. At the final stage, that is
+        the page round 0's end asked for (rendered beside round 1, it may still be on its
+        way; the last round's end asks for none, the final report follows)."""
+        waited = time.monotonic() + (60.0 if stage.final else 0.0)
         while not page.exists() and time.monotonic() < waited:
             time.sleep(0.05)
         if stage.round > 0 and page.exists():

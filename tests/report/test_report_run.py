@@ -80,8 +80,9 @@ def test_the_data_is_the_log(real_run: RealRun) -> None:
 def test_the_report_is_refreshed_at_round_ends_and_reloads_while_running(
     real_run: RealRun,
 ) -> None:
-    live = real_run.live_pages[1]  # written at the end of round 0, read before round 1
-    assert 'http-equiv="refresh"' in live and "running (round 0;" in live
+    assert 1 not in real_run.live_pages  # round 0's page is asked for once round 1 is out
+    live = real_run.live_pages[2]  # written beside round 1, read before the final report
+    assert 'http-equiv="refresh"' in live and "running (round 1;" in live
     assert "Learning curves" in live and "Workers over time" in live
 
 
