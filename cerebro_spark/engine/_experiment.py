@@ -128,6 +128,10 @@ _WAIT_SECONDS = 0.5
 # was queued would put one in the driver's loop per unit while workers keep finishing.
 # Busy, the log still lags by at most EventLog.flush_seconds.
 _SETTLE_SECONDS = 0.05
+_STARTING_POLL_SECONDS = 0.05
+"""How often the driver looks for workers that became ready while units run and some are
+still starting (a unit of a small model takes a fraction of a second: the first units
+start while the other workers load, and each joins as soon as it is ready)."""
 MAX_UNIT_RETRIES = 3
 """Times a unit is retried after I/O errors before the experiment gives up."""
 GROUP_TIMEOUT_S = 60.0
@@ -818,7 +822,13 @@ class Experiment:
             ready = _drain(finished, _SETTLE_SECONDS)
             if not ready:
                 self.log.flush()  # idle until a worker reports: make the log current
-                ready = _drain(finished, _WAIT_SECONDS)
+                # A worker takes its first unit once it is ready, not once a unit ends:
+                # while some start, the driver looks often; one ready before it looked
+                # is taken in now (counted first, so none falls between the two).
+                starting = backend.starting()
+                if self._sync_membership(backend, scheduler):
+                    continue
+                ready = _drain(finished, _STARTING_POLL_SECONDS if starting else _WAIT_SECONDS)
             freed = [r.running for r in ready if isinstance(r, _Freed)]
             ended = sorted(  # in submission order, as they were started
                 (r for r in ready if isinstance(r, _Running)), key=lambda r: r.number
@@ -1256,15 +1266,19 @@ class Experiment:
 
     # -- workers --------------------------------------------------------------------------
 
-    def _sync_membership(self, backend: Backend, scheduler: MopScheduler | None) -> None:
+    def _sync_membership(self, backend: Backend, scheduler: MopScheduler | None) -> bool:
         """Log the backend's membership changes and tell the scheduler (Cerebro §5.6).
 
         A worker that left (lost, retiring, retired) leaves the schedule at once when it
         runs nothing; otherwise when its unit -- or its group's last rank -- has been
         handled (:meth:`_depart`): until then its assignment stays in Q', so a group's
         surviving ranks, still busy on the backend, get no other work.
+
+        Returns:
+            Whether there was any change.
         """
-        for change in backend.changes():
+        changes = backend.changes()
+        for change in changes:
             info = change.worker
             worker = info.worker_id
             where = {"host": info.host, "executor_id": info.executor_id, "device": info.device}
@@ -1299,6 +1313,7 @@ class Experiment:
                 if change.kind is Membership.LOST:
                     logger.warning("worker %s was lost: %s", worker, change.reason)
                 self._leave(worker, scheduler)
+        return bool(changes)
 
     def _leave(self, worker: str, scheduler: MopScheduler | None) -> None:
         if scheduler is None or worker not in scheduler.workers:

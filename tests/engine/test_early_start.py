@@ -11,6 +11,7 @@ that "train" by hashing, a first load held by a gate. No torch, no Spark.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,6 +87,41 @@ def assert_trained_once(events: list[dict[str, Any]]) -> None:
     )
     assert len(keys) == TRIALS * EPOCHS * 2 * PARTITIONS
     assert set(keys.values()) == {1}
+
+
+def test_a_worker_ready_while_units_run_takes_a_unit_before_any_ends(
+    tmp_path: Path, script: fake_transport.Script, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cerebro_spark.engine._experiment as experiment
+
+    # Nothing but a unit's end, or the look for workers still starting, wakes the driver.
+    monkeypatch.setattr(experiment, "_WAIT_SECONDS", 60.0)
+    loading = script.load_gates["w1"] = script.gate("w1-load")
+    units = script.gate("units")  # no unit ends before w1 took one
+    cfg = config(tmp_path)
+    cfg = parse_config({**cfg.to_dict(), "space": {"hidden": {"grid": [1, 2, 3]}, "gate": "units"}})
+    outcome: list[Any] = []
+    run = threading.Thread(
+        target=lambda: outcome.append(
+            run_experiment(cfg, experiment_id="joins", backend_factory=pool)
+        )
+    )
+    run.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not script.ran("w0") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert script.ran("w0") and not script.ran("w1")
+        loading.set()
+        while not script.ran("w1") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert script.ran("w1"), "w1 took no unit while w0's ran"
+        assert not units.is_set()
+    finally:
+        units.set()
+        run.join(timeout=120)
+    assert outcome and all(t.epochs == EPOCHS for t in outcome[0].trials)
+    assert_trained_once(events_of(tmp_path, "joins"))
 
 
 @pytest.fixture
