@@ -374,8 +374,7 @@ class RocAuc(Metric):
             acc["scores"].append(kept)
             acc["labels"].append(labels)
             return
-        scores = _scores64(batch)
-        logit = _log_odds(scores, None if scores.shape[1] == 2 else _log_normalizer(batch))
+        logit = _log_odds(batch)
         if self.num_classes == 2:
             logit = logit[:, 1:]  # class 1's column alone
         acc["counts"] += _bin_counts(logit, labels, self.num_classes, self.bins)
@@ -451,20 +450,18 @@ class RocAuc(Metric):
         return float(np.mean(aucs))
 
 
-def _log_odds(scores: torch.Tensor, normalizer: torch.Tensor | None = None) -> torch.Tensor:
+def _log_odds(batch: Batch) -> torch.Tensor:
     """Each column's log-odds ``log p - log(1 - p)`` under the softmax, in float64.
 
     Two columns: ``s1 - s0`` and its negation, exactly; more, from ``log p = s -
-    logsumexp(s)`` (``normalizer``, the rows' ``logsumexp`` when already computed) and
-    ``log(1 - p)`` as ``log(-expm1(log p))``, exact near ``p = 1``.
+    logsumexp(s)`` (the normalizer log loss shares) and ``log(1 - p)`` as
+    ``log(-expm1(log p))``, exact near ``p = 1``.
     """
-    scores = scores.to(torch.float64)
+    scores = _scores64(batch)
     if scores.shape[1] == 2:
         difference = scores[:, 1:] - scores[:, :1]
         return torch.cat([-difference, difference], dim=1)
-    if normalizer is None:
-        normalizer = torch.logsumexp(scores, dim=1, keepdim=True)
-    log_p = scores - normalizer
+    log_p = scores - _log_normalizer(batch)
     return log_p - torch.log(-torch.expm1(log_p))
 
 
