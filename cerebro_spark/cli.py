@@ -78,7 +78,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     register_config_secrets(config.to_dict())
-    for flag, field in (("--workers", "workers"), ("--store", "store"), ("--seed", "seed")):
+    overrides = (
+        ("--workers", "workers"),
+        ("--store", "store"),
+        ("--seed", "seed"),
+        ("--device", "device"),
+    )
+    for flag, field in overrides:
         value = getattr(args, field)
         if value is not None:
             config = _override(config, flag, field, value)
@@ -251,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--store", help="override the config's store URI")
     run.add_argument("--seed", type=int, help="override the config's seed")
     run.add_argument("--backend", choices=("spark", "local"), help="override the config's backend")
+    run.add_argument("--device", help="override the config's device (auto, cpu, cuda or cuda:N)")
     run.add_argument(
         "--master", help="Spark master URL (local[2], spark://host:7077, yarn ...); implies spark"
     )

@@ -19,7 +19,7 @@ import sys
 import threading
 import traceback
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from multiprocessing.context import ForkServerContext, SpawnContext
 from multiprocessing.process import BaseProcess
@@ -35,12 +35,12 @@ logger = logging.getLogger(__name__)
 _JOIN_S = 5.0
 
 
-def _process_main(spec: WorkerSpec) -> None:
+def _process_main(spec: WorkerSpec, info: TaskInfo) -> None:
     """Serve, then leave with ``os._exit``: tearing down torch takes seconds, for nothing."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     code = 0
     try:
-        serve(spec, TaskInfo())
+        serve(spec, info)
     except BaseException:
         traceback.print_exc()
         code = 1
@@ -75,14 +75,17 @@ class LocalTransport(Transport):
 
     Args:
         start_method: ``"spawn"`` or ``"forkserver"``.
+        gpus: CUDA device indices to hand out, one to each worker (see the module
+            docstring); empty: the workers are given none.
 
     Raises:
-        ConfigError: ``start_method`` is not one of those, or not available here.
+        ConfigError: ``start_method`` is not one of those, or not available here, or a
+            GPU index is not a non-negative integer.
     """
 
     noun = "process"
 
-    def __init__(self, start_method: str = "spawn") -> None:
+    def __init__(self, start_method: str = "spawn", gpus: Sequence[int] = ()) -> None:
         if start_method not in ("spawn", "forkserver"):
             raise ConfigError(
                 f"start_method must be 'spawn' or 'forkserver', got {start_method!r} "
@@ -95,6 +98,10 @@ class LocalTransport(Transport):
             if start_method == "spawn"
             else multiprocessing.get_context("forkserver")
         )
+        if any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in gpus):
+            raise ConfigError(f"gpus must be CUDA device indices (ints >= 0), got {list(gpus)!r}")
+        self._gpus = tuple(gpus)
+        self._gpu_of: dict[str, int] = {}  # worker id -> the GPU it was given
         self._processes: dict[str, BaseProcess] = {}
         self._finalizer = weakref.finalize(self, _kill_all, self._processes)
 
@@ -102,7 +109,7 @@ class LocalTransport(Transport):
         """Start a worker process; the future resolves with its exit status."""
         process = self._ctx.Process(
             target=_process_main,
-            args=(spec,),
+            args=(spec, self._task_info(spec.worker_id)),
             name=f"cerebro-worker-{spec.worker_id}",
             daemon=True,
         )
@@ -117,6 +124,15 @@ class LocalTransport(Transport):
         threading.Thread(target=watch, name=f"cerebro-watch-{spec.worker_id}", daemon=True).start()
         logger.debug("started worker %s (pid %s)", spec.worker_id, process.pid)
         return ended
+
+    def _task_info(self, worker_id: str) -> TaskInfo:
+        """The worker's resources: the GPU with the fewest live workers, if any."""
+        if not self._gpus:
+            return TaskInfo()
+        live = [self._gpu_of[w] for w, p in self._processes.items() if p.is_alive()]
+        gpu = min(self._gpus, key=lambda g: (live.count(g), g))
+        self._gpu_of[worker_id] = gpu
+        return TaskInfo(resources={"gpu": (str(gpu),)})
 
     def kill(self, worker_id: str) -> None:
         """SIGKILL the worker's process (nothing if it already ended)."""
@@ -137,13 +153,22 @@ class LocalBackend(WorkerPool):
             number of partitions.
         start_method: :mod:`multiprocessing` start method, ``"spawn"`` or
             ``"forkserver"``.
+        gpus: CUDA device indices to spread the workers over (:class:`LocalTransport`);
+            with the default ``device`` (``None``) a worker trains on the GPU it is given.
         **options: :class:`WorkerPool`'s other arguments.
 
     Raises:
         ConfigError: An argument breaks the rules above.
     """
 
-    def __init__(self, num_workers: int, *, start_method: str = "spawn", **options: Any) -> None:
+    def __init__(
+        self,
+        num_workers: int,
+        *,
+        start_method: str = "spawn",
+        gpus: Sequence[int] = (),
+        **options: Any,
+    ) -> None:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise ConfigError(f"num_workers must be an integer >= 1, got {num_workers!r}")
-        super().__init__(LocalTransport(start_method), num_workers, **options)
+        super().__init__(LocalTransport(start_method, gpus), num_workers, **options)

@@ -217,8 +217,10 @@ class WorkerPool(Backend):
         transport: Starts the workers and tells when they end.
         num_workers: Workers :meth:`start` starts; ``None`` lets the transport choose
             (Spark: one per executor task slot). At most the number of partitions.
-        device: Torch device of every worker; ``None`` lets each choose (``cuda:<i>`` for
-            a Spark task given a ``gpu`` resource, else ``cpu``).
+        device: Torch device of every worker (:func:`~._serve.resolve_device`): ``None``
+            or ``"auto"`` lets each choose (``cuda:<i>`` for a worker given a ``gpu``
+            resource, else ``cpu``), ``"cuda"`` likewise but a worker given no GPU fails,
+            ``"cpu"`` and ``"cuda:N"`` are used as given.
         start_timeout_s: Seconds a worker may take to register; then it is lost (and
             :meth:`start` or :meth:`add_worker` raise if it was the last hope). Loading its
             partitions afterwards is bounded by its heartbeats, not by time: a large share

@@ -3,7 +3,7 @@
 Every transport runs the same :func:`serve` (a Spark task, a worker process, a test
 thread), so every backend speaks the production wire format (:mod:`._control`). A worker:
 
-1. chooses its torch device (:func:`choose_device`) from its :class:`TaskInfo`;
+1. chooses its torch device (:func:`resolve_device`) from its spec and its :class:`TaskInfo`;
 2. connects to the driver and sends ``register`` (``worker_id``, ``attempt``,
    ``task_attempt_id``, ``pid``, ``hostname``, ``device``, ``executor_hint``);
 3. waits for ``welcome``, or ``refuse`` (``reason``): the driver's answer to a worker id
@@ -73,7 +73,9 @@ class WorkerSpec:
         driver_port: Its port.
         secret: The per-experiment HMAC secret (not shown in ``repr``).
         job: Dataset and store of the experiment, torch thread count.
-        device: Torch device to use; ``None`` chooses from the task's resources.
+        device: Torch device to use (:func:`resolve_device`): ``None`` or ``"auto"``
+            chooses from the task's resources, ``"cuda"`` too but requires a GPU,
+            ``"cpu"`` and ``"cuda:N"`` are used as given.
         heartbeat_s: Seconds between heartbeats to the driver.
         driver_timeout_s: Seconds of driver silence after which the worker ends.
         connect_timeout_s: Seconds to keep trying to reach the driver.
@@ -118,7 +120,10 @@ class _Served(Protocol):
 
 
 def choose_device(resources: Mapping[str, Iterable[str]]) -> str:
-    """Return ``cuda:<first gpu address>`` for a task given a Spark ``gpu``, else ``cpu``.
+    """Return ``cuda:<first gpu address>`` for a task given a ``gpu`` resource, else ``cpu``.
+
+    Spark gives a task the GPUs of ``spark.task.resource.gpu.amount``;
+    :class:`~._local.LocalTransport` gives each worker process one of the GPUs torch sees.
 
     Raises:
         ConfigError: A GPU address is not a non-negative integer.
@@ -133,6 +138,31 @@ def choose_device(resources: Mapping[str, Iterable[str]]) -> str:
             "device index (a non-negative integer, as the GPU discovery script reports)"
         )
     return f"cuda:{int(first)}"
+
+
+def resolve_device(device: str | None, resources: Mapping[str, Iterable[str]]) -> str:
+    """Return the torch device a worker trains on.
+
+    Args:
+        device: What the experiment asked for (``ExperimentConfig.device``): ``None`` or
+            ``"auto"``: the task's GPU if it was given one, else the CPU; ``"cuda"``: the
+            task's GPU, which it must have been given; ``"cpu"`` or ``"cuda:N"``: that.
+        resources: The task's resources (:attr:`TaskInfo.resources`).
+
+    Raises:
+        ConfigError: ``"cuda"`` for a task given no GPU, or a GPU address that is not an
+            index.
+    """
+    if device is None or device in ("auto", "cuda"):
+        chosen = choose_device(resources)
+        if device == "cuda" and chosen == "cpu":
+            raise ConfigError(
+                "device 'cuda': this worker was given no GPU (Spark: set "
+                "spark.executor.resource.gpu.amount and spark.task.resource.gpu.amount; "
+                "local: torch sees no GPU); use device 'auto' to train on the CPU then"
+            )
+        return chosen
+    return device
 
 
 def executor_hint(environ: Mapping[str, str], cwd: str) -> str | None:
@@ -193,7 +223,7 @@ def serve(
     started = process_start_time()
     if started is not None:
         startup["process"] = started
-    device = spec.device or choose_device(info.resources)
+    device = resolve_device(spec.device, info.resources)
     worker = make_worker(spec.worker_id, spec.job, device)
     warm_up = getattr(worker, "warm_up", None)
     if callable(warm_up):

@@ -22,6 +22,7 @@ from cerebro_spark.engine._config import (
     parse_config,
     validate_config,
 )
+from cerebro_spark.engine._device import check_spark_gpus, local_gpus, pool_device
 from cerebro_spark.engine._events import read_events
 from cerebro_spark.engine._experiment import (
     BEST_CHECKPOINT_NAME,
@@ -95,7 +96,7 @@ def default_backend(config: ExperimentConfig) -> Backend:
     if config.backend == "local":
         from cerebro_spark.backends import LocalBackend
 
-        return LocalBackend(config.workers)
+        return LocalBackend(config.workers, gpus=local_gpus(config), device=pool_device(config))
     if config.backend == "spark":
         from cerebro_spark.backends import SparkBackend
         from cerebro_spark.spark_session import spark_session
@@ -103,8 +104,9 @@ def default_backend(config: ExperimentConfig) -> Backend:
         session = spark_session(
             config.spark.master, f"cerebro-spark {config.name}", config.spark.conf
         )
+        check_spark_gpus(config, session)
         ship_user_code(session.sparkContext, config)
-        return SparkBackend(config.workers, spark=session)
+        return SparkBackend(config.workers, spark=session, device=pool_device(config))
     raise ConfigError(f"backend must be 'local' or 'spark', got {config.backend!r}")
 
 

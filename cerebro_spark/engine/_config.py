@@ -180,6 +180,11 @@ class ExperimentConfig:
         visit_order: ``seeded`` (reproducible bit for bit) or ``dynamic`` (Alg. 1 as
             written: any order, reproducible by ``replay`` from the logged order).
         torch_threads: Intra-op threads of each worker.
+        device: Where workers train: ``auto`` (default: a GPU where there is one --
+            ``backend: local`` spreads the workers over the GPUs torch sees on this
+            machine, ``backend: spark`` uses each task's ``gpu`` resource -- else the CPU),
+            ``cuda`` (the same, but a run without a GPU for every worker is refused),
+            ``cpu``, or ``cuda:N`` (every worker on GPU N; ``backend: local`` only).
         elastic: Plan workers per stage for a deadline and a budget and resize the
             cluster between stages (``None``: a fixed cluster of ``workers``).
         tracking: MLflow and TensorBoard tracking (:class:`TrackingConfig`).
@@ -202,6 +207,7 @@ class ExperimentConfig:
     rule: Rule = "work-aware"
     visit_order: VisitOrder = "seeded"
     torch_threads: int = 1
+    device: str = "auto"
     elastic: ElasticConfig | None = None
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
 
@@ -362,11 +368,39 @@ def parse_config(raw: Any, *, stored: bool = False) -> ExperimentConfig:
         rule=top.take_choice("rule", ("randomized", "work-aware"), "work-aware"),  # type: ignore[arg-type]
         visit_order=top.take_choice("visit_order", ("seeded", "dynamic"), "seeded"),  # type: ignore[arg-type]
         torch_threads=top.take_int("torch_threads", 1, minimum=1),
+        device=top.take("device", str, _default_device(raw, stored=stored)),
         elastic=_parse_elastic(top.take("elastic", dict, None)),
         tracking=_parse_tracking(top.take("tracking", dict, {})),
     )
     top.finish()
+    _check_device(config.device, config.backend)
     return config
+
+
+_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
+
+def _default_device(raw: Mapping[str, Any], *, stored: bool) -> str:
+    """``auto``; but ``cpu`` for a stored local run of a version without ``device``.
+
+    Local workers trained on the CPU before ``device`` existed (Spark tasks already took
+    their ``gpu`` resource): resumed or replayed on a machine with a GPU, such a run goes
+    on where it ran, so its checkpoints still compare bit for bit.
+    """
+    return "cpu" if stored and raw.get("backend", "local") == "local" else "auto"
+
+
+def _check_device(device: str, backend: str) -> None:
+    if not _DEVICE.fullmatch(device):
+        raise ConfigError(
+            f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N' (N a GPU index), got {device!r}"
+        )
+    if backend == "spark" and device.startswith("cuda:"):
+        raise ConfigError(
+            f"device {device!r} pins every worker to one GPU, which Spark does not schedule: "
+            "with backend 'spark' use 'cuda' (or 'auto'), and give each task a GPU with "
+            "spark.task.resource.gpu.amount"
+        )
 
 
 def _parse_data(raw: Mapping[str, Any], *, stored: bool = False) -> DataConfig:

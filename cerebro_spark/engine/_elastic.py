@@ -830,9 +830,11 @@ def _factory(session: Any, workers: int) -> Callable[[ExperimentConfig], Backend
 
     def factory(config: ExperimentConfig) -> Backend:
         from cerebro_spark.engine._api import ship_user_code
+        from cerebro_spark.engine._device import check_spark_gpus, pool_device
 
+        check_spark_gpus(config, session)
         ship_user_code(session.sparkContext, config)  # spec modules beside the config
-        return SparkBackend(workers, spark=session)
+        return SparkBackend(workers, spark=session, device=pool_device(config))
 
     return factory
 

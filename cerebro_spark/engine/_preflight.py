@@ -34,6 +34,7 @@ import numpy as np
 from cerebro_spark.data import DatasetInfo, Manifest
 from cerebro_spark.engine._config import ExperimentConfig
 from cerebro_spark.engine._dataset import resolve_dataset
+from cerebro_spark.engine._device import check_device
 from cerebro_spark.errors import CerebroError, ConfigError, TrialError
 from cerebro_spark.search.space import SearchSpace
 from cerebro_spark.store import Store
@@ -98,16 +99,18 @@ def preflight(config: ExperimentConfig, store: Store) -> Preflight:
 
 
 def check_search(config: ExperimentConfig) -> None:
-    """Check the search space, every spec's hyperparameters and the procedure's options.
+    """Check the device, the search space, every spec's hyperparameters and the procedure.
 
     Cheap, and before the dataset is resolved (a ``source`` may take minutes to
-    prepare): the space parses, every param the space gives a spec is one the spec
-    declares (:func:`check_hyperparameters`), and the procedure builds with its options.
+    prepare): a local run's ``device`` is one this machine has, the space parses, every
+    param the space gives a spec is one the spec declares (:func:`check_hyperparameters`),
+    and the procedure builds with its options.
 
     Raises:
         ConfigError: Naming the param, option or value and the rule.
     """
     _check_local_source(config)
+    check_device(config)
     SearchSpace.from_config(config.space)
     check_hyperparameters(config)
     from cerebro_spark.engine._experiment import build_procedure  # imports this module

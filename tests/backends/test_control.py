@@ -48,6 +48,7 @@ from cerebro_spark.backends._serve import (
     WorkerSpec,
     choose_device,
     executor_hint,
+    resolve_device,
     serve,
 )
 from cerebro_spark.errors import (
@@ -585,3 +586,15 @@ def test_a_frame_header_is_twelve_bytes() -> None:
     length, seq = struct.unpack("!IQ", frame[:12])
     assert (length, seq) == (len(frame) - 12 - 32, 5)
     assert json.loads(frame[44:]) == {"op": "x"}
+
+
+def test_resolve_device_follows_the_config_and_the_tasks_resources():
+    gpu = {"gpu": ("2",)}
+    assert resolve_device(None, {}) == "cpu"
+    assert resolve_device("auto", {}) == "cpu"
+    assert resolve_device("auto", gpu) == "cuda:2"
+    assert resolve_device("cuda", gpu) == "cuda:2"
+    assert resolve_device("cpu", gpu) == "cpu"
+    assert resolve_device("cuda:1", {}) == "cuda:1"
+    with pytest.raises(ConfigError, match="device 'cuda': this worker was given no GPU"):
+        resolve_device("cuda", {})

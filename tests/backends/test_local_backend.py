@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cerebro_spark.backends import Backend, LocalBackend, Worker, WorkerJob
+from cerebro_spark.backends import Backend, LocalBackend, LocalTransport, Worker, WorkerJob
 from cerebro_spark.errors import ConfigError, DataError, StoreError, TrialError, WorkerLostError
 from cerebro_spark.store import Store, open_store
 from cerebro_spark.units import UnitKind
@@ -332,3 +332,27 @@ def test_workers_exit_when_the_driver_is_killed(dataset: Dataset, tmp_path: Path
     pids = json.loads(done.stdout)
     assert len(pids) == 2
     wait_until(lambda: not any(_alive(pid) for pid in pids), "orphaned workers to exit")
+
+
+class _Process:
+    """What LocalTransport asks of a process when it hands out GPUs."""
+
+    def __init__(self, alive: bool = True) -> None:
+        self.alive = alive
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+
+def test_each_worker_process_gets_the_gpu_with_the_fewest_live_workers():
+    transport = LocalTransport(gpus=(0, 1))
+    given = []
+    for worker in ("w0", "w1", "w2"):
+        given.append(transport._task_info(worker).resources["gpu"])
+        transport._processes[worker] = _Process()
+    assert given == [("0",), ("1",), ("0",)]
+    transport._processes["w1"].alive = False  # GPU 1 is free again: its replacement goes there
+    assert transport._task_info("w3").resources == {"gpu": ("1",)}
+    assert LocalTransport()._task_info("w0").resources == {}
+    with pytest.raises(ConfigError, match=r"gpus must be CUDA device indices"):
+        LocalTransport(gpus=(-1,))

@@ -98,6 +98,16 @@ def test_procedure_options_are_kept():
         ),
         ({"data": {"source": "x", "colour": 1}}, "unknown field(s) colour in data"),
         ({"procedure": {"num_trials": 3}}, "procedure.name must be"),
+        (
+            {"device": "gpu"},
+            "device must be 'auto', 'cpu', 'cuda' or 'cuda:N' (N a GPU index), got 'gpu'",
+        ),
+        ({"device": "cuda:-1"}, "got 'cuda:-1'"),
+        ({"device": 0}, "device must be of type str"),
+        (
+            {"device": "cuda:1", "backend": "spark"},
+            "device 'cuda:1' pins every worker to one GPU, which Spark does not schedule",
+        ),
     ],
 )
 def test_errors_name_the_field_and_rule(changes, message):
@@ -139,3 +149,19 @@ def test_a_key_given_twice_is_refused_but_merge_keys_may_be_overridden(tmp_path)
     with pytest.raises(ConfigError, match=r"duplicate key 'epochs' \(first given on line 2\)"):
         load_config(path)
     assert load_yaml("c: &c {lr: 1, x: 2}\nd: {<<: *c, lr: 3}\n")["d"] == {"lr": 3, "x": 2}
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:0", "cuda:12"])
+def test_device_values_round_trip(device):
+    config = parse_config(minimal(device=device))
+    assert config.device == device
+    assert parse_config(config.to_dict()) == config
+
+
+def test_device_defaults_to_auto_but_a_stored_local_run_without_it_stays_on_the_cpu():
+    assert parse_config(minimal()).device == "auto"
+    # config.json of a version before `device`: local workers trained on the CPU, Spark
+    # tasks on their GPU resource; resumed or replayed, each goes on where it ran
+    assert parse_config(minimal(), stored=True).device == "cpu"
+    assert parse_config(minimal(backend="spark"), stored=True).device == "auto"
+    assert parse_config(minimal(device="auto"), stored=True).device == "auto"

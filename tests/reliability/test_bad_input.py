@@ -56,6 +56,17 @@ CASES = {
     # id: (change to the GOOD config or None, extra argv, the exact error)
     "workers-0": (None, ["--workers", "0"], "--workers 0: workers must be an int ≥ 1, got 0"),
     "seed-negative": (None, ["--seed", "-5"], "--seed -5: seed must be an int ≥ 0, got -5"),
+    "device-unknown": (
+        None,
+        ["--device", "gpu"],
+        "--device gpu: device must be 'auto', 'cpu', 'cuda' or 'cuda:N' (N a GPU index), "
+        "got 'gpu'",
+    ),
+    "device-pinned-on-spark": (
+        ("workers: 2", "workers: 2\nbackend: spark\ndevice: cuda:0"),
+        [],
+        "device 'cuda:0' pins every worker to one GPU, which Spark does not schedule",
+    ),
     "hyperparameter-typo": (
         ("hidden_units", "hiden_units"),
         [],
