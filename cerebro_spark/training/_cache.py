@@ -34,8 +34,6 @@ import os
 import threading
 from collections import OrderedDict
 
-import torch
-
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.training._checkpoint import Checkpoint, PackedCheckpoint
 
@@ -142,9 +140,9 @@ class CheckpointCache:
         return None if entry is None else entry.data
 
     def get_checkpoint(
-        self, key: str, sha256: str | None, device: str | torch.device = "cpu"
+        self, key: str, sha256: str | None
     ) -> tuple[bytes, Checkpoint | None] | None:
-        """Like :meth:`get`, with a fresh copy of the decoded checkpoint on ``device``.
+        """Like :meth:`get`, with a fresh copy of the decoded checkpoint in host memory.
 
         Returns:
             ``None`` on a miss; else the bytes and a copy of the decoded checkpoint (the
@@ -153,7 +151,7 @@ class CheckpointCache:
         entry = self._lookup(key, sha256)
         if entry is None:
             return None
-        decoded = None if entry.decoded is None else entry.decoded.unpack(device)
+        decoded = None if entry.decoded is None else entry.decoded.unpack()
         return entry.data, decoded
 
     def _lookup(self, key: str, sha256: str | None) -> _Entry | None:

@@ -488,7 +488,7 @@ def _open(
     checkpoint = None
     io_seconds = 0.0
     if task.checkpoint_in is not None:
-        checkpoint, _, io_seconds = _read_checkpoint(store, task, task.checkpoint_in, dev)
+        checkpoint, _, io_seconds = _read_checkpoint(store, task, task.checkpoint_in)
     state = _open_state(spec, task, info, dev, checkpoint)
     metrics = _pass_metrics(spec, task, info, dev, training=True)
     return _Opened(spec, state, local_batches, io_seconds, metrics)

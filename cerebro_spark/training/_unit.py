@@ -348,12 +348,18 @@ class _CheckpointRead:
     cache_hit: bool
 
 
-def _load_checkpoint(store: Store, task: UnitTask, key: str, dev: torch.device) -> _CheckpointRead:
+def _load_checkpoint(store: Store, task: UnitTask, key: str) -> _CheckpointRead:
     """Read and decode checkpoint ``key``, verified against the digest the log recorded.
 
     The worker's cache answers when it holds ``key`` with the task's
     ``checkpoint_in_sha256``; otherwise the store is read and the bytes' SHA-256 compared
     with it before anything is decoded.
+
+    The tensors are decoded into host memory whatever the unit's device:
+    ``load_state_dict`` copies them to the model's device, and the optimizer keeps its
+    step counts on the host, as torch does for an optimizer that is not ``capturable``
+    (Adam reads a step count with ``.item()`` per parameter per batch: on a GPU, a host
+    sync each time, measured on an H100 as most of a unit's fixed cost).
 
     Raises:
         CheckpointCorruptError: The bytes read are not those the log recorded (a storage
@@ -364,7 +370,7 @@ def _load_checkpoint(store: Store, task: UnitTask, key: str, dev: torch.device) 
     started = time.perf_counter()
     expected = task.checkpoint_in_sha256 if key == task.checkpoint_in else None
     cache = worker_cache()
-    held = cache.get_checkpoint(key, expected, dev)
+    held = cache.get_checkpoint(key, expected)
     hit = held is not None
     checkpoint: Checkpoint | None = None
     if held is None:
@@ -377,16 +383,14 @@ def _load_checkpoint(store: Store, task: UnitTask, key: str, dev: torch.device) 
         blob, checkpoint = held  # a checkpoint this worker wrote comes decoded
     if checkpoint is None:
         with _user_code(task, f"decoding checkpoint {key!r}"):
-            checkpoint = decode_checkpoint(blob, map_location=dev)
+            checkpoint = decode_checkpoint(blob)
     seconds = time.perf_counter() - started
     return _CheckpointRead(checkpoint, len(blob), seconds, 0 if hit else len(blob), hit)
 
 
-def _read_checkpoint(
-    store: Store, task: UnitTask, key: str, dev: torch.device
-) -> tuple[Checkpoint, int, float]:
+def _read_checkpoint(store: Store, task: UnitTask, key: str) -> tuple[Checkpoint, int, float]:
     """Return (checkpoint, its size, seconds reading it): :func:`_load_checkpoint`."""
-    read = _load_checkpoint(store, task, key, dev)
+    read = _load_checkpoint(store, task, key)
     return read.checkpoint, read.size, read.seconds
 
 
@@ -585,7 +589,7 @@ def _train(
     checkpoint = None
     read = None
     if task.checkpoint_in is not None:
-        read = _load_checkpoint(store, task, task.checkpoint_in, dev)
+        read = _load_checkpoint(store, task, task.checkpoint_in)
         checkpoint, io_seconds = read.checkpoint, read.seconds
     state = _open_state(spec, task, info, dev, checkpoint)
     metrics, rows = _train_pass(spec, state, task, data, info, dev)
@@ -622,7 +626,7 @@ def _validate(
     start: float,
 ) -> UnitResult:
     key = _key(task, task.checkpoint_in, "checkpoint_in")
-    read = _load_checkpoint(store, task, key, dev)
+    read = _load_checkpoint(store, task, key)
     checkpoint, io_seconds = read.checkpoint, read.seconds
     model = _build_model(spec, task, info, dev)
     with _user_code(task, f"restoring checkpoint {task.checkpoint_in!r}"):
