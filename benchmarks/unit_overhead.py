@@ -30,7 +30,12 @@ CPU time of each variant (``+%min``: the least disturbed runs, on a loaded machi
 closest to the code's own cost).
 
     python benchmarks/unit_overhead.py [--repeat 7] [--threads 1] [--device cpu]
-        [--profile]   (cProfile of one 0.5 s pass: where the time goes)
+        [--model mlp]  (cnn: CNNSpec, two conv blocks of 32 and 64 channels on 3x32x32)
+        [--profile]   (cProfile of a 0.5 s pass and of five 0.1 s units: where time goes)
+
+On a GPU (``--device cuda --model cnn``) every variant copies each batch from host memory
+to the device, as the bare loop does, and ends with the device synchronised (the bare
+loop by ``torch.cuda.synchronize``, ours by reading its metrics and loss to the host).
 
 **Where the gap came from** (numbers in ``benchmarks/results/unit_overhead.txt``): the
 train loop itself, not checkpoints. Every batch updated each default metric separately:
@@ -102,15 +107,27 @@ from cerebro_spark.training import run_unit, train_unit
 from cerebro_spark.training._loading import load_spec
 from cerebro_spark.units import UnitKind, UnitResult, UnitTask
 
-SPEC = "cerebro_spark.training:MLPSpec"
-PARAMS: dict[str, Any] = {"hidden_units": [128], "lr": 1e-3, "batch_size": 64, "standardize": False}
-FEATURES, CLASSES, BATCH = 64, 10, 64
+MODELS: dict[str, tuple[str, dict[str, Any], tuple[int, ...]]] = {
+    # name: (spec, params, feature shape)
+    "mlp": (
+        "cerebro_spark.training:MLPSpec",
+        {"hidden_units": [128], "lr": 1e-3, "batch_size": 64, "standardize": False},
+        (64,),
+    ),
+    "cnn": (  # a small CNN on CIFAR-sized images: 2 conv blocks (32, 64), dense 128
+        "cerebro_spark.training:CNNSpec",
+        {"channels": [32, 64], "dense_units": 128, "lr": 1e-3, "batch_size": 64,
+         "standardize": False},
+        (3, 32, 32),
+    ),
+}  # fmt: skip
+CLASSES, BATCH = 10, 64
 TARGETS = (0.01, 0.1, 0.5, 2.0)
 
 
-def make_data(rows: int) -> PartitionData:
+def make_data(rows: int, shape: tuple[int, ...]) -> PartitionData:
     rng = np.random.default_rng(0)
-    features = rng.standard_normal((rows, FEATURES), dtype=np.float32)
+    features = rng.standard_normal((rows, *shape), dtype=np.float32)
     labels = rng.integers(0, CLASSES, rows)
     return PartitionData("train", 0, features, labels, bytes_read=0)
 
@@ -118,11 +135,11 @@ def make_data(rows: int) -> PartitionData:
 class Bare:
     """The peer's loop: model and optimizer built once, trained batch after batch."""
 
-    def __init__(self, info: DatasetInfo, device: torch.device) -> None:
-        spec = load_spec(SPEC)
+    def __init__(self, info: DatasetInfo, device: torch.device, task: UnitTask) -> None:
+        spec = load_spec(task.spec)
         torch.manual_seed(0)
-        self.model = spec.build_model(PARAMS, info).to(device)
-        self.optimizer = spec.build_optimizer(self.model, PARAMS)
+        self.model = spec.build_model(task.params, info).to(device)
+        self.optimizer = spec.build_optimizer(self.model, task.params)
         self.device = device
 
     def run(self, data: PartitionData, task: UnitTask) -> None:
@@ -145,7 +162,7 @@ class Pass:
 
     def __init__(self, info: DatasetInfo, device: torch.device, task: UnitTask) -> None:
         self.info, self.device = info, device
-        self.spec = load_spec(SPEC)
+        self.spec = load_spec(task.spec)
         with unit_module._unit_environment(str(device)) as dev:
             self.state = unit_module._open_state(self.spec, task, info, dev, None)
 
@@ -172,8 +189,8 @@ class Unit:
         return UnitTask(
             UnitKind.TRAIN,
             self.trial,
-            SPEC,
-            PARAMS,
+            task.spec,
+            task.params,
             trial_seed=task.trial_seed,
             epoch=task.epoch,
             partition=0,
@@ -245,36 +262,47 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--model", choices=tuple(MODELS), default="mlp")
     parser.add_argument("--targets", default=",".join(map(str, TARGETS)))
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    info = DatasetInfo((FEATURES,), "classification", CLASSES)
-    task = UnitTask(UnitKind.TRAIN, "t0", SPEC, PARAMS, trial_seed=1, epoch=0, partition=0)
+    spec, params, shape = MODELS[args.model]
+    info = DatasetInfo(shape, "classification", CLASSES)
+    task = UnitTask(UnitKind.TRAIN, "t0", spec, params, trial_seed=1, epoch=0, partition=0)
 
-    bare = Bare(info, device)
-    calibration = make_data(64 * BATCH)
+    bare = Bare(info, device, task)
+    calibration = make_data(64 * BATCH, shape)
     timed(bare.run, calibration, task)
     per_batch = min(timed(bare.run, calibration, task)[0] for _ in range(3)) / 64
     targets = [float(t) for t in args.targets.split(",")]
     largest = max(BATCH, int(max(targets) / per_batch) * BATCH)
-    pool = make_data(largest)
+    pool = make_data(largest, shape)
     print(
+        f"model {args.model} {spec.rsplit(':', 1)[1]} {params} on {shape}, "
         f"device {device}, torch threads {torch.get_num_threads()}, bare loop "
         f"{per_batch * 1e3:.3f} ms per batch of {BATCH}"
     )
 
     if args.profile:
-        rows = max(BATCH, int(0.5 / per_batch) * BATCH)
-        data = PartitionData("train", 0, pool.features[:rows], pool.labels[:rows], 0)
-        runner = Pass(info, device, task)
-        runner.run(data, task)
-        profile = cProfile.Profile()
-        profile.runcall(runner.run, data, task)
-        out = io.StringIO()
-        pstats.Stats(profile, stream=out).sort_stats("cumulative").print_stats(30)
-        print(out.getvalue())
+        # the pass over ~0.5 s of batches; then five units of ~0.1 s, where a unit's
+        # fixed costs (restore, encode, write) stand out
+        for variant, seconds, runs in (("pass", 0.5, 1), ("unit", 0.1, 5)):
+            rows = max(BATCH, int(seconds / per_batch) * BATCH)
+            data = PartitionData("train", 0, pool.features[:rows], pool.labels[:rows], 0)
+            with tempfile.TemporaryDirectory() as root:
+                runner = Pass(info, device, task) if variant == "pass" else Unit(info, device, root)
+                runner.run(data, task)
+                profile = cProfile.Profile()
+                for _ in range(runs):
+                    profile.runcall(runner.run, data, task)
+            out = io.StringIO()
+            stats = pstats.Stats(profile, stream=out)
+            print(f"-- {variant}: {runs} run(s) of {rows} rows")
+            stats.sort_stats("cumulative").print_stats(30)
+            stats.sort_stats("tottime").print_stats(15)
+            print(out.getvalue())
         return
 
     variants = ("pass", "unit", "worker")
