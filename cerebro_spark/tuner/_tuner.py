@@ -68,7 +68,7 @@ class Tuner:
         spark_log_level: Spark's log level during ``fit`` (restored afterwards); ``None``
             leaves it as it is.
         **options: Any other top-level config field (``rule``, ``visit_order``,
-            ``torch_threads``, ``spark``, ``elastic`` ...), as in the YAML config.
+            ``torch_threads``, ``device``, ``spark``, ``elastic`` ...), as in the YAML config.
 
     Raises:
         ConfigError: A field breaks a rule (checked here, before any data is touched).
