@@ -59,8 +59,7 @@ CASES = {
     "device-unknown": (
         None,
         ["--device", "gpu"],
-        "--device gpu: device must be 'auto', 'cpu', 'cuda' or 'cuda:N' (N a GPU index), "
-        "got 'gpu'",
+        "--device gpu: device must be 'auto', 'cpu', 'cuda' or 'cuda:N' (N a GPU index), got 'gpu'",
     ),
     "device-pinned-on-spark": (
         ("workers: 2", "workers: 2\nbackend: spark\ndevice: cuda:0"),
