@@ -353,29 +353,39 @@ def build(manifest_json: str, params: dict[str, Any], seed: int) -> tuple[Any, A
     return model, spec.build_optimizer(model, params)
 
 
-def train_epoch(model: Any, optimizer: Any, x: Any, y: Any, order: Any, batch: int) -> None:
-    """The bare loop: one pass over ``order`` in batches of ``batch`` rows."""
+def train_epoch(
+    model: Any, optimizer: Any, x: Any, y: Any, order: Any, batch: int, device: Any = None
+) -> None:
+    """The bare loop: one pass over ``order`` in batches of ``batch`` rows.
+
+    With a ``device``, each batch is copied there from ``x`` and ``y`` (host memory).
+    """
     import torch
 
     model.train()
     for first in range(0, len(order), batch):
         index = order[first : first + batch]
+        xb, yb = x[index], y[index]
+        if device is not None:
+            xb, yb = xb.to(device), yb.to(device)
         optimizer.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(model(x[index]), y[index])
+        loss = torch.nn.functional.cross_entropy(model(xb), yb)
         loss.backward()
         optimizer.step()
 
 
-def correct(model: Any, x: Any, y: Any) -> int:
-    """Rows the model classifies right."""
+def correct(model: Any, x: Any, y: Any, device: Any = None) -> int:
+    """Rows the model classifies right (each batch copied to ``device``, if given)."""
     import torch
 
     model.eval()
     right = 0
     with torch.no_grad():
         for first in range(0, len(x), VALIDATION_BATCH):
-            outputs = model(x[first : first + VALIDATION_BATCH])
-            right += int((outputs.argmax(dim=1) == y[first : first + VALIDATION_BATCH]).sum())
+            xb, yb = x[first : first + VALIDATION_BATCH], y[first : first + VALIDATION_BATCH]
+            if device is not None:
+                xb, yb = xb.to(device), yb.to(device)
+            right += int((model(xb).argmax(dim=1) == yb).sum())
     return right
 
 
@@ -462,6 +472,33 @@ def ddp_train(job: Job, index: int) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------- the systems
+
+
+def cerebro_bytes(events: Sequence[dict[str, Any]]) -> tuple[int, int]:
+    """A cerebro run's Parquet bytes read and checkpoint bytes moved, from its event log."""
+    read = sum(e["bytes_read"] for e in events if e["event"] == "worker_bytes")
+    moved = sum(
+        e.get("checkpoint_bytes_read", 0) + e.get("checkpoint_bytes_written", 0)
+        for e in events
+        if e["event"] == "unit_end"
+    )
+    return read, moved
+
+
+def cerebro_accuracy(
+    events: Sequence[dict[str, Any]], trials: Any, configs: Sequence[dict[str, Any]], arch: str
+) -> dict[int, float]:
+    """Each config's last validation accuracy, by its index in ``configs`` (matched by the
+    ``arch`` param and ``lr``)."""
+    last: dict[str, dict[str, Any]] = {}  # each trial's last epoch
+    for event in events:
+        if event["event"] == "trial_epoch":
+            last[event["trial"]] = event
+    keys = [(tuple(c[arch]), c["lr"]) for c in configs]
+    return {
+        keys.index((tuple(t.params[arch]), t.params["lr"])): last[t.trial_id]["metrics"]["accuracy"]
+        for t in trials
+    }
 
 
 @dataclasses.dataclass
@@ -576,22 +613,8 @@ class Bench:
             kept.write_text("".join(json.dumps(event) + "\n" for event in events))
             startup = self.backend.stats().startup
             kept.with_suffix(".startup.json").write_text(json.dumps(startup, indent=1))
-        ends = [e for e in events if e["event"] == "unit_end"]
-        moved = sum(
-            e.get("checkpoint_bytes_read", 0) + e.get("checkpoint_bytes_written", 0) for e in ends
-        )
-        configs = [(tuple(c["hidden_units"]), c["lr"]) for c in setting.configs]
-        last: dict[str, dict[str, Any]] = {}  # each trial's last epoch
-        for event in events:
-            if event["event"] == "trial_epoch":
-                last[event["trial"]] = event
-        accuracy = {
-            configs.index((tuple(t.params["hidden_units"]), t.params["lr"])): last[t.trial_id][
-                "metrics"
-            ]["accuracy"]
-            for t in result.trials
-        }
-        read = sum(e["bytes_read"] for e in events if e["event"] == "worker_bytes")
+        accuracy = cerebro_accuracy(events, result.trials, setting.configs, "hidden_units")
+        read, moved = cerebro_bytes(events)
         if self.location.endpoint is None:
             shutil.rmtree(store, ignore_errors=True)
         return Outcome("cerebro", seconds, read, moved, rss, accuracy)

@@ -106,7 +106,8 @@ def plain_task(job: Job, index: int, device: str) -> dict[str, Any]:
     x, y, train_bytes = peers.read_split(job.location, job.manifest, "train", parts)
     vx, vy, validation_bytes = peers.read_split(job.location, job.manifest, "validation", parts)
     shape = (-1, *manifest.feature_shape)  # the reader gives flat rows
-    x, y, vx = torch.from_numpy(x).reshape(shape), torch.from_numpy(y), vx.reshape(shape)
+    x, y = torch.from_numpy(x).reshape(shape), torch.from_numpy(y)
+    vx, vy = torch.from_numpy(vx).reshape(shape), torch.from_numpy(vy)
     params = job.configs[index]
     spec = CNNSpec()
     torch.manual_seed(job.seed + index)
@@ -114,25 +115,10 @@ def plain_task(job: Job, index: int, device: str) -> dict[str, Any]:
     optimizer = spec.build_optimizer(model, params)
     rng = np.random.default_rng([job.seed, index])
     accuracy = []
-    batch = params["batch_size"]
     for _ in range(job.epochs):
         order = torch.from_numpy(rng.permutation(len(x)))
-        model.train()
-        for first in range(0, len(order), batch):
-            index_ = order[first : first + batch]
-            xb, yb = x[index_].to(device), y[index_].to(device)
-            optimizer.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.cross_entropy(model(xb), yb)
-            loss.backward()
-            optimizer.step()
-        model.eval()
-        right = 0
-        with torch.no_grad():
-            for first in range(0, len(vx), 8192):
-                xb = torch.from_numpy(vx[first : first + 8192]).to(device)
-                yb = torch.from_numpy(vy[first : first + 8192]).to(device)
-                right += int((model(xb).argmax(dim=1) == yb).sum())
-        accuracy.append(right / len(vx))
+        peers.train_epoch(model, optimizer, x, y, order, params["batch_size"], device)
+        accuracy.append(peers.correct(model, vx, vy, device) / len(vx))
     return {
         "index": index,
         "accuracy": accuracy,
@@ -195,7 +181,6 @@ def cerebro(
     from cerebro_spark.store import open_store
 
     store = scratch / f"run{run}"
-    grid = job.configs
     raw = {
         "name": "peers-gpu",
         "seed": 0,
@@ -210,7 +195,7 @@ def cerebro(
             "model": SPEC,
             "channels": {"grid": [list(c) for c in CHANNELS]},
             "lr": {"grid": list(LRS)},
-            "batch_size": grid[0]["batch_size"],
+            "batch_size": job.configs[0]["batch_size"],
             "validation_batch_size": 8192,
         },
     }
@@ -221,22 +206,8 @@ def cerebro(
     devices = sorted({e["device"] for e in events if e["event"] == "worker_joined"})
     if not all(d.startswith(device) for d in devices):
         raise RuntimeError(f"cerebro's workers did not train on a GPU: {devices}")
-    ends = [e for e in events if e["event"] == "unit_end"]
-    moved = sum(
-        e.get("checkpoint_bytes_read", 0) + e.get("checkpoint_bytes_written", 0) for e in ends
-    )
-    last: dict[str, Any] = {}
-    for event in events:
-        if event["event"] == "trial_epoch":
-            last[event["trial"]] = event
-    keys = [(tuple(c["channels"]), c["lr"]) for c in grid]
-    accuracy = {
-        keys.index((tuple(t.params["channels"]), t.params["lr"])): last[t.trial_id]["metrics"][
-            "accuracy"
-        ]
-        for t in result.trials
-    }
-    read = sum(e["bytes_read"] for e in events if e["event"] == "worker_bytes")
+    accuracy = peers.cerebro_accuracy(events, result.trials, job.configs, "channels")
+    read, moved = peers.cerebro_bytes(events)
     return peers.Outcome("cerebro", seconds, read, moved, 0, accuracy)
 
 
