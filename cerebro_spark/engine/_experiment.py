@@ -113,7 +113,14 @@ from cerebro_spark.search.space import SearchSpace
 from cerebro_spark.store import ExperimentLease, Store
 from cerebro_spark.training import load_spec
 from cerebro_spark.training._metrics import family_metrics
-from cerebro_spark.units import GroupBrokenError, UnitKind, UnitResult, UnitTask, group_tasks
+from cerebro_spark.units import (
+    GroupBrokenError,
+    UnitKind,
+    UnitResult,
+    UnitTask,
+    group_tasks,
+    pack_states,
+)
 
 if TYPE_CHECKING:  # the report imports the engine
     from cerebro_spark.report import ReportRefresher
@@ -1492,9 +1499,10 @@ def _states(result: UnitResult) -> dict[str, Any]:
 
     None for training units (their running metrics are in ``metric_sums``), nor for
     results without states (older workers: the epoch's metrics fall back to the sums).
+    Packed: metrics that share a state name the first of them (:func:`pack_states`).
     """
     if result.task.kind is UnitKind.VALIDATE and result.metric_states:
-        return {"metric_states": {name: dict(v) for name, v in result.metric_states.items()}}
+        return {"metric_states": pack_states(result.metric_states)}
     return {}
 
 

@@ -42,9 +42,8 @@ from typing import Any
 from cerebro_spark.engine._events import EVENT_KINDS
 from cerebro_spark.engine._heap import paused_collector
 from cerebro_spark.errors import EventLogError
-from cerebro_spark.metrics import BatchMean, Metric
-from cerebro_spark.training._metrics import metric_value
-from cerebro_spark.units import UnitKind
+from cerebro_spark.metrics import BatchMean, Metric, State, merge_states
+from cerebro_spark.units import UnitKind, unpack_states
 
 logger = logging.getLogger(__name__)
 
@@ -414,7 +413,8 @@ class ExperimentState:
             self.validation_units[trial] += 1
             states = event.get("metric_states")  # absent in logs of older versions
             if states:
-                self.validation_states[trial][int(event["partition"])] = states
+                by_partition = self.validation_states[trial]
+                by_partition[int(event["partition"])] = unpack_states(states)
 
     def _on_trial_failed(self, event: Mapping[str, Any]) -> None:
         trial = self.trials[event["trial"]]
@@ -546,6 +546,10 @@ def _unit_kind(value: Any) -> UnitKind:
     return kind if kind is not None else UnitKind(value)
 
 
+def _merge(metric: Metric, states: list[Mapping[str, Any]]) -> State | None:
+    return merge_states(metric, [dict(state) for state in states])
+
+
 def epoch_metrics(
     state: ExperimentState, trial_id: str, family: Mapping[str, Metric]
 ) -> dict[str, float]:
@@ -569,19 +573,28 @@ def epoch_metrics(
         rows = state.validation_rows[trial_id]
         sums = state.validation_sums[trial_id]
         return {name: total / rows for name, total in sorted(sums.items())}
-    merged: dict[str, list[dict[str, Any]]] = {}
+    merged: dict[str, list[Mapping[str, Any]]] = {}
     for partition in sorted(by_partition):
         for name, metric_state in by_partition[partition].items():
-            merged.setdefault(name, []).append(dict(metric_state))
+            merged.setdefault(name, []).append(metric_state)
     metrics: dict[str, float] = {}
+    # Metrics that share an accumulator share their states' objects (unpack_states). The
+    # default merge adds field by field whatever the metric: merge those states once.
+    added: dict[tuple[int, ...], State | None] = {}
     for name in sorted(merged):
         metric = family.get(name)
-        if metric is None and set(merged[name][0]) == {"sum", "count"}:
+        states = merged[name]
+        if metric is None and set(states[0]) == {"sum", "count"}:
             metric = BatchMean(name)  # a deprecated per-batch metric
         if metric is None:
             logger.warning(
                 "trial %s reported metric %r, which its spec does not produce", trial_id, name
             )
             continue
-        metrics[name] = metric_value(metric, merged[name])
+        if type(metric).merge is Metric.merge:
+            key = tuple(map(id, states))
+            total = added[key] if key in added else added.setdefault(key, _merge(metric, states))
+        else:
+            total = _merge(metric, states)
+        metrics[name] = math.nan if total is None else float(metric.value(total))
     return metrics

@@ -22,7 +22,9 @@ Rules for a metric (built-in or a ``ModelSpec``'s own):
 * ``merge`` must be associative and commutative up to float rounding, and ``merge(init,
   s) == s``: the engine merges units in any grouping. The default merge adds states
   field by field (numbers, and lists element by element), which is right for sums and
-  counts; a state that is not a sum (a buffer, a running mean) overrides it.
+  counts; a state that is not a sum (a buffer, a running mean) overrides it. ``merge``
+  returns a new state and leaves ``a`` and ``b`` as they are: metrics that share an
+  accumulator share their states' objects on the driver.
 * ``value`` of a state with no rows returns ``nan``; it never raises for lack of data.
 * Keep states small: counts and sums where they are exact; score/label buffers only where
   nothing smaller is exact (ROC AUC). ``on_train = False`` keeps a costly metric off the

@@ -2,13 +2,16 @@
 mergeable states (``metric_sums`` only) still give their row-weighted metrics."""
 
 import copy
+import json
 import math
 
 import pytest
 
 from cerebro_spark.engine import ExperimentState
 from cerebro_spark.engine._state import epoch_metrics
-from cerebro_spark.metrics import Accuracy, Loss, MeanSquaredError
+from cerebro_spark.errors import EventLogError
+from cerebro_spark.metrics import F1, Accuracy, Loss, MeanSquaredError, Precision, Recall
+from cerebro_spark.units import pack_states
 
 pytestmark = pytest.mark.torch
 
@@ -81,3 +84,32 @@ def test_a_new_round_starts_with_no_states_and_unknown_batch_means_still_merge()
     assert metrics["hits"] == pytest.approx(2 / 8) and "mystery" not in metrics
     state.apply(copy.deepcopy(events[1]) | {"round": 1})
     assert not state.validation_states and not state.validation_units
+
+
+def test_packed_states_fold_to_the_same_metrics_and_merge_shared_states_once():
+    kinds, averages = (Precision, Recall, F1), ("macro", 0, 1, 2)
+    family = {"loss": Loss()} | {
+        m.name: m for m in (kind(3, average) for kind in kinds for average in averages)
+    }
+    counts = [
+        {"tp": [1, 0, 2], "predicted": [2, 1, 2], "true": [1, 2, 2]},
+        {"tp": [0, 3, 1], "predicted": [1, 3, 2], "true": [2, 3, 1]},
+    ]
+    full, packed = log(), log()
+    for events, pack in ((full, False), (packed, True)):
+        for event, state in zip(events[2:], counts, strict=True):
+            names = [name for name in family if name != "loss"]
+            states = {"loss": {"sum": 1.0, "count": event["rows"]}}
+            states |= {name: json.loads(json.dumps(state)) for name in names}
+            event["metric_states"] = pack_states(states) if pack else states
+    assert any(isinstance(v, str) for v in packed[2]["metric_states"].values())
+    expected = epoch_metrics(ExperimentState.from_events(full), "t0", family)
+    assert epoch_metrics(ExperimentState.from_events(packed), "t0", family) == expected
+    assert expected["recall_class_1"] == 3 / 5 and expected["precision_class_0"] == 1 / 3
+
+
+def test_a_packed_state_that_names_no_earlier_metric_is_a_malformed_event():
+    events = log()
+    events[2]["metric_states"]["rmse"] = "nothing"
+    with pytest.raises(EventLogError, match="'rmse' refers to 'nothing'"):
+        ExperimentState.from_events(events)
