@@ -77,10 +77,13 @@ def learning_curves(data: ReportData) -> go.Figure:
     A line's colour is its trial's status now; each point's colour is the decision taken
     after that epoch (continued, paused, stopped, completed). A menu switches the metric.
     The trials of one status share one trace (their lines apart, joined by gaps), so the
-    figure costs the same to build and to draw with 10,000 trials as with ten traces.
+    figure costs the same to draw with 10,000 trials as with ten traces. It is built
+    from plain dicts, unvalidated (:func:`_unvalidated`): plotly checked each point's
+    colour with a regular expression, 0.45 s of the driver's CPU per refresh at 1,024
+    trials.
     """
-    figure = go.Figure()
     metrics = _metric_names(data)
+    traces: list[dict[str, Any]] = []
     visibility: dict[str, list[bool]] = {m: [] for m in metrics}
     order = sorted(data.curves, key=_trial_order)
     for metric in metrics:
@@ -107,53 +110,71 @@ def learning_curves(data: ReportData) -> go.Figure:
                     f"then: {DECISION_LABELS.get(then, 'no decision')}"
                 )
         for status, (xs, ys, colors, hover) in lines.items():
-            figure.add_trace(
-                go.Scatter(
-                    x=xs,
-                    y=ys,
-                    mode="lines+markers",
-                    name=DECISION_LABELS.get(status, status),
-                    legendgroup=status,
-                    showlegend=metric == data.metric,
-                    line={"color": STATUS_COLORS.get(status, "#999999"), "width": 1.5},
-                    marker={"color": colors, "size": 9, "line": {"width": 1, "color": "white"}},
-                    hovertext=hover,
-                    hoverinfo="text",
-                    connectgaps=False,
-                    visible=metric == data.metric,
-                )
+            traces.append(
+                {
+                    "connectgaps": False,
+                    "hoverinfo": "text",
+                    "hovertext": hover,
+                    "legendgroup": status,
+                    "line": {"color": STATUS_COLORS.get(status, "#999999"), "width": 1.5},
+                    "marker": {
+                        "color": colors,
+                        "line": {"color": "white", "width": 1},
+                        "size": 9,
+                    },
+                    "mode": "lines+markers",
+                    "name": DECISION_LABELS.get(status, status),
+                    "showlegend": metric == data.metric,
+                    "visible": metric == data.metric,
+                    "x": xs,
+                    "y": ys,
+                    "type": "scatter",
+                }
             )
             for name in metrics:
                 visibility[name].append(name == metric)
     for status in ("running", "paused", "stopped", "completed"):  # what the point colours say
-        figure.add_trace(
-            go.Scatter(
-                x=[None],
-                y=[None],
-                mode="markers",
-                name=f"then {DECISION_LABELS[status]}",
-                marker={"color": STATUS_COLORS[status], "size": 9},
-                hoverinfo="skip",
-            )
+        traces.append(
+            {
+                "hoverinfo": "skip",
+                "marker": {"color": STATUS_COLORS[status], "size": 9},
+                "mode": "markers",
+                "name": f"then {DECISION_LABELS[status]}",
+                "x": [None],
+                "y": [None],
+                "type": "scatter",
+            }
         )
         for name in metrics:
             visibility[name].append(True)
     buttons = [
-        {"label": name, "method": "update", "args": [{"visible": visibility[name]}]}
+        {"args": [{"visible": visibility[name]}], "label": name, "method": "update"}
         for name in metrics
     ]
-    figure.update_layout(
+    layout: dict[str, Any] = {
         **_LAYOUT,
-        title=f"Learning curves ({data.metric}, {data.mode}; line: status now, "
-        "point: decision after the epoch)",
-        xaxis={"title": "epoch", "dtick": 1},
-        yaxis_title="validation metric",
-        height=460,
-        updatemenus=[{"buttons": buttons, "x": 1.0, "xanchor": "right", "y": 1.15}]
+        "title": {
+            "text": f"Learning curves ({data.metric}, {data.mode}; line: status now, "
+            "point: decision after the epoch)"
+        },
+        "xaxis": {"dtick": 1, "title": {"text": "epoch"}},
+        "yaxis": {"title": {"text": "validation metric"}},
+        "height": 460,
+        "updatemenus": [{"buttons": buttons, "x": 1.0, "xanchor": "right", "y": 1.15}]
         if len(buttons) > 1
         else [],
-    )
-    return figure
+    }
+    return _unvalidated(traces, layout)
+
+
+def _unvalidated(traces: list[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
+    """A figure of plain trace and layout dicts, not checked by plotly.
+
+    They must be in the form plotly's validation gives (``title`` as ``{"text": ...}``,
+    every trace with its ``type``): the report's tests validate each such figure
+    (``go.Figure(figure.to_plotly_json())``) and compare.
+    """
+    return go.Figure(data=traces, layout=layout, _validate=False)
 
 
 def _trial_order(trial_id: str) -> tuple[int, str]:

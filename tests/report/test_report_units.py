@@ -241,6 +241,34 @@ def test_learning_curves_draw_many_trials_in_one_trace_per_status() -> None:
     assert completed.hovertext[0].startswith("trial t001 epoch 1")
 
 
+def test_learning_curves_built_unvalidated_are_what_plotly_validates_them_to() -> None:
+    """Its dicts skip plotly's checks: they must already be in plotly's validated form."""
+    import plotly.graph_objects as go
+
+    events: list[dict[str, Any]] = [
+        {"event": "experiment_start", "time": 100.0, "config": {}, "resumed": False},
+    ]
+    for t in ("t0", "t1", "t2"):
+        events.append({"event": "trial_added", "time": 100.0, "trial": t, "params": {},
+                       "seed": 1, "spec": "m:S", "clone_from": None})  # fmt: skip
+    events.append({"event": "round_start", "time": 101.0, "round": 0, "trials": ["t0", "t1", "t2"],
+                   "epochs": {}, "visit_orders": None, "procedure_state": {}})  # fmt: skip
+    for i, t in enumerate(("t0", "t1", "t2")):
+        metrics = {"accuracy": 0.5 + i / 10, "loss": 1.0 - i / 10, "f1_class_0": 0.1}
+        events.append({"event": "trial_epoch", "time": 102.0, "round": 0, "trial": t,
+                       "epoch": 1, "metrics": metrics, "checkpoint": None,
+                       "checkpoint_sha256": None})  # fmt: skip
+        events.append({"event": "decision", "time": 102.5, "round": 0, "trial": t, "epoch": 1,
+                       "decision": ("continue", "pause", "stop")[i],
+                       "status": ("running", "paused", "stopped")[i]})  # fmt: skip
+    spec = learning_curves(collect("x", CONFIG, events)).to_plotly_json()
+    validated = go.Figure(spec).to_plotly_json()  # raises on a property plotly lacks
+    assert json.dumps(spec, sort_keys=True) == json.dumps(validated, sort_keys=True)
+    buttons = spec["layout"]["updatemenus"][0]["buttons"]
+    assert [b["label"] for b in buttons] == ["accuracy", "loss"]  # no per-class metric
+    assert {trace["name"] for trace in spec["data"]} >= {"continued", "paused", "stopped"}
+
+
 def test_each_figure_of_the_page_is_drawn_in_the_report_template() -> None:
     """The template is added to each figure's JSON as the page is written."""
     import plotly.io as pio
