@@ -11,9 +11,9 @@ variant once, in rotating order), for units sized so that the bare loop takes ab
   finite-loss check, the loss and the default metrics a training pass computes, on the
   device, deterministic algorithms on) on a model kept alive between runs, plus ``_report``;
 * **worker**: the unit as a worker runs it since its checkpoint write overlaps the next
-  unit (issue 13, part 3): ``train_unit`` (the pass and the encoded checkpoint), the
-  write in a thread while the next unit (another trial's) trains; timed: what keeps the
-  worker from its next unit;
+  unit (issue 13, part 3): ``train_unit`` (the pass and the checkpoint taken), its
+  encoding and write in a thread while the next unit (another trial's) trains; timed:
+  what keeps the worker from its next unit;
 * **unit**: the real :func:`~cerebro_spark.training.run_unit`: spec loading, model and
   optimizer built and restored from the previous unit's checkpoint (given its digest, as
   the engine gives it, so the worker's checkpoint cache answers, as when a trial comes
@@ -30,7 +30,8 @@ CPU time of each variant (``+%min``: the least disturbed runs, on a loaded machi
 closest to the code's own cost).
 
     python benchmarks/unit_overhead.py [--repeat 7] [--threads 1] [--device cpu]
-        [--model mlp]  (cnn: CNNSpec, two conv blocks of 32 and 64 channels on 3x32x32)
+        [--model mlp]  (cnn: CNNSpec, two conv blocks of 32 and 64 channels on 3x32x32;
+                        mlp-wide: hidden layers of 1,024 and 1,024, a 13.5 MB checkpoint)
         [--profile]   (cProfile of a 0.5 s pass and of five 0.1 s units: where time goes)
 
 On a GPU (``--device cuda --model cnn``) every variant copies each batch from host memory
@@ -112,6 +113,11 @@ MODELS: dict[str, tuple[str, dict[str, Any], tuple[int, ...]]] = {
     "mlp": (
         "cerebro_spark.training:MLPSpec",
         {"hidden_units": [128], "lr": 1e-3, "batch_size": 64, "standardize": False},
+        (64,),
+    ),
+    "mlp-wide": (  # two hidden layers of 1,024: a 13.5 MB checkpoint to encode and write
+        "cerebro_spark.training:MLPSpec",
+        {"hidden_units": [1024, 1024], "lr": 1e-3, "batch_size": 64, "standardize": False},
         (64,),
     ),
     "cnn": (  # a small CNN on CIFAR-sized images: 2 conv blocks (32, 64), dense 128
@@ -209,11 +215,11 @@ class Unit:
 
 
 class Worker:
-    """The unit as a worker runs it: the pass and the encoded checkpoint (``train_unit``),
-    then the write in a thread while the next unit trains (one write in flight, as
+    """The unit as a worker runs it: the pass and the checkpoint taken (``train_unit``),
+    then its encoding and write in a thread while the next unit trains (one in flight, as
     ``backends/_serve._Writer``). Two trials alternate, as on a worker: a trial's next unit
     waits for its checkpoint to be durable, another trial's does not. Timed: what keeps
-    the worker from its next unit (the pass, the encoding, a wait for the last write)."""
+    the worker from its next unit (the pass, a wait for the last write)."""
 
     def __init__(self, info: DatasetInfo, device: torch.device, root: str) -> None:
         self.chains = [Unit(info, device, root, trial) for trial in ("t0", "t1")]

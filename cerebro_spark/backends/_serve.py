@@ -320,12 +320,12 @@ class _Writer:
     """Writes a train unit's checkpoint while the worker trains the next unit.
 
     For a ``run`` of an ordinary train unit, the worker trains the pass (the checkpoint
-    encoded, nothing written), then sends ``trained`` (``id``): it is free for its next
-    command, while this writer's thread writes the checkpoint and only then sends the
-    unit's ``reply``. One write is in flight at a time: a unit trained meanwhile waits for
-    it before it is reported trained, and every other reply waits for it, so replies keep
-    the order of their commands. A worker without ``train`` (a test fake) runs every
-    unit whole.
+    taken, not encoded, nothing written), then sends ``trained`` (``id``): it is free for
+    its next command, while this writer's thread encodes and writes the checkpoint and
+    only then sends the unit's ``reply``. One write is in flight at a time: a unit trained
+    meanwhile waits for it before it is reported trained, and every other reply waits for
+    it, so replies keep the order of their commands. A worker without ``train`` (a test
+    fake) runs every unit whole.
     """
 
     def __init__(self, worker_id: str, worker: _Served, channel: Channel) -> None:

@@ -1,7 +1,7 @@
 """Training units: the user's ModelSpec, ready specs, and the unit that trains one sub-epoch.
 
-``train_unit`` trains a unit without writing its checkpoint yet (a worker writes it while
-it trains the next); ``run_group_unit`` runs one rank of a group unit (a trial trained
+``train_unit`` trains a unit without encoding or writing its checkpoint yet (a worker does
+both while it trains the next); ``run_group_unit`` runs one rank of a group unit (a trial trained
 data-parallel by k workers, Cerebro §5.7).
 """
 

@@ -134,13 +134,13 @@ def train_unit(
     worker_id: str = "",
     device: str = "cpu",
 ) -> TrainedUnit:
-    """Train one unit's pass and encode its checkpoint; write nothing yet.
+    """Train one unit's pass and take its checkpoint; encode and write nothing yet.
 
     :func:`run_unit` of a train task is ``train_unit(...).write()``. Split in two, a worker
-    can write the checkpoint (:meth:`TrainedUnit.write`, in another thread) while it
-    already trains its next unit: the unit is done only once :meth:`~TrainedUnit.write`
-    returned. The arguments, and the errors raised before the write, are
-    :func:`run_unit`'s.
+    can encode and write the checkpoint (:meth:`TrainedUnit.write`, in another thread)
+    while it already trains its next unit: the unit is done only once
+    :meth:`~TrainedUnit.write` returned. The arguments, and the errors raised before the
+    write, are :func:`run_unit`'s.
     """
     _check_task(task, data, info)
     with _UNIT_LOCK, _unit_environment(device) as dev:
@@ -170,39 +170,48 @@ def _log_unit(result: UnitResult) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TrainedUnit:
-    """A train unit whose pass is done and whose checkpoint is encoded, not yet written.
+    """A train unit whose pass is done and whose checkpoint is taken, not yet encoded.
+
+    Encoding (``torch.save``, tens of milliseconds for a checkpoint of tens of megabytes)
+    is part of the write, so a worker that writes in another thread does both while its
+    next unit trains. The payload's tensors are the unit's own (on the CPU, the trained
+    model's and optimizer's): nothing changes them after the unit, which built them for
+    itself.
 
     Attributes:
         result: The unit's result as it will be reported, but for the write: its
-            ``seconds`` and ``io_seconds`` are those up to now, and ``checkpoint_sha256`` is
-            ``None`` (the digest is taken as the bytes are written).
-        blob: The encoded checkpoint, to be written to ``result.task.checkpoint_out``.
+            ``seconds`` and ``io_seconds`` are those up to now, its checkpoint sizes are 0
+            and ``checkpoint_sha256`` is ``None`` (set as the bytes are written).
+        payload: The checkpoint (:func:`checkpoint_payload`), to be encoded and written to
+            ``result.task.checkpoint_out``, and kept decoded in the worker's cache.
         store: Where it is written.
-        decoded: The payload ``blob`` encodes, kept decoded in the worker's cache with it.
     """
 
     result: UnitResult
-    blob: bytes
+    payload: Checkpoint
     store: Store
-    decoded: Checkpoint | None = None
 
     def write(self) -> UnitResult:
-        """Write the checkpoint durably (and into the worker's cache); the unit's result.
+        """Encode and write the checkpoint durably (and into the worker's cache).
 
-        Thread-safe with units training meanwhile. The time the write took is added to the
-        result's ``seconds`` and ``io_seconds`` (not the time it waited to start).
+        Thread-safe with units training meanwhile. The time the encoding and the write
+        took is added to the result's ``seconds`` and ``io_seconds`` (not the time it
+        waited to start). Returns the unit's result.
 
         Raises:
             OSError: The store failed (the unit is not done; it can be retried).
         """
         began = time.perf_counter()
         key = _key(self.result.task, self.result.task.checkpoint_out, "checkpoint_out")
-        sha256 = _write_checkpoint(self.store, key, self.blob, self.decoded)
+        blob = encode_payload(self.payload)
+        sha256 = _write_checkpoint(self.store, key, blob, self.payload)
         took = time.perf_counter() - began
         result = dataclasses.replace(
             self.result,
             seconds=self.result.seconds + took,
             io_seconds=self.result.io_seconds + took,
+            checkpoint_bytes=len(blob),
+            checkpoint_bytes_written=len(blob),
             checkpoint_sha256=sha256,
         )
         _log_unit(result)
@@ -595,10 +604,9 @@ def _train(
     metrics, rows = _train_pass(spec, state, task, data, info, dev)
     states, sums = _report(metrics, task)
     _end_unit(state, task)
-    encoding = time.perf_counter()
+    taking = time.perf_counter()
     payload = checkpoint_payload(with_dataset(_snapshot(state, task), info))
-    blob = encode_payload(payload)
-    io_seconds += time.perf_counter() - encoding
+    io_seconds += time.perf_counter() - taking
     result = UnitResult(
         task=task,
         worker_id=worker_id,
@@ -606,13 +614,11 @@ def _train(
         seconds=time.perf_counter() - start,
         metric_sums=sums,
         metric_states=states,
-        checkpoint_bytes=len(blob),
         io_seconds=io_seconds,
         checkpoint_bytes_read=read.store_bytes if read is not None else 0,
-        checkpoint_bytes_written=len(blob),
         checkpoint_cache_hits=int(read is not None and read.cache_hit),
     )
-    return TrainedUnit(result, blob, store, payload)
+    return TrainedUnit(result, payload, store)
 
 
 def _validate(

@@ -8,7 +8,9 @@ import math
 import subprocess
 import sys
 import textwrap
+import threading
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -28,8 +30,10 @@ from cerebro_spark.training import (
     load_spec,
     run_unit,
     state_digest,
+    train_unit,
     weights_digest,
 )
+from cerebro_spark.training import _unit as unit_module
 from cerebro_spark.training._unit import (
     _build_model,
     _end_unit,
@@ -66,6 +70,31 @@ def test_a_train_unit_writes_a_checkpoint_and_reports_row_weighted_sums(store):
     assert 0 < result.io_seconds < result.seconds
     counters = decode_checkpoint(blob)["counters"]
     assert counters == {"epoch": 0, "step": 0, "samples_seen": 150, "trial_seed": 1}
+
+
+def test_a_trained_unit_encodes_its_checkpoint_in_the_thread_that_writes_it(store, monkeypatch):
+    """Encoding is part of the write, which a worker overlaps with its next unit."""
+    encoded_in: list[str] = []
+    encode = unit_module.encode_payload
+
+    def recording(payload):
+        encoded_in.append(threading.current_thread().name)
+        return encode(payload)
+
+    monkeypatch.setattr(unit_module, "encode_payload", recording)
+    task = train_task(params={"hidden_units": [16], "batch_size": 64})
+    trained = train_unit(task, blobs(0, rows=150), store, BLOBS_INFO)
+    assert encoded_in == [] and not store.exists(task.checkpoint_out)
+    assert trained.result.checkpoint_bytes == 0 and trained.result.checkpoint_sha256 is None
+    with ThreadPoolExecutor(1, thread_name_prefix="writer") as writer:
+        result = writer.submit(trained.write).result()
+    assert len(encoded_in) == 1 and encoded_in[0].startswith("writer")
+    blob = store.get(task.checkpoint_out)
+    assert result.checkpoint_bytes == result.checkpoint_bytes_written == len(blob)
+    assert result.checkpoint_sha256 == hashlib.sha256(blob).hexdigest()
+    whole = run_unit(dataclasses.replace(task, checkpoint_out="again.pt"), blobs(0, rows=150),
+                     store, BLOBS_INFO)  # fmt: skip
+    assert whole.checkpoint_sha256 == result.checkpoint_sha256  # the same bytes
 
 
 def test_loss_decreases_over_units_on_separable_data(store):
