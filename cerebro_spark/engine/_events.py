@@ -28,8 +28,11 @@ Event kinds and their fields:
   (each metric's value over the unit's rows times ``rows``), ``checkpoint``,
   ``checkpoint_bytes``, ``checkpoint_sha256``; validation units also ``metric_states``
   (each metric's mergeable state, :mod:`cerebro_spark.metrics`; the trial's epoch metrics
-  are the merge of its units' states, in partition order). Logs written before
-  ``metric_states`` existed fold the row-weighted ``metric_sums`` instead. A train unit
+  are the merge of its units' states, in partition order), packed: a metric whose state
+  equals an earlier metric's has that metric's name instead (a string;
+  :func:`~cerebro_spark.units.pack_states`). Logs written before packing carry every
+  state whole; logs written before ``metric_states`` existed fold the row-weighted
+  ``metric_sums`` instead. A train unit
   whose worker was freed before its checkpoint was durable also has ``trained_at`` (when
   the driver freed the worker; the event itself comes once the checkpoint is written).
 * ``unit_failed``: those fields and ``error``, ``reason`` (``worker_lost`` |
