@@ -277,7 +277,10 @@ class UnitResult:
                 worker_id=str(data["worker_id"]),
                 rows=int(data["rows"]),
                 seconds=_number(data["seconds"]),
-                metric_sums={str(k): _number(v) for k, v in dict(data["metric_sums"]).items()},
+                metric_sums={
+                    str(k): v if type(v) is float else _number(v)
+                    for k, v in dict(data["metric_sums"]).items()
+                },
                 checkpoint_bytes=int(data["checkpoint_bytes"]),
                 checkpoint_sha256=sha,
                 io_seconds=_number(data["io_seconds"]),
@@ -379,14 +382,18 @@ def _json_state(value: Any) -> Any:
     return value
 
 
+_NON_FINITE = frozenset(("nan", "inf", "-inf"))
+_PLAIN = (int, float)
+
+
 def _state_from_json(value: Any) -> Any:
     """The inverse of :func:`_json_state`."""
-    if isinstance(value, str) and value in ("nan", "inf", "-inf"):
+    if isinstance(value, str) and value in _NON_FINITE:
         return float(value)
     if isinstance(value, Mapping):
         return {str(k): _state_from_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_state_from_json(v) for v in value]
+    if isinstance(value, list):  # counts: most items are plain numbers, kept as they are
+        return [v if type(v) in _PLAIN else _state_from_json(v) for v in value]
     return value
 
 
