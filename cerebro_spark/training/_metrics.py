@@ -11,7 +11,6 @@ driver merges the units' states with it, so both sides agree on every state's me
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
@@ -238,11 +237,3 @@ def _copy_json(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: _copy_json(item) for key, item in value.items()}
     return value
-
-
-def metric_value(metric: Metric, states: Iterable[State]) -> float:
-    """Merge ``states`` in order and return the value (``nan`` when there are none)."""
-    merged: State | None = None
-    for state in states:
-        merged = state if merged is None else metric.merge(merged, state)
-    return math.nan if merged is None else float(metric.value(merged))
