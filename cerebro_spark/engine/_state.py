@@ -591,10 +591,12 @@ def epoch_metrics(
                 "trial %s reported metric %r, which its spec does not produce", trial_id, name
             )
             continue
-        if type(metric).merge is Metric.merge:
-            key = tuple(map(id, states))
-            total = added[key] if key in added else added.setdefault(key, _merge(metric, states))
-        else:
+        if type(metric).merge is not Metric.merge:
             total = _merge(metric, states)
+        else:
+            key = tuple(map(id, states))
+            if key not in added:
+                added[key] = _merge(metric, states)
+            total = added[key]
         metrics[name] = math.nan if total is None else float(metric.value(total))
     return metrics
