@@ -503,47 +503,54 @@ def _train_pass(
     size = _batch_size(spec, task)
     order = torch.from_numpy(_batch_order(task, data.rows))
     features, labels = data.tensors()
+    move = features.device != dev  # a CPU unit trains on the partition's tensors as they are
     _manual_seed(_seed((task.trial_seed, task.epoch, task.partition), _TORCH_STREAM), dev)
-    state.model.train()
+    model, optimizer, transform, loss_of = state.model, state.optimizer, spec.transform, spec.loss
+    model.train()
     metrics = _pass_metrics(spec, task, info, dev, training=True)
     rows = 0
-    losses: list[torch.Tensor] = []
-    firsts: list[int] = []
+    losses: list[torch.Tensor] = []  # the detached losses not yet checked, from row `checked`
+    checked = 0
     user_code = _user_code(task, "")  # one guard, entered once per batch, names each step
     for first in range(0, data.rows, size):
         index = order[first : first + size]
-        x, y = features[index].to(dev), labels[index].to(dev)
+        x, y = features[index], labels[index]
+        if move:
+            x, y = x.to(dev), y.to(dev)
         with user_code:
             user_code.what = "transform"
-            x, y = spec.transform(x, y)
+            x, y = transform(x, y)
             user_code.what = "the forward pass or loss"
-            state.optimizer.zero_grad(set_to_none=True)
-            outputs = state.model(x)
-            loss = spec.loss(outputs, y, info)
-            if loss.numel() != 1:
-                raise ValueError(f"the loss must be one value, got shape {tuple(loss.shape)}")
+            optimizer.zero_grad(set_to_none=True)
+            outputs = model(x)
+            loss = loss_of(outputs, y, info)
             value = loss.detach()  # one detached scalar for the check and the metrics
-            value = value if value.dim() == 0 else value.reshape(())
+            if value.dim() != 0:
+                if value.numel() != 1:
+                    raise ValueError(f"the loss must be one value, got shape {tuple(loss.shape)}")
+                value = value.reshape(())
             user_code.what = "the backward pass or optimizer step"
             torch.autograd.backward(loss)
-            state.optimizer.step()
+            optimizer.step()
             user_code.what = "metrics"  # PassMetrics detaches; no grad mode switch per batch
             metrics.add(outputs, y, value)
         losses.append(value)
-        firsts.append(first)
-        rows += int(y.shape[0])
+        rows += y.shape[0]
         if len(losses) == _CHECK_BATCHES:
-            _check_finite(task, losses, firsts, data.rows)
-            losses, firsts = [], []
-    _check_finite(task, losses, firsts, data.rows)
+            _check_finite(task, losses, checked, size, data.rows)
+            losses, checked = [], first + size
+    _check_finite(task, losses, checked, size, data.rows)
     state.samples_seen += rows
     return metrics, rows
 
 
 def _check_finite(
-    task: UnitTask, losses: list[torch.Tensor], firsts: list[int], total: int
+    task: UnitTask, losses: list[torch.Tensor], first: int, size: int, total: int
 ) -> None:
-    """Raise :class:`TrialError` naming the first batch whose loss is not finite."""
+    """Raise :class:`TrialError` naming the first batch whose loss is not finite.
+
+    ``losses`` are consecutive batches of ``size`` rows, the first starting at row ``first``.
+    """
     if not losses:
         return
     finite = torch.isfinite(torch.stack(losses))
@@ -552,7 +559,7 @@ def _check_finite(
     bad = int(torch.nonzero(~finite)[0, 0])
     raise TrialError(
         f"{_where(task)}: training loss is {float(losses[bad])} (not finite) in the batch at "
-        f"row {firsts[bad]} of {total}"
+        f"row {first + bad * size} of {total}"
     )
 
 
