@@ -304,8 +304,12 @@ def _is_local(master: str) -> bool:
 
 
 def _task_cpus(sc: SparkContext) -> int:
-    """``spark.task.cpus`` (1 when unset)."""
-    return max(1, int(sc.getConf().get("spark.task.cpus") or "1"))
+    """``spark.task.cpus`` (1 when unset).
+
+    Read from the running context's conf in one call: ``getConf()`` copies every entry
+    over Py4J (20 ms), and the pool's monitor asks at every look for new executors.
+    """
+    return max(1, int(sc._jsc.sc().conf().get("spark.task.cpus", "1") or "1"))
 
 
 def tasks_of_group(sc: Any, group: str) -> Iterator[Any]:
