@@ -11,9 +11,9 @@ metric keeps a *state* that can be updated batch by batch and merged across unit
   (the argmax, the label's score ...) once for all of them.
 * At the end of the unit, :meth:`Metric.state` turns the accumulator into a *state*:
   JSON values (numbers and lists), which travel in the unit's result and the event log.
-* On the driver, :meth:`Metric.merge` combines the states of the split's units (in
-  partition order, so the reported value is the same in every run) and
-  :meth:`Metric.value` gives the number.
+* On the driver, :meth:`Metric.merge_all` combines the states of the split's units (in
+  partition order, so the reported value is the same in every run; by default with
+  :meth:`Metric.merge`, pairwise) and :meth:`Metric.value` gives the number.
 
 Rules for a metric (built-in or a ``ModelSpec``'s own):
 
@@ -24,7 +24,9 @@ Rules for a metric (built-in or a ``ModelSpec``'s own):
   field by field (numbers, and lists element by element), which is right for sums and
   counts; a state that is not a sum (a buffer, a running mean) overrides it. ``merge``
   returns a new state and leaves ``a`` and ``b`` as they are: metrics that share an
-  accumulator share their states' objects on the driver.
+  accumulator share their states' objects on the driver. A metric whose state is costly
+  to decode and encode overrides ``merge_all`` to do each once; it must return what
+  merging pairwise, left to right, returns.
 * ``value`` of a state with no rows returns ``nan``; it never raises for lack of data.
 * Keep states small: counts and sums where they are exact; score/label buffers only where
   nothing smaller is exact (ROC AUC). ``on_train = False`` keeps a costly metric off the
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 import torch
@@ -156,6 +158,23 @@ class Metric(abc.ABC):
         """Combine two states (default: add them field by field)."""
         return {key: _add(a[key], b[key], key) for key in a}
 
+    def merge_all(self, states: Sequence[State]) -> State:
+        """Combine one or more states, left to right (default: :meth:`merge`, pairwise).
+
+        What the driver calls on a trial's validation units. Override it where each
+        pairwise merge would decode and re-encode the state; it must return what the
+        pairwise merge returns. A single state is returned as it is.
+
+        Raises:
+            ValueError: ``states`` is empty.
+        """
+        if not states:
+            raise ValueError(f"{self.name}: merge_all needs at least one state")
+        merged = states[0]
+        for state in states[1:]:
+            merged = self.merge(merged, state)
+        return merged
+
     @abc.abstractmethod
     def value(self, state: State) -> float:
         """Return the metric of a (merged) state; ``nan`` when it has no rows."""
@@ -175,11 +194,8 @@ def _add(a: Any, b: Any, key: str) -> Any:
 
 
 def merge_states(metric: Metric, states: list[State]) -> State | None:
-    """Merge ``states`` left to right with ``metric.merge``; ``None`` if there are none."""
-    merged: State | None = None
-    for state in states:
-        merged = state if merged is None else metric.merge(merged, state)
-    return merged
+    """Merge ``states`` left to right (:meth:`Metric.merge_all`); ``None`` if there are none."""
+    return metric.merge_all(states) if states else None
 
 
 def ratio(numerator: float, denominator: float) -> float:

@@ -401,3 +401,43 @@ def test_binned_auc_counts_travel_in_the_narrowest_integer_type():
         assert state["counts"].startswith(f"{dtype}:zlib:")
         merged = metric.merge(state, state)
         assert _decode_counts(merged["counts"]).tolist() == (2 * counts).tolist()
+
+
+def pairwise(metric: Metric, states: list) -> dict:
+    merged = states[0]
+    for state in states[1:]:
+        merged = metric.merge(merged, state)
+    return merged
+
+
+@pytest.mark.parametrize("classes", [2, 10])
+def test_merge_all_returns_what_merging_pairwise_returns(classes):
+    logits, labels = classification_data(5, 600, classes)
+    rng = np.random.default_rng(5)
+    exact = RocAuc(classes, bins=None)
+    for metric in [*default_metrics("classification", classes), exact]:
+        states = unit_states(metric, logits, labels, rng, 6)
+        before = json.dumps(states)
+        assert json.dumps(metric.merge_all(states)) == json.dumps(pairwise(metric, states))
+        assert json.dumps(states) == before, metric.name  # the states are left as they were
+        assert metric.merge_all(states[:1]) is states[0]
+    targets = torch.from_numpy(np.random.default_rng(6).normal(size=300))
+    outputs = targets + torch.from_numpy(np.random.default_rng(7).normal(size=300))
+    for metric in default_metrics("regression", None):
+        states = unit_states(metric, outputs, targets, rng, 5)
+        assert metric.merge_all(states) == pairwise(metric, states), metric.name
+
+
+def test_binned_auc_merges_all_in_one_pass_as_pairwise_whatever_the_mix_of_old_states():
+    logits, labels = classification_data(8, 1_200, 4)
+    binned, exact = RocAuc(4), RocAuc(4, bins=None)
+    new = auc_states(binned, logits[:600], labels[:600], 3)
+    old = auc_states(exact, logits[600:], labels[600:], 3)
+    for states in (new, old, [old[0], new[0], old[1], new[1]], [*old, *new], [*new, *old]):
+        assert binned.merge_all(states) == pairwise(binned, states)
+    assert "counts" not in binned.merge_all(old)  # exact states stay exact, in order
+    (coarse,) = auc_states(RocAuc(4, bins=64), logits, labels, 1)
+    with pytest.raises(ValueError, match="different grids: bins=64"):
+        binned.merge_all([old[0], new[0], coarse])
+    with pytest.raises(ValueError, match="roc_auc: merge_all needs at least one state"):
+        binned.merge_all([])
