@@ -9,11 +9,12 @@ Merged pairwise, ROC AUC's counts were decoded and re-encoded P - 1 times; with
 sum encoded once.
 
 For each P and class count, makes P unit states of 600 random rows as a worker does
-(the pass's shared accumulators, :func:`~cerebro_spark.units.pack_states` and back, as
-the result travels and is logged), then prints the least of ``--repeat`` process-CPU
-timings of ``epoch_metrics`` per trial epoch, and that per unit (a trial's epoch is P
-train and P validation units), with a digest of the metrics (equal digests: the same
-metrics, bit for bit, e.g. from two versions of the library on ``PYTHONPATH``).
+(``MLPSpec``'s validation :class:`~cerebro_spark.training._metrics.PassMetrics`, then
+:func:`~cerebro_spark.units.pack_states` and back, as the result travels and is
+logged), then prints the least of ``--repeat`` process-CPU timings of ``epoch_metrics``
+per trial epoch, and that per unit (a trial's epoch is P train and P validation units),
+with a digest of the metrics (equal digests: the same metrics, bit for bit, e.g. from two
+versions of the library on ``PYTHONPATH``).
 
     python benchmarks/epoch_metrics.py [--partitions 2 16 64 256] [--classes 2 10]
         [--repeat 15]
@@ -25,54 +26,42 @@ import argparse
 import hashlib
 import json
 import time
-from collections.abc import Hashable, Mapping
 from types import SimpleNamespace
 
 import numpy as np
 import torch
 
+from cerebro_spark.data import DatasetInfo
 from cerebro_spark.engine._state import epoch_metrics
-from cerebro_spark.metrics import LOSS, Accumulator, Loss, Metric, State, default_metrics
+from cerebro_spark.metrics import State
+from cerebro_spark.training import MLPSpec
+from cerebro_spark.training._metrics import PassMetrics, family_metrics
 from cerebro_spark.units import pack_states, unpack_states
 
 ROWS = 600
 CPU = torch.device("cpu")
 
 
-def family(classes: int) -> dict[str, Metric]:
-    """The default classification family, ``"loss"`` first (as a spec's)."""
-    return {LOSS: Loss(), **{m.name: m for m in default_metrics("classification", classes)}}
-
-
-def unit_states(
-    metrics: Mapping[str, Metric], classes: int, rng: np.random.Generator
-) -> dict[str, State]:
-    """One validation unit's states, through the wire format and back."""
+def unit_states(metrics: PassMetrics, classes: int, rng: np.random.Generator) -> dict[str, State]:
+    """One validation unit's states as a worker reports them, through the wire and back."""
     logits = torch.from_numpy(rng.normal(size=(ROWS, classes)))
     labels = torch.from_numpy(rng.integers(0, classes, ROWS))
-    shared: dict[Hashable, Accumulator] = {}  # one accumulator per key, as in a pass
-    states: dict[str, State] = {}
-    for name, metric in metrics.items():
-        key = metric.accumulator_key()
-        acc = shared.get(key) if key is not None else None
-        if acc is None:
-            acc = metric.init(CPU)
-            if isinstance(metric, Loss):
-                metric.add_batches(acc, torch.tensor([1.0]), [ROWS])
-            else:
-                metric.update(acc, logits, labels)
-            if key is not None:
-                shared[key] = acc
-        states[name] = metric.state(acc)
+    metrics.add(logits, labels, torch.tensor(1.0))
+    states, _ = metrics.report()
     return unpack_states(json.loads(json.dumps(pack_states(states))))
 
 
 def measure(partitions: int, classes: int, repeat: int) -> tuple[float, str]:
     """Least CPU seconds of ``epoch_metrics`` for one trial epoch, and its metrics' digest."""
-    metrics = family(classes)
+    spec, info = MLPSpec(), DatasetInfo((classes,), "classification", classes)
+    metrics = family_metrics(spec, info)
     rng = np.random.default_rng([partitions, classes])
+    units = {
+        p: unit_states(PassMetrics(spec, info, CPU, training=False), classes, rng)
+        for p in range(partitions)
+    }
     state = SimpleNamespace(  # what epoch_metrics reads of the folded log
-        validation_states={"t": {p: unit_states(metrics, classes, rng) for p in range(partitions)}},
+        validation_states={"t": units},
         validation_units={"t": partitions},
         validation_rows={"t": ROWS * partitions},
         validation_sums={"t": {}},
