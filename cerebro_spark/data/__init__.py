@@ -7,16 +7,24 @@ only when the function is called: ``import cerebro_spark.data`` works without py
 """
 
 from cerebro_spark.data._format import (
+    DENSE_DTYPES,
     FORMAT_VERSION,
+    KINDS,
     MANIFEST_NAME,
     SPLITS,
+    UNKNOWN_ID,
     ColumnInfo,
     DatasetInfo,
     FeatureStatistics,
+    HeldColumn,
+    Kind,
     Manifest,
     PartitionData,
     PartitionInfo,
+    feature_shape,
+    mask_key,
     partition_path,
+    tensor_input,
 )
 from cerebro_spark.data._names import (
     DatasetEntry,
@@ -43,16 +51,21 @@ from cerebro_spark.data._writer import (
 )
 
 __all__ = [
+    "DENSE_DTYPES",
     "FORMAT_VERSION",
+    "KINDS",
     "MANIFEST_NAME",
     "PARQUET_OPTIONS",
     "SOURCES",
     "SPLITS",
+    "UNKNOWN_ID",
     "ColumnInfo",
     "DatasetEntry",
     "DatasetInfo",
     "DatasetName",
     "FeatureStatistics",
+    "HeldColumn",
+    "Kind",
     "Manifest",
     "PartitionData",
     "PartitionInfo",
@@ -62,9 +75,11 @@ __all__ = [
     "dataset_names",
     "decode_vectors",
     "encode_partition",
+    "feature_shape",
     "find_dataset",
     "list_datasets",
     "load_source",
+    "mask_key",
     "name_dataset",
     "partition_path",
     "prepare_dataset",
@@ -74,5 +89,6 @@ __all__ = [
     "read_partition",
     "read_table",
     "remove_dataset_name",
+    "tensor_input",
     "write_dataset",
 ]
