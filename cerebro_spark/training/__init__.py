@@ -17,9 +17,12 @@ from cerebro_spark.training._checkpoint import (
     weights_digest,
     with_dataset,
 )
+from cerebro_spark.training._embedding import EmbeddingMLPSpec
 from cerebro_spark.training._group import run_group_unit
 from cerebro_spark.training._loading import add_code_directory, load_spec, user_code_files
 from cerebro_spark.training._models import CNNSpec, MLPSpec, Standardize
+from cerebro_spark.training._resnet import ResNetSpec
+from cerebro_spark.training._sequence import SequenceSpec
 from cerebro_spark.training._spec import BASE_HYPERPARAMETERS, ModelSpec, accepted_hyperparameters
 from cerebro_spark.training._unit import TrainedUnit, run_unit, train_unit
 
@@ -30,8 +33,11 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "Counters",
+    "EmbeddingMLPSpec",
     "MLPSpec",
     "ModelSpec",
+    "ResNetSpec",
+    "SequenceSpec",
     "Standardize",
     "TrainedUnit",
     "accepted_hyperparameters",
