@@ -135,7 +135,7 @@ def make_data(rows: int, shape: tuple[int, ...]) -> PartitionData:
     rng = np.random.default_rng(0)
     features = rng.standard_normal((rows, *shape), dtype=np.float32)
     labels = rng.integers(0, CLASSES, rows)
-    return PartitionData("train", 0, features, labels, bytes_read=0)
+    return PartitionData.from_arrays("train", 0, features, labels, bytes_read=0)
 
 
 class Bare:
@@ -296,7 +296,9 @@ def main() -> None:
         # fixed costs (restore, encode, write) stand out
         for variant, seconds, runs in (("pass", 0.5, 1), ("unit", 0.1, 5)):
             rows = max(BATCH, int(seconds / per_batch) * BATCH)
-            data = PartitionData("train", 0, pool.features[:rows], pool.labels[:rows], 0)
+            data = PartitionData.from_arrays(
+                "train", 0, pool.features[:rows], pool.labels[:rows], 0
+            )
             with tempfile.TemporaryDirectory() as root:
                 runner = Pass(info, device, task) if variant == "pass" else Unit(info, device, root)
                 runner.run(data, task)
@@ -325,7 +327,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         for target in targets:
             rows = max(BATCH, int(target / per_batch) * BATCH)
-            data = PartitionData("train", 0, pool.features[:rows], pool.labels[:rows], 0)
+            data = PartitionData.from_arrays(
+                "train", 0, pool.features[:rows], pool.labels[:rows], 0
+            )
             runners: dict[str, Callable[[PartitionData, UnitTask], None]] = {
                 "bare": bare.run,
                 "pass": Pass(info, device, task).run,

@@ -37,6 +37,7 @@ from cerebro_spark.data._names import (
     read_dataset_name,
     remove_dataset_name,
 )
+from cerebro_spark.data._options import DEFAULT_VOCABULARY_LIMIT, KindOptions
 from cerebro_spark.data._reader import read_manifest, read_partition
 from cerebro_spark.data._sources import SOURCES, load_source, read_table
 from cerebro_spark.data._spark_prepare import prepare_with_spark
@@ -51,6 +52,7 @@ from cerebro_spark.data._writer import (
 )
 
 __all__ = [
+    "DEFAULT_VOCABULARY_LIMIT",
     "DENSE_DTYPES",
     "FORMAT_VERSION",
     "KINDS",
@@ -66,6 +68,7 @@ __all__ = [
     "FeatureStatistics",
     "HeldColumn",
     "Kind",
+    "KindOptions",
     "Manifest",
     "PartitionData",
     "PartitionInfo",

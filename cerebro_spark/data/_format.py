@@ -310,8 +310,10 @@ class DatasetInfo:
 
     @property
     def tensor_input(self) -> bool:
-        """Whether the model receives one tensor (else a dict by column); see
-        :func:`tensor_input`. A hand-built info without columns: one tensor."""
+        """Whether the model receives one tensor (else a dict by column).
+
+        See :func:`tensor_input`; a hand-built info without columns: one tensor.
+        """
         return tensor_input(self.features) if self.features else True
 
     def column(self, name: str) -> ColumnInfo:
@@ -463,7 +465,8 @@ class HeldColumn:
         """Row ``index``'s values (a view): its bytes, tokens, id or array."""
         if self.offsets is None:
             return self.values[index]  # type: ignore[no-any-return]
-        return self.values[self.offsets[index] : self.offsets[index + 1]]  # type: ignore[no-any-return]
+        row: np.ndarray = self.values[self.offsets[index] : self.offsets[index + 1]]
+        return row
 
 
 @dataclasses.dataclass(frozen=True)
@@ -488,6 +491,23 @@ class PartitionData:
     def rows(self) -> int:
         """Number of rows."""
         return int(self.labels.shape[0])
+
+    @classmethod
+    def from_arrays(
+        cls,
+        split: str,
+        index: int,
+        features: np.ndarray,
+        labels: np.ndarray,
+        bytes_read: int = 0,
+        *,
+        name: str = "features",
+    ) -> PartitionData:
+        """A partition of one dense feature column ``(rows, *shape)`` (tests, benchmarks)."""
+        shape = tuple(int(d) for d in features.shape[1:])
+        kind = "array" if shape else "number"
+        info = ColumnInfo(name, features.dtype.name, shape, kind=kind)
+        return cls(split, index, (HeldColumn(info, features),), labels, bytes_read)
 
     @property
     def nbytes(self) -> int:

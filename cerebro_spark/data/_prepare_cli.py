@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from cerebro_spark.data._options import DEFAULT_VOCABULARY_LIMIT, KindOptions
 from cerebro_spark.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -120,6 +121,60 @@ def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="COLUMN=D1,D2,...",
         help="per-row shape of an array feature, e.g. image=1,8,8 (repeatable)",
     )
+    kinds = parser.add_argument_group(
+        "feature kinds",
+        "images, categories and sequences (inferred where unambiguous: binary with JPEG/PNG "
+        "magic is an image, a string a category, integer lists of different lengths a "
+        "sequence; each choice is logged)",
+    )
+    kinds.add_argument(
+        "--image-columns", nargs="+", metavar="COLUMN", help="columns of JPEG/PNG bytes"
+    )
+    kinds.add_argument(
+        "--categorical",
+        nargs="+",
+        metavar="COLUMN",
+        help="columns of categories (strings or integers) stored as int32 ids",
+    )
+    kinds.add_argument(
+        "--sequence-columns",
+        nargs="+",
+        metavar="COLUMN",
+        help="columns of variable-length integer lists (token ids)",
+    )
+    kinds.add_argument(
+        "--image-size",
+        nargs=2,
+        type=int,
+        metavar=("H", "W"),
+        help="resize every image to H x W (default: images must all have one size)",
+    )
+    kinds.add_argument(
+        "--image-channels",
+        type=int,
+        choices=(1, 3),
+        help="convert every image to 1 (grayscale) or 3 (RGB) channels (default: 1 when "
+        "all are grayscale, else 3)",
+    )
+    kinds.add_argument(
+        "--vocabulary-limit",
+        type=int,
+        default=DEFAULT_VOCABULARY_LIMIT,
+        metavar="N",
+        help="values of a categorical column with an id of their own, at most (the most "
+        f"frequent; default {DEFAULT_VOCABULARY_LIMIT:,})",
+    )
+    kinds.add_argument(
+        "--hash-buckets",
+        type=int,
+        default=0,
+        metavar="N",
+        help="ids shared by hashing among the values beyond the vocabulary (default 0: "
+        "they map to the unknown id 0)",
+    )
+    kinds.add_argument(
+        "--max-length", type=int, metavar="N", help="cut sequences to their first N ids"
+    )
     parser.add_argument(
         "--task",
         choices=("classification", "regression"),
@@ -174,6 +229,22 @@ def _names(values: Sequence[str] | None) -> list[str] | None:
     if not values:
         return None
     return [name for value in values for name in value.split(",") if name]
+
+
+def _kinds(args: argparse.Namespace, given: KindOptions | None) -> KindOptions | None:
+    """The kind options of the command line (a built-in source's, with the flags over them)."""
+    base = given or KindOptions()
+    options = KindOptions(
+        image_columns=tuple(_names(args.image_columns) or base.image_columns),
+        categorical=tuple(_names(args.categorical) or base.categorical),
+        sequence_columns=tuple(_names(args.sequence_columns) or base.sequence_columns),
+        image_size=tuple(args.image_size) if args.image_size else base.image_size,
+        image_channels=args.image_channels or base.image_channels,
+        vocabulary_limit=args.vocabulary_limit,
+        hash_buckets=args.hash_buckets,
+        max_length=args.max_length if args.max_length is not None else base.max_length,
+    )
+    return None if options == KindOptions() else options
 
 
 def _default_features(
@@ -319,6 +390,7 @@ def run_prepare(args: argparse.Namespace) -> int:
     shapes = dict(meta.get("feature_shapes", {}))
     shapes.update(dict(args.feature_shape))
     common: dict[str, Any] = {
+        "kinds": _kinds(args, meta.get("kinds")),
         "features": _names(args.features) or meta.get("features"),
         "label": label,
         "num_partitions": args.partitions,

@@ -11,9 +11,11 @@ import hashlib
 import json
 import logging
 import math
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from cerebro_spark.data import _validate as v
@@ -22,6 +24,7 @@ from cerebro_spark.data._format import (
     READABLE_FORMAT_VERSIONS,
     SPLITS,
     ColumnInfo,
+    HeldColumn,
     Manifest,
     PartitionData,
 )
@@ -72,9 +75,8 @@ def read_manifest(dataset_uri: str | Store) -> Manifest:
     return manifest
 
 
-def _feature_block(table: pa.Table, column: ColumnInfo, rows: int) -> np.ndarray:
-    """Return one feature column as a ``(rows, column.size)`` float32 array (maybe a view)."""
-    array = v.as_array(table.column(column.name))
+def _dense_column(array: pa.Array, column: ColumnInfo, rows: int) -> np.ndarray:
+    """A number/array column as ``(rows, *shape)`` of its stored dtype (zero-copy if it can)."""
     v.check_feature_type(column.name, array.type)
     shape = v.element_shape(column.name, array)
     size = math.prod(shape) if shape else 1
@@ -83,9 +85,69 @@ def _feature_block(table: pa.Table, column: ColumnInfo, rows: int) -> np.ndarray
             f"feature column {column.name!r} has {size} values per row (shape {shape}), but "
             f"the manifest says shape {column.shape} ({column.size} values)"
         )
-    values = v.flat_values(array).cast(pa.float32(), safe=False)
-    v.check_finite(column.name, values, "feature column")
-    return np.asarray(values.to_numpy(zero_copy_only=False)).reshape(rows, size)
+    values = v.flat_values(array)
+    if np.dtype(values.type.to_pandas_dtype()).name != column.dtype:
+        values = values.cast(pa.from_numpy_dtype(np.dtype(column.dtype)), safe=False)
+    if pa.types.is_floating(values.type):
+        v.check_finite(column.name, values.cast(pa.float32()), "feature column")
+    flat = np.asarray(values.to_numpy(zero_copy_only=False))
+    return flat.reshape(rows, *column.shape)
+
+
+def _offsets(array: pa.Array) -> np.ndarray:
+    """``int64`` row offsets (rows + 1) of a binary or list array, into its own values."""
+    lengths = pc.binary_length(array) if not v._is_list(array.type) else pc.list_value_length(array)
+    offsets = np.zeros(len(array) + 1, dtype=np.int64)
+    np.cumsum(lengths.to_numpy(zero_copy_only=False), out=offsets[1:])
+    return offsets
+
+
+def _held_column(table: pa.Table, column: ColumnInfo, rows: int) -> HeldColumn:
+    """One feature column of a partition as it is held: as stored, nothing decoded."""
+    array = v.as_array(table.column(column.name))
+    kind = column.feature_kind
+    if kind in ("number", "array"):
+        return HeldColumn(column, _dense_column(array, column, rows))
+    v.check_no_nulls(column.name, array, "feature column")
+    if kind == "image":
+        if not (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
+            raise DataError(
+                f"image column {column.name!r} has type {array.type}; it must be binary"
+            )
+        data = pa.concat_arrays([array]) if array.offset else array
+        values = np.frombuffer(data.buffers()[2] or b"", dtype=np.uint8)
+        start = int(np.frombuffer(data.buffers()[1], dtype=_offset_type(data))[0])
+        offsets = _offsets(data) + start
+        return HeldColumn(column, values, offsets)
+    if kind == "categorical":
+        ids = np.asarray(array.cast(pa.int32()).to_numpy(zero_copy_only=False))
+        _check_ids(column, ids, "id")
+        return HeldColumn(column, ids)
+    if not v._is_list(array.type) or not pa.types.is_integer(array.type.value_type):
+        raise DataError(
+            f"sequence column {column.name!r} has type {array.type}; it must be a list of int32"
+        )
+    tokens = np.asarray(array.flatten().cast(pa.int32()).to_numpy(zero_copy_only=False))
+    _check_ids(column, tokens, "token id")
+    return HeldColumn(column, tokens, _offsets(array))
+
+
+def _offset_type(array: pa.Array) -> type[np.integer[Any]]:
+    return np.int64 if pa.types.is_large_binary(array.type) else np.int32
+
+
+def _check_ids(column: ColumnInfo, ids: np.ndarray, what: str) -> None:
+    """Raise if an id lies outside ``0..cardinality-1``, naming the first such row value."""
+    limit = column.cardinality
+    if limit is None or not len(ids):
+        return
+    bad = (ids < 0) | (ids >= limit)
+    if bad.any():
+        raise DataError(
+            f"{column.feature_kind} column {column.name!r} holds {int(bad.sum())} {what}s "
+            f"outside 0..{limit - 1} (e.g. {int(ids[bad][0])}); the manifest says "
+            f"cardinality {limit}"
+        )
 
 
 def _labels(table: pa.Table, manifest: Manifest) -> np.ndarray:
@@ -128,10 +190,10 @@ def read_partition(
         verify: Check the file's SHA-256 against the manifest.
 
     Returns:
-        ``features`` float32 of shape ``(rows, *manifest.feature_shape)`` (a single array
-        column keeps its shape; several columns are flattened and concatenated in manifest
-        order), ``labels`` int64 (classification) or float32 (regression); both arrays are
-        writable and own their memory. ``bytes_read`` is the size of the file.
+        The partition as stored: each feature column a :class:`HeldColumn` (numbers and
+        arrays ``(rows, *shape)`` in their stored dtype, images still encoded, categories
+        ``int32`` ids, sequences ragged ``int32``), ``labels`` int64 (classification) or
+        float32 (regression). ``bytes_read`` is the size of the file.
 
     Raises:
         DataError: Bad split or index, or the file disagrees with the manifest (missing,
@@ -177,14 +239,10 @@ def read_partition(
         raise DataError(
             f"{split} partition {index} file {where} has {rows} rows, the manifest says {info.rows}"
         )
-    blocks = [_feature_block(table, column, rows) for column in manifest.features]
-    if len(blocks) == 1:
-        features = np.array(blocks[0], dtype=np.float32).reshape(rows, *manifest.feature_shape)
-    else:
-        features = np.concatenate(blocks, axis=1)
+    columns = tuple(_held_column(table, column, rows) for column in manifest.features)
     labels = _labels(table, manifest)
     logger.debug("read %s partition %d: %d rows, %d bytes", split, index, rows, len(data))
-    return PartitionData(split, index, features, labels, bytes_read=len(data))
+    return PartitionData(split, index, columns, labels, bytes_read=len(data))
 
 
 def damaged_partitions(dataset: Store, manifest: Manifest, *, verify: bool = False) -> list[str]:

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cerebro_spark.data import _validate as v
 
@@ -84,6 +85,9 @@ def row_words(
     rows = len(columns[0]) if columns else (0 if flags is None else len(flags))
     blocks: list[np.ndarray] = []
     for column in columns:
+        if _variable(column.type):
+            blocks.append(_digests(v.as_array(column)))
+            continue
         values = np.ascontiguousarray(v.flat_values(column).to_numpy(zero_copy_only=False))
         blocks.append(values.reshape(rows, -1).view(np.uint8).reshape(rows, -1))
     if flags is not None:
@@ -96,6 +100,36 @@ def row_words(
         content[:, at : at + block.shape[1]] = block
         at += block.shape[1]
     return content.view("<u8")
+
+
+def _variable(arrow_type: pa.DataType) -> bool:
+    """Whether a stored column's rows vary in size (images' bytes, sequences' ids)."""
+    return bool(
+        pa.types.is_binary(arrow_type)
+        or pa.types.is_large_binary(arrow_type)
+        or pa.types.is_list(arrow_type)
+        or pa.types.is_large_list(arrow_type)
+    )
+
+
+def _digests(array: pa.Array) -> np.ndarray:
+    """A 16-byte BLAKE2b digest of each row's bytes (a binary value, or a list's values)."""
+    out = np.empty((len(array), 16), dtype=np.uint8)
+    if pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type):
+        for row, value in enumerate(array.to_pylist()):
+            out[row] = np.frombuffer(hashlib.blake2b(value, digest_size=16).digest(), np.uint8)
+        return out
+    lengths = pc.list_value_length(array).to_numpy(zero_copy_only=False)
+    values = np.ascontiguousarray(array.flatten().to_numpy(zero_copy_only=False))
+    data = values.view(np.uint8)
+    ends = np.cumsum(lengths) * values.itemsize
+    start = 0
+    for row, end in enumerate(ends.tolist()):
+        out[row] = np.frombuffer(
+            hashlib.blake2b(data[start:end].tobytes(), digest_size=16).digest(), np.uint8
+        )
+        start = end
+    return out
 
 
 def row_hashes(words: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -55,6 +55,38 @@ def _digits() -> tuple[pa.Table, dict[str, Any]]:
     return table, meta
 
 
+def _digits_png() -> tuple[pa.Table, dict[str, Any]]:
+    """scikit-learn's digits as real PNG images (8x8 grayscale, pixel = value * 255 / 16)."""
+    import io
+
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    from cerebro_spark.data._options import KindOptions
+
+    bunch = load_digits()
+    pixels = np.rint(np.asarray(bunch.images) * (255.0 / 16.0)).astype(np.uint8)
+    encoded = []
+    for image in pixels:
+        out = io.BytesIO()
+        Image.fromarray(image, mode="L").save(out, format="PNG", compress_level=6)
+        encoded.append(out.getvalue())
+    table = pa.table(
+        {
+            "image": pa.array(encoded, pa.binary()),
+            "label": pa.array(np.asarray(bunch.target, dtype=np.int64)),
+        }
+    )
+    meta: dict[str, Any] = {
+        "features": ["image"],
+        "label": "label",
+        "task": "classification",
+        "source": "sklearn:digits_png",
+        "kinds": KindOptions(image_columns=("image",)),
+    }
+    return table, meta
+
+
 def _tabular(loader_name: str, task: str) -> Callable[[], tuple[pa.Table, dict[str, Any]]]:
     def load() -> tuple[pa.Table, dict[str, Any]]:
         import sklearn.datasets
@@ -78,6 +110,7 @@ def _tabular(loader_name: str, task: str) -> Callable[[], tuple[pa.Table, dict[s
 
 _SOURCES: dict[str, Callable[[], tuple[pa.Table, dict[str, Any]]]] = {
     "sklearn:digits": _digits,
+    "sklearn:digits_png": _digits_png,
     "sklearn:iris": _tabular("load_iris", "classification"),
     "sklearn:breast_cancer": _tabular("load_breast_cancer", "classification"),
     "sklearn:wine": _tabular("load_wine", "classification"),
@@ -93,13 +126,16 @@ def load_source(name: str) -> tuple[pa.Table, dict[str, Any]]:
 
     ``"sklearn:digits"``: 1,797 8x8 digit images; column ``image`` holds 64 float32 values
     in [0, 1] (pixel / 16) with shape hint ``(1, 8, 8)``, column ``label`` int64 0..9.
+    ``"sklearn:digits_png"``: the same 1,797 real handwritten digits as 8x8 grayscale PNG
+    files (column ``image``, binary; ``kinds`` names it an image column).
     ``"sklearn:iris"``, ``"sklearn:breast_cancer"``, ``"sklearn:wine"``: one float32
     column per measurement (snake_case names) and an int64 ``label``.
     ``"sklearn:diabetes"``: ten float32 columns and a float32 regression ``label``.
 
     Returns:
-        ``(table, meta)``; ``meta`` holds ``features``, ``label``, ``task``, ``source`` and
-        (for array features) ``feature_shapes``: keyword arguments of
+        ``(table, meta)``; ``meta`` holds ``features``, ``label``, ``task``, ``source``,
+        (for array features) ``feature_shapes`` and (for images) ``kinds``: keyword
+        arguments of
         :func:`~cerebro_spark.data.write_dataset`.
 
     Raises:

@@ -55,9 +55,19 @@ class Moments:
         return cls(int(values[0]), *parts)
 
 
+def dense_columns(features: Sequence[ColumnInfo]) -> list[ColumnInfo]:
+    """The ``number`` and ``array`` columns: those :class:`FeatureStatistics` describe."""
+    return [column for column in features if column.dense]
+
+
 def statistics_size(features: Sequence[ColumnInfo]) -> int | None:
-    """Flattened elements per row, or ``None`` when above ``MAX_STATISTICS_ELEMENTS``."""
-    size = sum(column.size for column in features)
+    """Flattened dense elements per row (``None``: none, or over the limit).
+
+    The limit is ``MAX_STATISTICS_ELEMENTS``.
+    """
+    size = sum(column.size for column in dense_columns(features))
+    if size == 0:
+        return None
     if size > MAX_STATISTICS_ELEMENTS:
         logger.info(
             "feature statistics are not recorded: %d values per row is more than %d",
@@ -69,10 +79,10 @@ def statistics_size(features: Sequence[ColumnInfo]) -> int | None:
 
 
 def feature_matrix(table: pa.Table, features: Sequence[ColumnInfo]) -> np.ndarray:
-    """Return the normalised feature columns of ``table`` as a ``(rows, size)`` float32 array."""
+    """Return the dense feature columns of ``table`` as a ``(rows, size)`` float32 array."""
     rows = table.num_rows
     blocks = []
-    for column in features:
+    for column in dense_columns(features):
         values = v.flat_values(table.column(column.name)).to_numpy(zero_copy_only=False)
         blocks.append(np.asarray(values, dtype=np.float32).reshape(rows, column.size))
     matrix = blocks[0] if len(blocks) == 1 else np.concatenate(blocks, axis=1)
@@ -122,4 +132,34 @@ def combine(moments: Sequence[Moments]) -> FeatureStatistics:
         std=tuple(float(x) for x in std),
         min=tuple(float(x) for x in low),
         max=tuple(float(x) for x in high),
+    )
+
+
+def image_moments(table: pa.Table, features: Sequence[ColumnInfo]) -> dict[str, np.ndarray]:
+    """Per-channel pixel moments of each image column of one (stored) train partition."""
+    from cerebro_spark.data import _kinds as kd
+
+    return {
+        column.name: kd.image_moments(v.as_array(table.column(column.name)), column.shape)
+        for column in features
+        if column.feature_kind == "image"
+    }
+
+
+def with_image_statistics(
+    features: Sequence[ColumnInfo], moments: Sequence[dict[str, np.ndarray]]
+) -> tuple[ColumnInfo, ...]:
+    """``features`` with each image column's statistics.
+
+    They come from its train partitions' moments, folded in partition order.
+    """
+    from cerebro_spark.data import _kinds as kd
+
+    return tuple(
+        dataclasses.replace(
+            column, statistics=kd.image_statistics([part[column.name] for part in moments])
+        )
+        if column.feature_kind == "image" and moments
+        else column
+        for column in features
     )

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cerebro_spark.data._format import READABLE_FORMAT_VERSIONS, SPLITS, Manifest, Task
+from cerebro_spark.data._format import KINDS, READABLE_FORMAT_VERSIONS, SPLITS, Manifest, Task
 from cerebro_spark.errors import DataError
 
 _MAX_LISTED = 10
@@ -367,9 +367,15 @@ def check_manifest(manifest: Manifest) -> None:
     if not manifest.features:
         raise DataError(f"dataset {manifest.dataset_id} has no feature columns")
     stats = manifest.statistics
-    size = sum(column.size for column in manifest.features)
+    size = sum(column.size for column in manifest.features if column.dense)
     if stats is not None and stats.size != size:
         raise DataError(
             f"dataset {manifest.dataset_id} has feature statistics for {stats.size} elements, "
-            f"but its feature columns hold {size} values per row"
+            f"but its number and array columns hold {size} values per row"
         )
+    for column in manifest.features:
+        if column.feature_kind not in KINDS:
+            raise DataError(
+                f"dataset {manifest.dataset_id} feature column {column.name!r} has kind "
+                f"{column.kind!r}; this version of cerebro-spark reads {', '.join(KINDS)}"
+            )

@@ -42,10 +42,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from cerebro_spark.data import _kinds as kd
 from cerebro_spark.data import _row_order as ro
 from cerebro_spark.data import _statistics as stats
 from cerebro_spark.data import _validate as v
 from cerebro_spark.data._format import (
+    DENSE_DTYPES,
     FORMAT_VERSION,
     MANIFEST_NAME,
     ColumnInfo,
@@ -55,6 +57,7 @@ from cerebro_spark.data._format import (
     Task,
     partition_path,
 )
+from cerebro_spark.data._options import KindOptions
 from cerebro_spark.data._vectors import decode_pandas_vectors, decode_vectors
 from cerebro_spark.errors import DataError
 from cerebro_spark.store import Store, open_store
@@ -75,8 +78,9 @@ PARQUET_OPTIONS: Mapping[str, Any] = {
 }
 
 #: Bumped whenever the writer's output for a given input changes, so dataset ids change
-#: (2: rows ordered by a seeded content hash, ids from order-independent sums).
-WRITER_VERSION = 2
+#: (2: rows ordered by a seeded content hash, ids from order-independent sums; 3: feature
+#: kinds, arrays in their own dtype).
+WRITER_VERSION = 3
 
 _PART_KEY = re.compile(r"(train|validation)/part-\d{5}\.parquet")
 
@@ -177,21 +181,147 @@ def _ndarray_column(name: str, series: pd.Series) -> tuple[pa.Array, tuple[int, 
 # -- normalisation ----------------------------------------------------------------------------
 
 
+def _dense_type(values: pa.Array) -> pa.DataType:
+    """The stored element type of a number/array column.
+
+    Its own when one of :data:`DENSE_DTYPES`, else ``float32``.
+    """
+    numeric = pa.types.is_integer(values.type) or pa.types.is_floating(values.type)
+    if numeric and np.dtype(values.type.to_pandas_dtype()).name in DENSE_DTYPES:
+        return values.type
+    return pa.float32()
+
+
 def _feature_column(
     name: str, column: pa.ChunkedArray, known_shape: tuple[int, ...] | None, hint: Any
 ) -> tuple[pa.Array, ColumnInfo]:
+    """A ``number``/``array`` column as stored: its dtype kept (:data:`DENSE_DTYPES`)."""
     v.check_feature_type(name, column.type)
     shape = v.element_shape(name, column)
     if known_shape is not None:
         shape = known_shape
     if hint is not None:
         shape = v.check_shape_hint(name, shape, hint)
-    values = v.flat_values(column).cast(pa.float32(), safe=False)
-    v.check_finite(name, values, "feature column")
+    flat = v.flat_values(column)
+    values = flat.cast(_dense_type(flat), safe=False)
+    if pa.types.is_floating(values.type):
+        v.check_finite(name, values.cast(pa.float32()), "feature column")
+    dtype = np.dtype(values.type.to_pandas_dtype()).name
     if not shape:
-        return values, ColumnInfo(name, "float32")
-    array = pa.FixedSizeListArray.from_arrays(values, type=pa.list_(pa.float32(), math.prod(shape)))
-    return array, ColumnInfo(name, "float32", shape)
+        return values, ColumnInfo(name, dtype, kind="number")
+    array = pa.FixedSizeListArray.from_arrays(values, math.prod(shape))
+    return array, ColumnInfo(name, dtype, shape, kind="array")
+
+
+def column_kind(name: str, column: pa.Array | pa.ChunkedArray, options: KindOptions) -> str:
+    """The kind of feature column ``name``: named in ``options``, else inferred (logged)."""
+    named = options.named().get(name)
+    if named is not None:
+        return named
+    kind = kd.infer_kind(name, column.type, column)
+    if kind not in ("number", "array"):
+        logger.info("feature column %r (%s) is read as %s", name, column.type, kind)
+    return kind
+
+
+def kind_column(
+    name: str,
+    column: pa.Array | pa.ChunkedArray,
+    kind: str,
+    options: KindOptions,
+    *,
+    vocabulary: tuple[tuple[Any, ...], int] | None = None,
+    first_row: int = 0,
+) -> tuple[pa.Array, ColumnInfo]:
+    """An ``image``, ``categorical`` or ``sequence`` column as stored, and its info.
+
+    Args:
+        name: The column.
+        column: Its input values.
+        kind: ``"image"``, ``"categorical"`` or ``"sequence"``.
+        options: The kind options.
+        vocabulary: Categorical only: ``(vocabulary, hash_buckets)`` from the whole
+            column's counts (:func:`cerebro_spark.data._kinds.build_vocabulary`).
+        first_row: The row number of ``column``'s first row, for errors.
+
+    Returns:
+        The stored array and the column's info (without statistics; for an image and a
+        sequence, the facts of these rows only: a writer of chunks merges them).
+    """
+    array = v.as_array(column)
+    if kind == "image":
+        images, facts = kd.image_column(
+            name,
+            array,
+            size=options.image_size,
+            channels=options.image_channels,
+            first_row=first_row,
+        )
+        info = ColumnInfo(name, "uint8", facts.shape, kind="image", encoding=facts.encoding)
+        return images, info
+    if kind == "categorical":
+        if vocabulary is None:
+            raise ValueError("a categorical column needs its vocabulary")
+        values = kd.category_values(name, array)
+        words, buckets = vocabulary
+        ids = kd.encode_categories(name, values, words, buckets)
+        info = ColumnInfo(
+            name,
+            "int32",
+            kind="categorical",
+            vocabulary=words,
+            hash_buckets=buckets,
+            cardinality=1 + len(words) + buckets,
+        )
+        return ids, info
+    if kind == "sequence":
+        tokens, seq = kd.sequence_column(
+            name, array, max_length=options.max_length, first_row=first_row
+        )
+        info = ColumnInfo(
+            name,
+            "int32",
+            kind="sequence",
+            cardinality=seq.max_id + 1,
+            max_length=options.max_length or seq.max_length,
+            statistics=kd.sequence_statistics(seq, len(tokens)),
+        )
+        return tokens, info
+    raise ValueError(f"not a kind of its own: {kind!r}")
+
+
+def _any_feature_column(
+    name: str,
+    column: pa.ChunkedArray,
+    options: KindOptions,
+    known_shape: tuple[int, ...] | None,
+    hint: Any,
+) -> tuple[pa.Array, ColumnInfo]:
+    """Any feature column of a whole table as stored, with its info (plain writer)."""
+    kind = column_kind(name, column, options)
+    if kind in ("number", "array"):
+        return _feature_column(name, column, known_shape, hint)
+    if hint is not None:
+        raise DataError(
+            f"feature_shapes gives a shape for {kind} column {name!r}; only "
+            "number and array columns take one"
+        )
+    if kind == "categorical":
+        words, buckets, statistics = column_vocabulary(name, column, options)
+        array, info = kind_column(name, column, kind, options, vocabulary=(words, buckets))
+        return array, dataclasses.replace(info, statistics=statistics)
+    return kind_column(name, column, kind, options)
+
+
+def column_vocabulary(
+    name: str, column: pa.Array | pa.ChunkedArray, options: KindOptions
+) -> tuple[tuple[Any, ...], int, dict[str, Any]]:
+    """A categorical column's vocabulary, hash buckets and statistics, from all its rows."""
+    counts = kd.count_categories(kd.category_values(name, v.as_array(column)))
+    words, buckets = kd.build_vocabulary(
+        name, counts, limit=options.vocabulary_limit, hash_buckets=options.hash_buckets
+    )
+    return words, buckets, kd.category_statistics(counts, words, buckets)
 
 
 def _label_input(column: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -297,6 +427,7 @@ def _id_params(
     validation_fraction: float,
     validation_column: str | None,
     rows: int,
+    kinds: KindOptions | None = None,
 ) -> bytes:
     """Return the parameter part of the dataset id's hash input (canonical JSON bytes).
 
@@ -306,7 +437,7 @@ def _id_params(
     params = {
         "writer_version": WRITER_VERSION,
         "format_version": FORMAT_VERSION,
-        "features": [[info.name, list(info.shape)] for info in features],
+        "features": [_id_column(info) for info in features],
         "label": label,
         "task": task,
         "classes": list(classes) if classes is not None else None,
@@ -318,8 +449,14 @@ def _id_params(
             else {"validation_fraction": validation_fraction}
         ),
         "rows": rows,
+        "kinds": (kinds or KindOptions()).id_params(),
     }
     return json.dumps(params, sort_keys=True).encode()
+
+
+def _id_column(info: ColumnInfo) -> list[Any]:
+    """What of a column's info goes into the dataset id (its vocabulary is in its bytes)."""
+    return [info.name, list(info.shape), info.feature_kind, info.dtype]
 
 
 def _normalize(
@@ -333,6 +470,7 @@ def _normalize(
     validation_column: str | None,
     task: Task | None,
     feature_shapes: Mapping[str, Sequence[int]] | None,
+    kinds: KindOptions | None = None,
 ) -> _Normalized:
     """Check everything and return the normalised columns and the dataset id."""
     seed, validation_fraction, hints = _check_params(
@@ -349,11 +487,13 @@ def _normalize(
     table, pandas_shapes = _to_arrow(data, columns)
     v.check_total_rows(table.num_rows, num_partitions)
 
+    options = kinds or KindOptions()
+    options.check_features(features)
     arrays: dict[str, pa.Array] = {}
     infos: list[ColumnInfo] = []
     for name in features:
-        array, info = _feature_column(
-            name, table.column(name), pandas_shapes.get(name), hints.get(name)
+        array, info = _any_feature_column(
+            name, table.column(name), options, pandas_shapes.get(name), hints.get(name)
         )
         arrays[name] = array
         infos.append(info)
@@ -382,6 +522,7 @@ def _normalize(
             validation_fraction=validation_fraction,
             validation_column=validation_column,
             rows=normalized.num_rows,
+            kinds=options,
         )
     )
     return _Normalized(
@@ -495,6 +636,7 @@ def _write(
     )
     partitions: list[PartitionInfo] = []
     moments: list[stats.Moments] = []
+    pixels: list[dict[str, np.ndarray]] = []
     with_stats = stats.statistics_size(norm.features) is not None
     splits: tuple[Split, Split] = ("train", "validation")
     for split in splits:  # the order of SPLITS: train first, then validation
@@ -502,6 +644,8 @@ def _write(
             table = norm.table.take(pa.array(rows, type=pa.int64()))
             if split == "train" and with_stats:
                 moments.append(stats.partition_moments(table, norm.features))
+            if split == "train":
+                pixels.append(stats.image_moments(table, norm.features))
             data = encode_partition(table)
             path = partition_path(split, index)
             store.put(path, data)
@@ -519,7 +663,7 @@ def _write(
         store.delete(stale)
     manifest = Manifest(
         dataset_id=norm.dataset_id,
-        features=norm.features,
+        features=stats.with_image_statistics(norm.features, pixels),
         label=norm.label,
         task=norm.task,
         num_classes=len(norm.classes) if norm.classes is not None else None,
@@ -556,6 +700,7 @@ def dataset_id_for(
     validation_column: str | None = None,
     task: Task | None = None,
     feature_shapes: Mapping[str, Sequence[int]] | None = None,
+    kinds: KindOptions | None = None,
 ) -> str:
     """Return the id :func:`write_dataset` would give this input, without writing anything.
 
@@ -576,6 +721,7 @@ def dataset_id_for(
         validation_column=validation_column,
         task=task,
         feature_shapes=feature_shapes,
+        kinds=kinds,
     ).dataset_id
 
 
@@ -592,6 +738,7 @@ def write_dataset(
     task: Task | None = None,
     source: str = "",
     feature_shapes: Mapping[str, Sequence[int]] | None = None,
+    kinds: KindOptions | None = None,
     overwrite: bool = False,
 ) -> Manifest:
     """Shuffle, split and write ``data`` as a prepared dataset at ``dataset_uri``.
@@ -612,6 +759,9 @@ def write_dataset(
         source: Free text recorded in the manifest.
         feature_shapes: Per-row shapes of array features, e.g. ``{"image": (1, 8, 8)}`` for
             a 64-value column; the product must match the arrays' length.
+        kinds: Which columns are images, categories or sequences and how they are
+            prepared (:class:`~cerebro_spark.data.KindOptions`); other columns' kinds are
+            inferred from their types (logged).
         overwrite: Replace a complete dataset already at ``dataset_uri``.
 
     Returns:
@@ -633,6 +783,7 @@ def write_dataset(
         validation_column=validation_column,
         task=task,
         feature_shapes=feature_shapes,
+        kinds=kinds,
     )
     return _write(
         norm,
@@ -658,6 +809,7 @@ def prepare_dataset(
     task: Task | None = None,
     source: str = "",
     feature_shapes: Mapping[str, Sequence[int]] | None = None,
+    kinds: KindOptions | None = None,
 ) -> Manifest:
     """Write ``data`` to ``<store>/datasets/<dataset_id>/`` unless it is already there.
 
@@ -680,6 +832,7 @@ def prepare_dataset(
         validation_column=validation_column,
         task=task,
         feature_shapes=feature_shapes,
+        kinds=kinds,
     )
     target = open_store(store).child(f"datasets/{norm.dataset_id}")
     overwrite = False

@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 import yaml
 
-from cerebro_spark.errors import ConfigError
+from cerebro_spark.data._options import KindOptions
+from cerebro_spark.errors import ConfigError, DataError
 
 VisitOrder = Literal["seeded", "dynamic"]
 Rule = Literal["randomized", "work-aware"]
@@ -40,6 +41,11 @@ class DataConfig:
         validation_column: Boolean column marking validation rows (instead of a fraction).
         feature_shapes: Shapes of array columns, e.g. ``{image: [1, 8, 8]}``.
         seed: Seed of the shuffle and split (default: the experiment's seed).
+        kinds: Which columns are images, categories or sequences and how they are
+            prepared (:class:`~cerebro_spark.data.KindOptions`); in a config file its
+            fields are keys of ``data`` (``image_columns``, ``categorical``,
+            ``sequence_columns``, ``image_size``, ``image_channels``,
+            ``vocabulary_limit``, ``hash_buckets``, ``max_length``).
     """
 
     source: str | None = None
@@ -51,6 +57,11 @@ class DataConfig:
     validation_column: str | None = None
     feature_shapes: Mapping[str, tuple[int, ...]] | None = None
     seed: int | None = None
+    kinds: KindOptions | None = None
+
+
+#: The keys of ``data`` that fill :attr:`DataConfig.kinds`.
+KIND_FIELDS: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(KindOptions))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,6 +227,9 @@ class ExperimentConfig:
         out: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(self)))
         procedure = {"name": out.pop("procedure"), **out.pop("procedure_options")}
         out["procedure"] = procedure
+        kinds = out["data"].pop("kinds", None) or {}
+        defaults = dataclasses.asdict(KindOptions())
+        out["data"].update({k: v for k, v in kinds.items() if v != defaults[k]})
         out["data"] = {
             k: v
             for k, v in out["data"].items()
@@ -434,6 +448,11 @@ def _parse_data(raw: Mapping[str, Any], *, stored: bool = False) -> DataConfig:
     seed = section.take("seed", int, None)
     if seed is not None and seed < 0:
         raise ConfigError(f"data.seed must be ≥ 0, got {seed}")
+    kind_raw = {key: section.take(key, object, None) for key in KIND_FIELDS}
+    try:
+        kinds = KindOptions.from_mapping({k: v for k, v in kind_raw.items() if v is not None})
+    except DataError as error:
+        raise ConfigError(f"data: {error}") from None
     config = DataConfig(
         source=source,
         dataset=dataset,
@@ -444,6 +463,7 @@ def _parse_data(raw: Mapping[str, Any], *, stored: bool = False) -> DataConfig:
         validation_column=section.take("validation_column", str, None),
         feature_shapes=shapes,
         seed=seed,
+        kinds=kinds if kinds != KindOptions() else None,
     )
     section.finish()
     return config
@@ -458,6 +478,7 @@ PREPARATION_FIELDS: Mapping[str, str] = {
     "validation_fraction": "its train/validation split",
     "validation_column": "its train/validation split",
     "feature_shapes": "its feature shapes",
+    **{key: "its feature kinds" for key in KIND_FIELDS},
     "seed": "the seed of its shuffle and split",
 }
 
@@ -541,7 +562,13 @@ def check_data_section(data: DataConfig) -> None:
     if data.dataset is None:
         return
     defaults = DataConfig()
-    given = [key for key in PREPARATION_FIELDS if getattr(data, key) != getattr(defaults, key)]
+    given = [
+        key
+        for key in PREPARATION_FIELDS
+        if hasattr(defaults, key) and getattr(data, key) != getattr(defaults, key)
+    ]
+    kinds = data.kinds or KindOptions()
+    given += [key for key in KIND_FIELDS if getattr(kinds, key) != getattr(KindOptions(), key)]
     _refuse(given, data.dataset)
 
 

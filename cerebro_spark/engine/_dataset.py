@@ -41,9 +41,12 @@ def resolve_dataset(config: ExperimentConfig, store: Store) -> tuple[str, Manife
         return uri, manifest
     assert data.source is not None  # ok: the config parser requires source or dataset
     shapes: dict[str, tuple[int, ...]] = {}
+    kinds = data.kinds
     if data.source.startswith("sklearn:"):
         table, meta = load_source(data.source)
         shapes.update(meta.get("feature_shapes", {}))
+        if kinds is None:
+            kinds = meta.get("kinds")
     else:
         table = _read_source(data.source)
     shapes.update(data.feature_shapes or {})
@@ -61,6 +64,7 @@ def resolve_dataset(config: ExperimentConfig, store: Store) -> tuple[str, Manife
         validation_fraction=data.validation_fraction,
         validation_column=data.validation_column,
         feature_shapes=shapes or None,
+        kinds=kinds,
         source=data.source,
     )
     return store.url(f"datasets/{manifest.dataset_id}"), manifest

@@ -263,6 +263,7 @@ def _check_family(spec_path: str, params: Mapping[str, Any], info: DatasetInfo) 
     import torch
 
     from cerebro_spark.training import load_spec
+    from cerebro_spark.training._batches import example_features
     from cerebro_spark.training._metrics import family_metrics, overrides_batch_metrics
     from cerebro_spark.training._spec import checked_batch_size
 
@@ -294,7 +295,7 @@ def _check_family(spec_path: str, params: Mapping[str, Any], info: DatasetInfo) 
             what = "build_metrics"
             metrics = family_metrics(spec, info)
             what = "the forward pass on a zero batch"
-            features = torch.zeros((2, *info.feature_shape), dtype=torch.float32)
+            features = example_features(info)
             dtype = torch.int64 if info.task == "classification" else torch.float32
             labels = torch.zeros(2, dtype=dtype)
             model.eval()

@@ -124,10 +124,7 @@ class ModelMetadata:
             dataset_id=data.get("dataset_id"),
             task=task,
             classes=classes,
-            features=tuple(
-                ColumnInfo(str(c["name"]), str(c["dtype"]), tuple(int(d) for d in c["shape"]))
-                for c in data["features"]
-            ),
+            features=tuple(ColumnInfo.from_dict(c) for c in data["features"]),
             feature_shape=tuple(int(d) for d in data["feature_shape"]),
             label=data.get("label"),
             statistics=None if statistics is None else FeatureStatistics.from_dict(statistics),

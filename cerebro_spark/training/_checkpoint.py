@@ -247,7 +247,9 @@ def dataset_metadata(info: DatasetInfo) -> dict[str, Any]:
     Returns:
         The dataset id, task, number of classes, class labels in order, feature columns
         (name, dtype, shape) in order, the feature shape, the label column and the
-        per-feature statistics; unknown values are ``None`` (or an empty list).
+        per-feature statistics; unknown values are ``None`` (or an empty list). A column
+        is described in full (:meth:`ColumnInfo.to_dict`: kind, image shape, vocabulary
+        and hash buckets ...), so a checkpoint alone can map raw inputs for scoring.
     """
     statistics = info.statistics
     return {
@@ -255,10 +257,7 @@ def dataset_metadata(info: DatasetInfo) -> dict[str, Any]:
         "task": info.task,
         "num_classes": info.num_classes,
         "classes": None if info.classes is None else list(info.classes),
-        "features": [
-            {"name": column.name, "dtype": column.dtype, "shape": list(column.shape)}
-            for column in info.features
-        ],
+        "features": [column.to_dict() for column in info.features],
         "feature_shape": list(info.feature_shape),
         "label": info.label,
         "statistics": None if statistics is None else statistics.to_dict(),

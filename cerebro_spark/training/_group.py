@@ -97,6 +97,7 @@ from cerebro_spark.data import DatasetInfo, PartitionData
 from cerebro_spark.errors import ConfigError, TrialError
 from cerebro_spark.metrics import State
 from cerebro_spark.store import Store
+from cerebro_spark.training._batches import BatchMaker, BatchSeeds, Features
 from cerebro_spark.training._checkpoint import encode_checkpoint, with_dataset
 from cerebro_spark.training._loading import load_spec
 from cerebro_spark.training._metrics import PassMetrics
@@ -531,8 +532,11 @@ def _train_pass(
     """Train this rank's share of every step (into ``opened.metrics``); return its rows."""
     spec, state = opened.spec, opened.state
     local = opened.local_batches[group.rank]
-    order = torch.from_numpy(_batch_order(task, data.rows))
-    features, labels = data.tensors()
+    order = _batch_order(task, data.rows)
+    with _user_code(task, "augmentation"):
+        augmentation = spec.augmentation(task.params, info)
+    seeds = BatchSeeds(task.trial_seed, task.epoch, task.partition)
+    maker = BatchMaker(data, info, dev, augmentation=augmentation, seeds=seeds)
     torch.manual_seed(_seed((task.trial_seed, task.epoch, task.partition), _TORCH_STREAM))
     state.model.train()
     params = [p for p in state.model.parameters() if p.requires_grad]
@@ -549,10 +553,8 @@ def _train_pass(
         state.optimizer.zero_grad(set_to_none=True)
         if failure is None and mine > 0:
             try:
-                rows += _local_batch(
-                    spec, state, task, info, dev, features, labels,
-                    order[step * local : step * local + mine], opened.metrics,
-                )  # fmt: skip
+                x, y = maker(order[step * local : step * local + mine], step)
+                rows += _local_batch(spec, state, task, info, x, y, opened.metrics)
             except Exception as error:
                 failure = _Failure.of(error)
         buffer = torch.zeros(codes + group.size, dtype=dtype, device=dev)
@@ -593,14 +595,11 @@ def _local_batch(
     state: _TrialState,
     task: UnitTask,
     info: DatasetInfo,
-    dev: torch.device,
-    features: torch.Tensor,
-    labels: torch.Tensor,
-    index: torch.Tensor,
+    x: Features,
+    y: torch.Tensor,
     metrics: PassMetrics,
 ) -> int:
     """Forward and backward one local batch (gradient of its mean loss); return its rows."""
-    x, y = features[index].to(dev), labels[index].to(dev)
     with _user_code(task, "transform"):
         x, y = spec.transform(x, y)
     with _user_code(task, "the forward pass or loss"):

@@ -52,6 +52,7 @@ from torch import nn
 from cerebro_spark.data import DatasetInfo
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.metrics import Metric, default_metrics
+from cerebro_spark.training._images import Augmentation
 
 BASE_HYPERPARAMETERS = frozenset({"lr", "weight_decay", "batch_size", "validation_batch_size"})
 """Params the base :class:`ModelSpec` reads: every spec accepts them."""
@@ -147,10 +148,25 @@ class ModelSpec(abc.ABC):
         """
         return {}
 
-    def transform(
-        self, features: torch.Tensor, labels: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Transform a batch before the model sees it (default: identity)."""
+    def augmentation(self, params: Mapping[str, Any], info: DatasetInfo) -> Augmentation | None:
+        """How image columns are augmented in training batches (default: not at all).
+
+        Images are decoded per batch, scaled to [0, 1] and normalized by the train split's
+        per-channel mean and std whatever this returns (``Augmentation(normalize=False)``
+        keeps them in [0, 1]); a random crop with padding and a horizontal flip are drawn
+        from a generator seeded by (trial, epoch, partition, batch), so a replay is
+        bit-exact. Validation batches are never augmented. For an augmentation of your
+        own, use :meth:`transform` (it runs in the training thread with torch seeded per
+        unit).
+        """
+        return None
+
+    def transform(self, features: Any, labels: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        """Transform a batch before the model sees it (default: identity).
+
+        ``features`` is a tensor or a dict of tensors by column
+        (:func:`~cerebro_spark.data.tensor_input`).
+        """
         return features, labels
 
 

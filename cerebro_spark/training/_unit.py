@@ -38,10 +38,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from cerebro_spark.data import DatasetInfo, PartitionData
+from cerebro_spark.data import DatasetInfo, PartitionData, feature_shape, tensor_input
 from cerebro_spark.errors import CheckpointCorruptError, ConfigError, DataError, TrialError
 from cerebro_spark.metrics import State
 from cerebro_spark.store import Store
+from cerebro_spark.training._batches import BatchMaker, BatchSeeds
 from cerebro_spark.training._cache import worker_cache
 from cerebro_spark.training._checkpoint import (
     Checkpoint,
@@ -244,15 +245,22 @@ def _check_task(task: UnitTask, data: PartitionData, info: DatasetInfo) -> None:
         )
     if data.index != task.partition:
         raise DataError(f"task is for partition {task.partition}, got partition {data.index}")
-    if data.features.shape[0] != data.rows:
+    for column in data.columns:
+        if column.rows != data.rows:
+            raise DataError(
+                f"partition {data.index} column {column.info.name!r} has {column.rows} rows "
+                f"but {data.rows} labels"
+            )
+    if not info.tensor_input and [c.name for c in info.features] != [c.name for c in data.infos]:
         raise DataError(
-            f"partition {data.index} has {data.features.shape[0]} feature rows but "
-            f"{data.rows} labels"
+            f"partition {data.index} has feature columns {[c.name for c in data.infos]}, "
+            f"but the dataset's are {[c.name for c in info.features]}"
         )
-    if tuple(data.features.shape[1:]) != tuple(info.feature_shape):
+    shape = feature_shape(data.infos)
+    if tensor_input(data.infos) and shape != tuple(info.feature_shape):
         raise DataError(
-            f"partition {data.index} features have shape {tuple(data.features.shape[1:])} "
-            f"per row, but the dataset's feature_shape is {tuple(info.feature_shape)}"
+            f"partition {data.index} features have shape {shape} per row, but the "
+            f"dataset's feature_shape is {tuple(info.feature_shape)}"
         )
 
 
@@ -492,8 +500,8 @@ def _train_pass(
     data: PartitionData,
     info: DatasetInfo,
     dev: torch.device,
-) -> tuple[PassMetrics, int]:
-    """Train one pass over ``data``; return its metrics and the rows seen.
+) -> tuple[PassMetrics, int, float]:
+    """Train one pass over ``data``; return its metrics, the rows seen and the data wait.
 
     No host sync per batch: the metrics accumulate on the device in groups
     (:class:`PassMetrics`) and the loss is checked for finiteness once per
@@ -501,9 +509,10 @@ def _train_pass(
     naming the first such batch, before anything is written).
     """
     size = _batch_size(spec, task)
-    order = torch.from_numpy(_batch_order(task, data.rows))
-    features, labels = data.tensors()
-    move = features.device != dev  # a CPU unit trains on the partition's tensors as they are
+    with _user_code(task, "augmentation"):
+        augmentation = spec.augmentation(task.params, info)
+    seeds = BatchSeeds(task.trial_seed, task.epoch, task.partition)
+    maker = BatchMaker(data, info, dev, augmentation=augmentation, seeds=seeds)
     _manual_seed(_seed((task.trial_seed, task.epoch, task.partition), _TORCH_STREAM), dev)
     model, optimizer, transform, loss_of = state.model, state.optimizer, spec.transform, spec.loss
     model.train()
@@ -511,37 +520,39 @@ def _train_pass(
     rows = 0
     losses: list[torch.Tensor] = []  # the detached losses not yet checked, from row `checked`
     checked = 0
+    first = 0
     user_code = _user_code(task, "")  # one guard, entered once per batch, names each step
-    for first in range(0, data.rows, size):
-        index = order[first : first + size]
-        x, y = features[index], labels[index]
-        if move:
-            x, y = x.to(dev), y.to(dev)
-        with user_code:
-            user_code.what = "transform"
-            x, y = transform(x, y)
-            user_code.what = "the forward pass or loss"
-            optimizer.zero_grad(set_to_none=True)
-            outputs = model(x)
-            loss = loss_of(outputs, y, info)
-            value = loss.detach()  # one detached scalar for the check and the metrics
-            if value.dim() != 0:
-                if value.numel() != 1:
-                    raise ValueError(f"the loss must be one value, got shape {tuple(loss.shape)}")
-                value = value.reshape(())
-            user_code.what = "the backward pass or optimizer step"
-            torch.autograd.backward(loss)
-            optimizer.step()
-            user_code.what = "metrics"  # PassMetrics detaches; no grad mode switch per batch
-            metrics.add(outputs, y, value)
-        losses.append(value)
-        rows += y.shape[0]
-        if len(losses) == _CHECK_BATCHES:
-            _check_finite(task, losses, checked, size, data.rows)
-            losses, checked = [], first + size
-    _check_finite(task, losses, checked, size, data.rows)
+    with maker.batches(_batch_order(task, data.rows), size) as batches:
+        for x, y in batches:
+            with user_code:
+                user_code.what = "transform"
+                x, y = transform(x, y)
+                user_code.what = "the forward pass or loss"
+                optimizer.zero_grad(set_to_none=True)
+                outputs = model(x)
+                loss = loss_of(outputs, y, info)
+                value = loss.detach()  # one detached scalar for the check and the metrics
+                if value.dim() != 0:
+                    if value.numel() != 1:
+                        raise ValueError(
+                            f"the loss must be one value, got shape {tuple(loss.shape)}"
+                        )
+                    value = value.reshape(())
+                user_code.what = "the backward pass or optimizer step"
+                torch.autograd.backward(loss)
+                optimizer.step()
+                user_code.what = "metrics"  # PassMetrics detaches; no grad mode switch per batch
+                metrics.add(outputs, y, value)
+            losses.append(value)
+            rows += y.shape[0]
+            first += size
+            if len(losses) == _CHECK_BATCHES:
+                _check_finite(task, losses, checked, size, data.rows)
+                losses, checked = [], first
+        _check_finite(task, losses, checked, size, data.rows)
+        waited = batches.wait_seconds
     state.samples_seen += rows
-    return metrics, rows
+    return metrics, rows, waited
 
 
 def _check_finite(
@@ -608,7 +619,7 @@ def _train(
         read = _load_checkpoint(store, task, task.checkpoint_in)
         checkpoint, io_seconds = read.checkpoint, read.seconds
     state = _open_state(spec, task, info, dev, checkpoint)
-    metrics, rows = _train_pass(spec, state, task, data, info, dev)
+    metrics, rows, waited = _train_pass(spec, state, task, data, info, dev)
     states, sums = _report(metrics, task)
     _end_unit(state, task)
     taking = time.perf_counter()
@@ -624,6 +635,7 @@ def _train(
         io_seconds=io_seconds,
         checkpoint_bytes_read=read.store_bytes if read is not None else 0,
         checkpoint_cache_hits=int(read is not None and read.cache_hit),
+        data_wait_seconds=waited,
     )
     return TrainedUnit(result, payload, store)
 
@@ -645,16 +657,14 @@ def _validate(
     with _user_code(task, f"restoring checkpoint {task.checkpoint_in!r}"):
         model.load_state_dict(checkpoint["model"])
     size = _batch_size(spec, task, validation=True)
-    features, labels = data.tensors()
+    maker = BatchMaker(data, info, dev)
     _manual_seed(_seed((task.trial_seed, task.epoch, task.partition), _TORCH_STREAM), dev)
     model.eval()
     metrics = _pass_metrics(spec, task, info, dev, training=False)
     rows = 0
     user_code = _user_code(task, "")  # one guard, entered once per batch, names each step
-    with torch.no_grad():
-        for first in range(0, data.rows, size):
-            x = features[first : first + size].to(dev)
-            y = labels[first : first + size].to(dev)
+    with torch.no_grad(), maker.batches(np.arange(data.rows), size) as batches:
+        for x, y in batches:
             with user_code:
                 user_code.what = "transform"
                 x, y = spec.transform(x, y)
@@ -664,6 +674,7 @@ def _validate(
                 user_code.what = "metrics"
                 metrics.add(outputs, y, loss)
             rows += int(y.shape[0])
+        waited = batches.wait_seconds
     states, sums = _report(metrics, task)
     return UnitResult(
         task=task,
@@ -676,4 +687,5 @@ def _validate(
         io_seconds=io_seconds,
         checkpoint_bytes_read=read.store_bytes,
         checkpoint_cache_hits=int(read.cache_hit),
+        data_wait_seconds=waited,
     )

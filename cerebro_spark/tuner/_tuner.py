@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from cerebro_spark.data._options import KindOptions
 from cerebro_spark.engine import parse_config, run_experiment
 from cerebro_spark.engine._config import load_yaml
 from cerebro_spark.errors import ConfigError, DataError
@@ -169,6 +170,7 @@ class Tuner:
         label: str | None = None,
         validation_column: str | None = None,
         feature_shapes: Mapping[str, Sequence[int]] | None = None,
+        kinds: KindOptions | Mapping[str, Any] | None = None,
         experiment_id: str | None = None,
     ) -> TuningResult:
         """Prepare ``data`` (once; an identical dataset is reused) and run the search.
@@ -182,6 +184,11 @@ class Tuner:
             validation_column: A boolean column marking validation rows (instead of a
                 random ``validation_fraction``).
             feature_shapes: Per-row shapes of array features, e.g. ``{"image": [1, 8, 8]}``.
+            kinds: Which columns are images, categories or sequences and how they are
+                prepared: a :class:`~cerebro_spark.data.KindOptions` or its fields as a
+                dict (``{"image_size": [64, 64], "hash_buckets": 1000}``). Unnamed columns
+                are inferred as ``prepare`` infers them (JPEG/PNG bytes: image; strings:
+                categorical; integer lists of several lengths: sequence).
             experiment_id: The experiment's id (default: ``<name>-<UTC time>``).
 
         Returns:
@@ -203,6 +210,7 @@ class Tuner:
             validation_fraction=self.validation_fraction,
             validation_column=validation_column,
             feature_shapes=feature_shapes,
+            kinds=_kind_options(kinds),
         )
         if data is None and self._data is None:
             raise ConfigError("fit needs data: this tuner's config has no data section")
@@ -234,6 +242,7 @@ class _DataRequest:
     validation_fraction: float
     validation_column: str | None
     feature_shapes: Mapping[str, Sequence[int]] | None
+    kinds: KindOptions | None = None
 
     def section(self, data: Any, spark: SparkSession | None, store: Store) -> dict[str, Any]:
         """The config's data section for ``data``, preparing it first where it is a table."""
@@ -274,6 +283,7 @@ class _DataRequest:
             "validation_fraction": self.validation_fraction,
             "validation_column": self.validation_column,
             "feature_shapes": self.feature_shapes,
+            "kinds": self.kinds,
         }
 
     def _named(self, data: str) -> dict[str, Any]:
@@ -291,6 +301,7 @@ class _DataRequest:
                 "label": self.label,
                 "validation_column": self.validation_column,
                 "feature_shapes": self.feature_shapes,
+                "kinds": self.kinds,
             }
             given = sorted(name for name, value in fixed.items() if value is not None)
             if given:
@@ -310,7 +321,27 @@ class _DataRequest:
             if self.feature_shapes is None
             else {k: list(v) for k, v in self.feature_shapes.items()},
         }
+        if self.kinds is not None:
+            defaults = dataclasses.asdict(KindOptions())
+            given_kinds = dataclasses.asdict(self.kinds)
+            section.update(
+                {
+                    k: list(v) if isinstance(v, tuple) else v
+                    for k, v in given_kinds.items()
+                    if v != defaults[k]
+                }
+            )
         return {k: v for k, v in section.items() if v is not None}
+
+
+def _kind_options(kinds: KindOptions | Mapping[str, Any] | None) -> KindOptions | None:
+    """``fit``'s ``kinds``, checked (a :class:`DataError` becomes a :class:`ConfigError`)."""
+    if kinds is None or isinstance(kinds, KindOptions):
+        return kinds
+    try:
+        return KindOptions.from_mapping(kinds)
+    except DataError as error:
+        raise ConfigError(f"fit(kinds=...): {error}") from None
 
 
 def _is_spark_frame(data: Any) -> bool:

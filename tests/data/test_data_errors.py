@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import re
 from pathlib import Path
@@ -96,8 +97,11 @@ def test_missing_columns_list_what_exists(tmp_path: Path) -> None:
 
 
 def test_non_numeric_feature_names_the_type(tmp_path: Path) -> None:
-    message = write_error(make_table(20), tmp_path, features=["x", "unused"])
-    assert "feature column 'unused' has type string" in message
+    dates = make_table(20).append_column(
+        "day", pa.array([datetime.date(2026, 1, 1 + i) for i in range(20)])
+    )
+    message = write_error(dates, tmp_path, features=["x", "day"])
+    assert "feature column 'day' has type date32[day]" in message
     lists_of_strings = make_table(20).append_column("tags", pa.array([["a", "b"]] * 20))
     assert "'tags' has type list<item: string>" in write_error(
         lists_of_strings, tmp_path, features=["tags"]

@@ -31,6 +31,7 @@ from cerebro_spark.errors import DataError
 
 KW = {"features": ["rowid", "x", "vec"], "label": "y", "num_partitions": 3, "seed": 7}
 FORMAT1 = Path(__file__).parent / "fixtures" / "format1"
+FORMAT2 = Path(__file__).parent / "fixtures" / "format2"
 
 
 def table_of(rows: int, *, duplicates: int = 0, seed: int = 0) -> tuple[list[pa.Array], int]:
@@ -157,7 +158,7 @@ def test_plain_writer_ignores_input_order_and_is_byte_identical(tmp_path: Path) 
     shuffled = table.take(pa.array(np.random.default_rng(5).permutation(120)))
     one = prepare_dataset(table, str(tmp_path / "a"), **KW)
     two = prepare_dataset(shuffled, str(tmp_path / "b"), **KW)
-    assert one == two and one.format_version == FORMAT_VERSION == 2
+    assert one == two and one.format_version == FORMAT_VERSION == 3
     assert dataset_files(tmp_path / "a") == dataset_files(tmp_path / "b")
 
 
@@ -172,15 +173,27 @@ def test_format1_dataset_still_reads_and_is_never_rewritten(tmp_path: Path) -> N
     assert rows == 40
     kw = {**KW, "num_partitions": 2}
     new = prepare_dataset(make_table(40), str(store), **kw)  # the rows the fixture holds
-    assert new.format_version == 2 and new.dataset_id != old.dataset_id
+    assert new.format_version == 3 and new.dataset_id != old.dataset_id
     assert new.dataset_id == dataset_id_for(make_table(40), **kw)
     assert dataset_files(Path(uri)) == before  # the old dataset is left as it was
+
+
+def test_format2_dataset_still_reads_as_float32_numbers_and_arrays(tmp_path: Path) -> None:
+    """A dataset the format-2 writer wrote (the fixture: its files as written then)."""
+    old = read_manifest(str(FORMAT2))
+    assert old.format_version == 2
+    assert [c.feature_kind for c in old.features] == ["number", "number", "array"]
+    part = read_partition(str(FORMAT2), "train", 0)
+    assert [c.values.dtype for c in part.columns] == [np.float32] * 3
+    assert part.features.shape == (part.rows, 8)  # rowid, x and the 6 values of vec
+    new = prepare_dataset(make_table(40), str(tmp_path), **{**KW, "num_partitions": 2})
+    assert new.dataset_id != old.dataset_id  # format 3 ids differ: never mistaken for it
 
 
 def test_unknown_format_version_is_refused(tmp_path: Path) -> None:
     shutil.copytree(FORMAT1, tmp_path / "ds")
     manifest = tmp_path / "ds" / "manifest.json"
     raw = json.loads(manifest.read_text())
-    manifest.write_text(json.dumps({**raw, "format_version": 3}))
-    with pytest.raises(DataError, match=r"format_version 3; .* reads format_version 1, 2"):
+    manifest.write_text(json.dumps({**raw, "format_version": 4}))
+    with pytest.raises(DataError, match=r"format_version 4; .* reads format_version 1, 2, 3"):
         read_manifest(str(tmp_path / "ds"))

@@ -53,6 +53,14 @@ VALUES: dict[str, Any] = {
     "validation_column": "is_val",
     "feature_shapes": {"a": [2]},
     "seed": 3,
+    "image_columns": ["a"],
+    "categorical": ["a"],
+    "sequence_columns": ["a"],
+    "image_size": [32, 32],
+    "image_channels": 3,
+    "vocabulary_limit": 10,
+    "hash_buckets": 4,
+    "max_length": 16,
 }
 
 

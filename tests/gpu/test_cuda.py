@@ -64,7 +64,9 @@ def images(index: int, rows: int = 256, split: str = "train") -> PartitionData:
             features[row, 0, :, line] += 2.0
         else:
             features[row, 0, np.arange(8), np.arange(8)] += 2.0
-    return PartitionData(split, index, features, labels, features.nbytes + labels.nbytes)
+    return PartitionData.from_arrays(
+        split, index, features, labels, features.nbytes + labels.nbytes
+    )
 
 
 def task(

@@ -329,7 +329,7 @@ def test_a_failure_on_one_rank_fails_every_rank_promptly(ranks, disk_store):
 
 def test_a_rank_failing_while_starting_is_named_by_its_peers(ranks, disk_store):
     narrow = blobs(1)
-    narrow = dataclasses.replace(narrow, features=narrow.features[:, :3].copy())
+    narrow = PartitionData.from_arrays("train", 1, narrow.features[:, :3].copy(), narrow.labels)
     base = train_task(params=ADAM, epoch_units=2, checkpoint_out="x.pt")
     replies = ranks.run(ranks_of(base, (0, 1)), {0: blobs(0), 1: narrow}, disk_store)
     assert isinstance(replies[1], DataError) and "feature_shape" in str(replies[1])

@@ -24,7 +24,7 @@ def digits():
     labels = bunch.target[order].astype(np.int64)
 
     def part(split, index, rows):
-        return PartitionData(split, index, features[rows], labels[rows], 0)
+        return PartitionData.from_arrays(split, index, features[rows], labels[rows], 0)
 
     train = [part("train", 0, slice(0, 750)), part("train", 1, slice(750, 1500))]
     return train, part("validation", 0, slice(1500, None))
@@ -54,7 +54,7 @@ def test_mlp_regression_has_one_output_and_learns(store):
     rng = np.random.default_rng(3)
     features = rng.normal(size=(300, 4)).astype(np.float32)
     target = (features @ np.array([1.0, -2.0, 0.5, 0.0], np.float32)).astype(np.float32)
-    parts = [PartitionData("train", 0, features, target, 0)]
+    parts = [PartitionData.from_arrays("train", 0, features, target, 0)]
     params = {"hidden_units": [16], "lr": 0.01, "batch_size": 16, "optimizer": "adamw"}
     _, results = train_epochs(store, info, parts, epochs=5, params=params)
     maes = [r.metric_sums["mae"] / r.rows for r in results]

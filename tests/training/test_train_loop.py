@@ -58,9 +58,13 @@ def test_weights_and_counts_are_those_of_the_per_batch_loop(store):
     # Pinned with the loop that synced and updated every metric per batch (134 batches
     # a unit, dropout on: the torch stream and the batch order are exercised).
     first, second = two_units(store, spec="test_train_loop:EveryMetricOnTrain")
-    assert weights_digest(store.get(second.task.checkpoint_out)) == (
-        "2537a17f7ee4f341a9656aa733d31b4a4cb20c326bb211ceb13b1c605bf45b46"
-    )
+    # Dropout masks differ between CPU models (the same torch wheel): the digest pinned on
+    # the machine the per-batch loop ran on, and on an Intel Xeon @ 2.50GHz (AVX512), where
+    # that loop (commit f42bb69) gives the second.
+    assert weights_digest(store.get(second.task.checkpoint_out)) in {
+        "2537a17f7ee4f341a9656aa733d31b4a4cb20c326bb211ceb13b1c605bf45b46",
+        "adb25633291d21f279e4610d7e3c6a323a45711b0283426d2ffbe24d7fdaa602",
+    }
     assert first.metric_states["accuracy"] == {"correct": 397, "count": 400}
     assert second.metric_states["accuracy"] == {"correct": 400, "count": 400}
     assert first.metric_states["precision_macro"] == {
@@ -153,7 +157,7 @@ def test_a_non_finite_loss_after_many_batches_names_its_batch(store):
     position = 3 * (_CHECK_BATCHES + 5) + 1  # in the second check group, mid-batch
     features = data.features.copy()
     features[order[position], 0] = 1e6
-    marked = PartitionData("train", 0, features, data.labels, 0)
+    marked = PartitionData.from_arrays("train", 0, features, data.labels, 0)
     with pytest.raises(
         TrialError, match=rf"training loss is nan .* batch at row {position - 1} of"
     ):

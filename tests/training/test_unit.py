@@ -340,7 +340,7 @@ def test_data_mismatches_are_refused(store):
     with pytest.raises(DataError, match="needs 'train'"):
         run_unit(train_task(), blobs(0, split="validation"), store, BLOBS_INFO)
     flat = blobs(0)
-    wide = PartitionData("train", 0, np.zeros((200, 5), np.float32), flat.labels, 0)
+    wide = PartitionData.from_arrays("train", 0, np.zeros((200, 5), np.float32), flat.labels, 0)
     with pytest.raises(DataError, match=r"shape \(5,\) per row.*feature_shape is \(4,\)"):
         run_unit(train_task(), wide, store, BLOBS_INFO)
 

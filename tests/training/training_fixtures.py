@@ -23,7 +23,9 @@ def blobs(index: int, rows: int = 200, split: str = "train", seed: int = 0) -> P
     labels = rng.integers(0, 2, size=rows).astype(np.int64)
     centers = np.where(labels[:, None] == 1, 1.5, -1.5).astype(np.float32)
     features = (centers + rng.normal(size=(rows, 4))).astype(np.float32)
-    return PartitionData(split, index, features, labels, features.nbytes + labels.nbytes)
+    return PartitionData.from_arrays(
+        split, index, features, labels, features.nbytes + labels.nbytes
+    )
 
 
 def train_task(
