@@ -130,11 +130,15 @@ class WorkerJob:
         store: Store holding checkpoints (pickled to workers).
         torch_threads: Intra-op threads per worker; fixed so results do not depend on
             the number of workers (bit-identical replays).
+        worker_memory: Bytes of held partitions a worker keeps in RAM; the rest is
+            spilled to its local disk. ``None``: derived from the executor's memory
+            (:func:`cerebro_spark.data._residence.default_worker_memory`).
     """
 
     dataset_uri: str
     store: Store
     torch_threads: int = 1
+    worker_memory: int | None = None
 
 
 _B = TypeVar("_B", bound="Backend")

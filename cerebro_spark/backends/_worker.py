@@ -6,6 +6,14 @@ validation split of every partition index it is given (Cerebro §3.1: the data s
 models hop), and runs each unit on the partition it names; a task with ``task.group`` is
 one rank of a group unit (Cerebro §5.7, :func:`cerebro_spark.training.run_group_unit`).
 
+**Memory.** ``job.worker_memory`` bounds the bytes of held partitions the worker keeps in
+RAM (default: :func:`~cerebro_spark.data._residence.default_worker_memory`); a partition
+read beyond it is written once to local disk and streamed from a memory mapping
+(:class:`~cerebro_spark.data._residence.Residence`). Either way each partition is read
+from the store once; :attr:`Worker.bytes_read` counts only store bytes. Dropping a
+partition removes its local file; :meth:`Worker.close` (or dropping everything, as
+``serve`` does when a worker ends) removes the worker's local directory.
+
 **Start-up.** Importing torch and ``torch._dynamo`` takes seconds: more than connecting
 to the driver and reading a few partitions. A worker starts both imports in a thread as
 soon as it is made (:meth:`Worker.warm_up`) and reads its partitions meanwhile; its
@@ -14,14 +22,21 @@ first ``load`` is answered once both are done, so its first unit has no import d
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from cerebro_spark.backends._base import WorkerJob
+from cerebro_spark.data._residence import (
+    Residence,
+    default_worker_memory,
+    format_bytes,
+    local_dir,
+)
 from cerebro_spark.units import UnitKind, UnitResult, UnitTask
 
 if TYPE_CHECKING:
@@ -36,20 +51,37 @@ _SPLIT_OF_KIND = {UnitKind.TRAIN: "train", UnitKind.VALIDATE: "validation"}
 
 
 class Worker:
-    """Holds partitions of one prepared dataset in memory and runs units on them, one at a time.
+    """Holds partitions of one prepared dataset and runs units on them, one at a time.
 
     Args:
         worker_id: The worker's id, reported in every :class:`UnitResult`.
-        job: Where the dataset and the checkpoint store are, and the torch thread count.
+        job: Where the dataset and the checkpoint store are, the torch thread count and
+            the memory budget (``job.worker_memory``).
         device: Torch device units train on.
+        spill_dir: Parent of the worker's local directory for spilled partitions
+            (default: ``SPARK_LOCAL_DIRS``' first entry, else the temp dir).
     """
 
-    def __init__(self, worker_id: str, job: WorkerJob, device: str = "cpu") -> None:
+    def __init__(
+        self, worker_id: str, job: WorkerJob, device: str = "cpu", *, spill_dir: str | None = None
+    ) -> None:
         self._worker_id = worker_id
         self._job = job
         self._device = device
         self._manifest: Manifest | None = None
         self._data: dict[tuple[str, int], PartitionData] = {}
+        if job.worker_memory is not None:
+            budget, rule = job.worker_memory, "worker_memory of its job"
+        else:
+            budget, rule = default_worker_memory()
+        self._residence = Residence(worker_id, budget, directory=spill_dir)
+        logger.info(
+            "worker %s keeps up to %s of partitions in memory (%s); the rest is spilled to %s",
+            worker_id,
+            format_bytes(budget),
+            rule,
+            spill_dir or local_dir(),
+        )
         self._bytes_read = 0
         self._torch_ready = False
         self._warming: Future[None] | None = None  # the warm-up, until a unit waited for it
@@ -73,17 +105,47 @@ class Worker:
 
     @property
     def bytes_read(self) -> int:
-        """Bytes of partition data read from storage so far (dropping does not reduce it)."""
+        """Bytes of partition data read from storage so far (dropping does not reduce it).
+
+        Only the store's bytes: reading a spilled partition's local file does not count.
+        """
         return self._bytes_read
+
+    @property
+    def memory_budget(self) -> int:
+        """Bytes of held partitions kept in RAM at most."""
+        return self._residence.budget
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of partitions held in RAM."""
+        return self._residence.held_bytes
+
+    @property
+    def spilled_bytes(self) -> int:
+        """Bytes of spilled partitions' local files."""
+        return self._residence.spilled_bytes
+
+    @property
+    def spill_directory(self) -> str | None:
+        """The worker's local directory of spilled partitions (``None`` when none is)."""
+        return self._residence.directory
+
+    def spilled(self) -> list[tuple[str, int]]:
+        """``(split, index)`` of every partition held on local disk, sorted."""
+        return self._residence.spilled()
 
     def load(self, partitions: Collection[int]) -> int:
         """Read both splits of every partition not yet held; return the bytes read.
 
         The files are read by up to four threads at once (an object store's latency, the
-        Parquet decoding and the hash check overlap). Either every requested partition ends
-        up held or, when a read fails, none of this call's partitions do (the bytes read
-        still count in :attr:`bytes_read`) and the first failure, in partition order, is
-        raised.
+        Parquet decoding and the hash check overlap; fewer when the partitions do not fit
+        the memory budget, so that partitions in flight stay small beside it). Each is
+        kept in RAM while the held bytes fit ``job.worker_memory``, else written to local
+        disk as it is read. Either every requested partition ends up held or, when a read
+        fails, none of this call's partitions do (the bytes read still count in
+        :attr:`bytes_read`, local files are removed) and the first failure, in partition
+        order, is raised.
 
         Raises:
             ValueError: An index is outside ``range(num_partitions)``.
@@ -104,14 +166,23 @@ class Worker:
         before = self._bytes_read
         if keys:
             uri = self._job.dataset_uri
-            with ThreadPoolExecutor(min(_READ_THREADS, len(keys))) as pool:
-                reads = {
-                    key: pool.submit(read_partition, uri, *key, manifest=manifest) for key in keys
-                }
+            residence = self._residence
+            read_bytes: dict[tuple[str, int], int] = {}
+
+            def read_one(split: str, index: int) -> PartitionData:
+                data = read_partition(uri, split, index, manifest=manifest)
+                read_bytes[split, index] = data.bytes_read
+                return residence.admit(data)
+
+            with ThreadPoolExecutor(self._read_threads(keys)) as pool:
+                reads = {key: pool.submit(read_one, *key) for key in keys}
             for key, future in reads.items():  # every read has ended: count what was read
+                self._bytes_read += read_bytes.get(key, 0)
                 if future.exception() is None:
                     loaded[key] = future.result()
-                    self._bytes_read += loaded[key].bytes_read
+            if any(future.exception() is not None for future in reads.values()):
+                for key in loaded:
+                    residence.discard(*key)
             for future in reads.values():  # the first failure, in partition order
                 future.result()
         self.startup.setdefault("partitions", time.time())
@@ -120,14 +191,49 @@ class Worker:
         read = self._bytes_read - before
         if loaded:
             indices = sorted({index for _, index in loaded})
-            logger.info("worker %s loaded partitions %s (%d bytes)", self._worker_id, indices, read)
+            logger.info(
+                "worker %s loaded partitions %s (%d bytes read; %d bytes held in memory, "
+                "%d bytes on local disk)",
+                self._worker_id,
+                indices,
+                read,
+                self.held_bytes,
+                self.spilled_bytes,
+            )
         return read
 
+    def _read_threads(self, keys: Collection[tuple[str, int]]) -> int:
+        """Read threads: up to four, fewer when partitions in flight would crowd the budget.
+
+        A partition being read takes about twice its file's bytes (the file and its
+        arrays); when the partitions do not all fit the budget, at most a third of the
+        budget is spent on reads in flight.
+        """
+        manifest = self.manifest
+        sizes = [manifest.partition(split, index).bytes for split, index in keys]
+        threads = min(_READ_THREADS, len(sizes))
+        budget = self._residence.budget - self._residence.held_bytes
+        if 2 * sum(sizes) > budget:
+            threads = min(threads, max(1, budget // (6 * max(sizes, default=1))))
+        return max(1, threads)
+
     def drop(self, partitions: Collection[int]) -> None:
-        """Release the given partitions from memory (indices not held are ignored)."""
+        """Release the given partitions (indices not held are ignored); remove local files."""
         for index in partitions:
             for split in _SPLITS:
                 self._data.pop((split, index), None)
+                self._residence.discard(split, index)
+
+    def close(self) -> None:
+        """Drop every partition and remove the worker's local directory."""
+        self._data.clear()
+        self._residence.close()
+
+    @contextlib.contextmanager
+    def _streaming(self, data: PartitionData) -> Iterator[PartitionData]:
+        """Around a unit: a spilled partition's mapped pages are released as it is read."""
+        with self._residence.streaming(data):
+            yield data
 
     def run(self, task: UnitTask, on_rendezvous: Callable[[int], None] | None = None) -> UnitResult:
         """Run one unit on the held partition of the split its kind reads.
@@ -147,11 +253,15 @@ class Worker:
         from cerebro_spark.training import run_group_unit, run_unit
 
         args = (task, data, self._job.store, self.manifest.info)
-        if task.group is not None:
-            return run_group_unit(
-                *args, worker_id=self._worker_id, device=self._device, on_rendezvous=on_rendezvous
-            )
-        return run_unit(*args, worker_id=self._worker_id, device=self._device)
+        with self._streaming(data):
+            if task.group is not None:
+                return run_group_unit(
+                    *args,
+                    worker_id=self._worker_id,
+                    device=self._device,
+                    on_rendezvous=on_rendezvous,
+                )
+            return run_unit(*args, worker_id=self._worker_id, device=self._device)
 
     def train(self, task: UnitTask) -> TrainedUnit:
         """Train one ordinary train unit; its checkpoint is written by ``.write()`` later.
@@ -166,14 +276,15 @@ class Worker:
         data = self._held(task)
         from cerebro_spark.training import train_unit
 
-        return train_unit(
-            task,
-            data,
-            self._job.store,
-            self.manifest.info,
-            worker_id=self._worker_id,
-            device=self._device,
-        )
+        with self._streaming(data):
+            return train_unit(
+                task,
+                data,
+                self._job.store,
+                self.manifest.info,
+                worker_id=self._worker_id,
+                device=self._device,
+            )
 
     def _held(self, task: UnitTask) -> PartitionData:
         """The held partition ``task`` reads, with torch ready."""

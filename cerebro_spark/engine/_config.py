@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import re
 from collections.abc import Mapping
@@ -21,6 +22,8 @@ from cerebro_spark.errors import ConfigError, DataError
 
 VisitOrder = Literal["seeded", "dynamic"]
 Rule = Literal["randomized", "work-aware"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +202,14 @@ class ExperimentConfig:
         elastic: Plan workers per stage for a deadline and a budget and resize the
             cluster between stages (``None``: a fixed cluster of ``workers``).
         tracking: MLflow and TensorBoard tracking (:class:`TrackingConfig`).
+        worker_memory: Bytes of held partitions each worker keeps in RAM (given as an int
+            or a size such as ``"4GiB"``, ``"512MiB"``); partitions beyond it are written
+            once to the executor's local disk and streamed from there. ``None`` (the
+            default): derived from the executor's memory -- ``spark.executor.pyspark.memory``
+            per Python worker where set, else half of the machine's available memory
+            divided by the workers on that host
+            (:func:`~cerebro_spark.data._residence.default_worker_memory`). A budget
+            smaller than one batch is refused by the pre-flight.
     """
 
     name: str
@@ -221,6 +232,7 @@ class ExperimentConfig:
     device: str = "auto"
     elastic: ElasticConfig | None = None
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
+    worker_memory: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the config as plain JSON values (the inverse of :func:`parse_config`)."""
@@ -245,6 +257,8 @@ class ExperimentConfig:
             )
             elastic.pop("options", None)
             out["elastic"] = {k: v for k, v in elastic.items() if v is not None}
+        if out["worker_memory"] is None:
+            del out["worker_memory"]
         tracking = _tracking_dict(self.tracking)
         if tracking:
             out["tracking"] = tracking
@@ -385,10 +399,34 @@ def parse_config(raw: Any, *, stored: bool = False) -> ExperimentConfig:
         device=top.take("device", str, _default_device(raw, stored=stored)),
         elastic=_parse_elastic(top.take("elastic", dict, None)),
         tracking=_parse_tracking(top.take("tracking", dict, {})),
+        worker_memory=_parse_worker_memory(top.take("worker_memory", (int, str), None)),
     )
     top.finish()
     _check_device(config.device, config.backend)
     return config
+
+
+def worker_budget(config: ExperimentConfig) -> int | None:
+    """The ``worker_memory`` handed to workers (:attr:`WorkerJob.worker_memory`).
+
+    The config's; unset, for ``backend: local`` half of this machine's available memory
+    divided by ``workers`` (the workers run here), for ``backend: spark`` ``None``: each
+    worker derives it from its executor.
+    """
+    if config.worker_memory is not None or config.backend != "local":
+        return config.worker_memory
+    from cerebro_spark.data._residence import default_worker_memory, format_bytes
+
+    budget, rule = default_worker_memory(config.workers)
+    logger.info("worker_memory not set: %s a worker (%s)", format_bytes(budget), rule)
+    return budget
+
+
+def _parse_worker_memory(value: int | str | None) -> int | None:
+    """``worker_memory`` in bytes (an int, or a size such as ``"4GiB"``), or ``None``."""
+    from cerebro_spark.data._residence import parse_memory
+
+    return None if value is None else parse_memory(value, "worker_memory")
 
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")

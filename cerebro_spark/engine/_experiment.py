@@ -55,7 +55,7 @@ import numpy as np
 from cerebro_spark._redact import redact, redact_uri
 from cerebro_spark.backends import Backend, Membership, UnitFuture, WorkerJob, next_worker_index
 from cerebro_spark.data import Manifest
-from cerebro_spark.engine._config import ExperimentConfig
+from cerebro_spark.engine._config import ExperimentConfig, worker_budget
 from cerebro_spark.engine._events import EventLog, read_events
 from cerebro_spark.engine._heap import frozen_heap
 from cerebro_spark.engine._leaderboard import (
@@ -427,7 +427,9 @@ class Experiment:
         backend = self.backend_factory(self.config)
         try:
             backend.start(
-                WorkerJob(dataset_uri, self.root, self.config.torch_threads),
+                WorkerJob(
+                    dataset_uri, self.root, self.config.torch_threads, worker_budget(self.config)
+                ),
                 placement=placement,
                 first_worker=next_worker_index(self.state.workers),
             )  # returns once a worker is ready: the others join the rounds as they are

@@ -87,6 +87,7 @@ def preflight(config: ExperimentConfig, store: Store) -> Preflight:
     info = manifest.info
     params = family_params(config)
     families = {spec: _check_family(spec, p, info) for spec, p in params.items()}
+    check_worker_memory(config, manifest, params)
     resolved = resolve_objective(config, info, families)
     logger.info(
         "pre-flight: %d model famil%s built on the driver; optimising %s (%s)",
@@ -322,6 +323,58 @@ def _check_family(spec_path: str, params: Mapping[str, Any], info: DatasetInfo) 
         except Exception as error:
             raise failed(error) from error
     return metrics
+
+
+def check_worker_memory(
+    config: ExperimentConfig, manifest: Manifest, params: Mapping[str, Mapping[str, Any]]
+) -> None:
+    """Refuse a ``worker_memory`` that cannot hold one batch (issue 25, part 2).
+
+    One batch is estimated from the manifest: the largest training or validation batch
+    size of any family (its drawn params, and every value of a top-level ``batch_size``
+    choice or grid) times the largest bytes per row of any partition (a partition file's
+    bytes / its rows: about what a row takes as stored).
+
+    Raises:
+        ConfigError: ``worker_memory`` is below that, naming the value and the rule.
+    """
+    budget = config.worker_memory
+    if budget is None:
+        return
+    from cerebro_spark.data._residence import format_bytes
+    from cerebro_spark.training import load_spec
+
+    per_row = max(
+        (-(-part.bytes // part.rows) for part in manifest.partitions if part.rows), default=0
+    )
+    options = _ints(config.space.get("batch_size")) if isinstance(config.space, Mapping) else []
+    batch = 0
+    for spec_path, drawn in params.items():
+        spec = load_spec(spec_path)
+        for value in [None, *options]:
+            trial = {k: v for k, v in drawn.items() if k != "model"}
+            if value is not None:
+                trial["batch_size"] = value
+            batch = max(batch, spec.batch_size(trial), spec.validation_batch_size(trial))
+    needed = batch * per_row
+    if budget < needed:
+        raise ConfigError(
+            f"worker_memory {budget} bytes ({format_bytes(budget)}) is smaller than one batch "
+            f"of dataset {manifest.dataset_id}: {batch} rows x {per_row} bytes a row (the "
+            f"largest partition's bytes / rows) = {needed} bytes ({format_bytes(needed)}); "
+            "worker_memory must hold at least one batch"
+        )
+
+
+def _ints(value: Any) -> list[int]:
+    """The int options of a space entry: a constant, or a choice or grid of values."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, Mapping):
+        options = value.get("choice", value.get("grid"))
+        if isinstance(options, list):
+            return [v for v in options if isinstance(v, int) and not isinstance(v, bool)]
+    return []
 
 
 def resolve_objective(

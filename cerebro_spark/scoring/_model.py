@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from cerebro_spark.data import Manifest, read_manifest
+from cerebro_spark.data import ColumnInfo, Manifest, PartitionData, read_manifest, tensor_input
 from cerebro_spark.errors import ConfigError
-from cerebro_spark.scoring._inputs import to_features
+from cerebro_spark.scoring._inputs import dense_partition, to_partition
 from cerebro_spark.scoring._metadata import ModelMetadata, attach_dataset, dataset_of_experiment
 from cerebro_spark.scoring._source import Source, read_source
 from cerebro_spark.store import Store
@@ -23,6 +24,7 @@ from cerebro_spark.training import (
     encode_checkpoint,
     load_spec,
 )
+from cerebro_spark.training._batches import BatchMaker, Features
 
 logger = logging.getLogger(__name__)
 
@@ -45,18 +47,33 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 class ScoringModel(nn.Module):
     """A trained model with what it needs to score rows: its spec, data layout and labels.
 
-    Calling it (``forward``) runs the raw network on a feature tensor. :meth:`predict` and
-    :meth:`predict_proba` take rows in any of these forms:
+    Calling it (``forward``) runs the raw network on what it receives in training: one
+    feature tensor, or a dict of tensors by column (:func:`~cerebro_spark.data.
+    tensor_input`). :meth:`predict` and :meth:`predict_proba` take raw rows in any of
+    these forms:
 
     * a pandas DataFrame or a pyarrow Table/RecordBatch holding the feature columns by
-      name (:attr:`feature_columns`; other columns are ignored). Array features may be
-      lists, numpy arrays of any shape with the right number of values, or Spark ML
-      vectors (in pandas);
-    * a numpy array or torch tensor of shape ``(rows, *feature_shape)`` or
-      ``(rows, n_values)``, the features already concatenated in the model's order.
+      name (:attr:`feature_columns`; other columns are ignored), with the values
+      ``prepare`` took: numbers and arrays (lists, numpy arrays of any shape with the
+      right number of values, Spark ML vectors in pandas); images as JPEG/PNG bytes of
+      any size (resized to the trained size and converted to its channels, as
+      ``prepare`` did) or Spark's image struct; categories as strings or integers
+      (values never seen get their hash bucket, else the unknown id 0); sequences as
+      lists of token ids (cut to the trained ``max_length``; an id beyond the
+      vocabulary is refused);
+    * for a model whose features are all numbers (``number``/``array`` columns): a numpy
+      array or torch tensor of shape ``(rows, *feature_shape)`` or ``(rows, n_values)``,
+      the features already concatenated in the model's order;
+    * a :class:`~cerebro_spark.data.PartitionData` with the model's columns (what
+      :meth:`partition` returns, or a prepared partition from
+      :func:`~cerebro_spark.data.read_partition`).
 
-    The spec's ``transform`` is applied to every batch before the network, as in training
-    and validation. Built by :func:`load_model`.
+    Every form becomes a :class:`~cerebro_spark.data.PartitionData` held as the dataset
+    stores it (:meth:`partition`, :mod:`cerebro_spark.scoring._inputs`), whose batches are
+    built as for validation (:class:`~cerebro_spark.training._batches.BatchMaker`: images
+    decoded and normalized by the column's statistics, sequences padded with a mask, no
+    augmentation); the spec's ``transform`` is applied to every batch before the network.
+    The Spark Transformer's tasks take the same path. Built by :func:`load_model`.
 
     Attributes:
         network: The trained ``torch.nn.Module`` (in eval mode).
@@ -96,51 +113,98 @@ class ScoringModel(nn.Module):
         """The feature columns the model reads, in order."""
         return [column.name for column in self.metadata.features]
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        """Return the network's raw outputs for a batch of features."""
+    @property
+    def dense(self) -> bool:
+        """Whether every feature column holds numbers (the features form one float array)."""
+        return all(column.dense for column in self.metadata.features)
+
+    def forward(self, features: Features) -> torch.Tensor:
+        """Return the network's raw outputs for a batch (a tensor or a dict by column)."""
         output: torch.Tensor = self.network(features)
         return output
 
-    def features(self, data: Any) -> np.ndarray:
-        """Return ``data``'s features as ``(rows, *feature_shape)`` float32, checked."""
-        return np.asarray(
-            to_features(data, self.metadata.features, self.metadata.feature_shape),
-            dtype=np.float32,
+    def partition(self, data: Any) -> PartitionData:
+        """Return ``data``'s rows held as the dataset stores them, checked.
+
+        Any form :meth:`predict` takes. Images come back encoded at the trained size and
+        channels, categories as ``int32`` ids, sequences cut and ragged, numbers in their
+        stored dtype; the labels are placeholders. Pass it to :meth:`outputs` (or back to
+        :meth:`predict`) to score it.
+
+        Raises:
+            DataError: A missing column or a value that breaks its column's rule (the
+                message names the column, the row and the rule).
+            TypeError: ``data`` is of an unsupported type.
+        """
+        return to_partition(
+            data, self.metadata.features, classification=self.metadata.classes is not None
         )
 
-    def outputs(self, features: np.ndarray) -> np.ndarray:
-        """Run the spec's transform and the network over ``features`` in batches.
+    def features(self, data: Any) -> np.ndarray:
+        """Return ``data``'s features as ``(rows, *feature_shape)`` float32, checked.
+
+        Only for models whose features are all numbers; otherwise use :meth:`partition`
+        (images, categories and sequences reach the network per batch, decoded).
+
+        Raises:
+            ConfigError: The model reads image, categorical or sequence columns.
+            DataError, TypeError: As :meth:`partition`.
+        """
+        if not self.dense:
+            kinds = sorted({c.feature_kind for c in self.metadata.features if not c.dense})
+            raise ConfigError(
+                f"the model reads {', '.join(kinds)} columns, which are not one float array: "
+                "use ScoringModel.partition(data) for the rows as the dataset holds them"
+            )
+        return self.partition(data).features
+
+    def outputs(self, features: np.ndarray | PartitionData) -> np.ndarray:
+        """Run the spec's transform and the network over rows, in batches.
+
+        Args:
+            features: A partition (:meth:`partition`), or, for a dense model, the features
+                as one array (:meth:`features`).
 
         Returns:
             float64: class probabilities ``(rows, num_classes)`` (a softmax of the
             outputs) for classification, predicted values ``(rows,)`` for regression.
         """
-        rows = len(features)
+        classification = self.classes is not None
+        if isinstance(features, PartitionData):
+            data = to_partition(features, self.metadata.features)
+        else:
+            data = dense_partition(
+                features, self.metadata.feature_shape, classification=classification
+            )
+        rows = data.rows
         width = len(self.classes) if self.classes is not None else 1
         if rows == 0:
-            return np.zeros((0, width) if self.classes is not None else (0,))
+            return np.zeros((0, width) if classification else (0,))
+        info = self.metadata.info
+        params = self.metadata.params
+        # As validation builds its batches: the spec's augmentation is not applied to
+        # unseeded batches, its images are decoded, scaled and normalized.
+        maker = BatchMaker(
+            data, info, self.device, augmentation=self.spec.augmentation(params, info)
+        )
         parts: list[np.ndarray] = []
-        # placeholder labels for the spec's transform, typed as in training
-        label_type = torch.int64 if self.classes is not None else torch.float32
-        if not features.flags.writeable:  # e.g. Arrow's buffers: torch wants writable memory
-            features = features.copy()
-        with torch.no_grad():
-            for first in range(0, rows, self.batch_size):
-                x = torch.from_numpy(features[first : first + self.batch_size]).to(self.device)
-                y = torch.zeros(len(x), dtype=label_type, device=self.device)
+        order = np.arange(rows, dtype=np.int64)
+        with torch.no_grad(), maker.batches(order, self.batch_size) as batches:
+            for x, y in batches:
                 x, _ = self.spec.transform(x, y)
                 out = self.network(x)
-                if self.classes is not None:
+                count = len(y)
+                if classification:
                     if out.ndim != 2 or out.shape[1] != width:
                         raise ConfigError(
-                            f"the model outputs shape {tuple(out.shape)} for {len(x)} rows; "
+                            f"the model outputs shape {tuple(out.shape)} for {count} rows; "
                             f"a classifier of {width} classes must output (rows, {width})"
                         )
                     out = torch.softmax(out.double(), dim=1)
                 else:
-                    if out.numel() != len(x):
+                    if out.numel() != count:
                         raise ConfigError(
-                            f"the model outputs shape {tuple(out.shape)} for {len(x)} rows; "
+                            f"the model outputs shape {tuple(out.shape)} for {count} rows; "
                             "a regression model must output one value per row"
                         )
                     out = out.double().reshape(-1)
@@ -152,11 +216,12 @@ class ScoringModel(nn.Module):
 
         Raises:
             ConfigError: The model is a regression model.
-            DataError: Missing columns, wrong shapes, nulls or non-finite values.
+            DataError: Missing columns, wrong shapes, nulls, non-finite values, images
+                that do not decode, tokens beyond the vocabulary (column, row and rule).
         """
         if self.classes is None:
             raise ConfigError("predict_proba needs a classification model; this is regression")
-        return self.outputs(self.features(data))
+        return self.outputs(self.partition(data))
 
     def predict(self, data: Any) -> np.ndarray:
         """Return one prediction per row.
@@ -165,10 +230,11 @@ class ScoringModel(nn.Module):
         the predicted values (float64).
 
         Raises:
-            DataError: Missing columns, wrong shapes, nulls or non-finite values.
+            DataError: Missing columns, wrong shapes, nulls, non-finite values, images
+                that do not decode, tokens beyond the vocabulary (column, row and rule).
             TypeError: ``data`` is of an unsupported type.
         """
-        outputs = self.outputs(self.features(data))
+        outputs = self.outputs(self.partition(data))
         if self.classes is None:
             return outputs
         return self.labels(outputs.argmax(axis=1))
@@ -178,6 +244,24 @@ class ScoringModel(nn.Module):
         assert self.classes is not None  # ok: callers check the task
         labels: np.ndarray = np.asarray(list(self.classes))[indices]
         return labels
+
+
+def read_metadata(checkpoint: Checkpoint, where: str) -> ModelMetadata:
+    """:meth:`ModelMetadata.from_checkpoint`, also for models that receive a dict by column.
+
+    Such a model's ``feature_shape`` is ``()`` (:func:`~cerebro_spark.data.feature_shape`),
+    which ``from_checkpoint`` reads as missing metadata; it is read here with a stand-in
+    shape and given back as ``()``.
+    """
+    data = checkpoint.get("data")
+    if isinstance(data, Mapping) and data.get("feature_shape") == [] and data.get("features"):
+        columns = [ColumnInfo.from_dict(raw) for raw in data["features"]]
+        if not tensor_input(columns):
+            patched: Checkpoint = dict(checkpoint)  # type: ignore[assignment]
+            patched["data"] = {**data, "feature_shape": [0]}
+            metadata = ModelMetadata.from_checkpoint(patched, where)
+            return dataclasses.replace(metadata, feature_shape=())
+    return ModelMetadata.from_checkpoint(checkpoint, where)
 
 
 def _build(
@@ -206,7 +290,7 @@ def model_from_bytes(
     checkpoint = decode_checkpoint(data)
     return _build(
         checkpoint,
-        ModelMetadata.from_checkpoint(checkpoint, where),
+        read_metadata(checkpoint, where),
         resolve_device(device),
         batch_size,
     )
@@ -258,7 +342,7 @@ def load_checkpoint(
                 )
         checkpoint = attach_dataset(checkpoint, manifest)
         data = encode_checkpoint(checkpoint)
-    metadata = ModelMetadata.from_checkpoint(checkpoint, found.where)
+    metadata = read_metadata(checkpoint, found.where)
     return LoadedCheckpoint(data, checkpoint, metadata, found.where)
 
 

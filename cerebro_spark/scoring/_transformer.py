@@ -1,8 +1,11 @@
 """The best model as a Spark ML Transformer: :class:`ModelTransformer`.
 
 ``transform(df)`` scores ``df`` on the executors with ``mapInArrow``: each Arrow batch's
-feature columns become the model's feature tensor (the rules of
-:mod:`cerebro_spark.scoring._inputs`), and two columns are appended:
+raw feature columns become a partition held as the dataset stores it, in the task (the
+rules of :mod:`cerebro_spark.scoring._inputs`: images decoded, converted and resized to the
+trained size, categories mapped to ids, sequences cut and checked), scored by
+:meth:`ScoringModel.outputs` exactly as :func:`~cerebro_spark.load_model`'s ``predict``
+scores, and two columns are appended:
 
 * ``predictionCol`` (default ``"prediction"``): the original class label (long, string,
   boolean or double, as the label values were) for classification; a double for
@@ -17,7 +20,11 @@ once per ``transform`` (a broadcast variable where there is a SparkContext); eac
 worker builds the model once per checkpoint (a module-level cache keyed by the bytes'
 SHA-256 and the device) and uses a GPU when torch sees one there (the task's assigned GPU
 when Spark schedules GPUs); on CPU, torch uses ``spark.task.cpus`` threads. Feature
-columns may be numbers, arrays or Spark ML vectors.
+columns may be numbers, arrays or Spark ML vectors (dense columns), ``binary`` JPEG/PNG
+bytes or Spark's image struct (image columns), strings or integers (categorical),
+``array<int>`` (sequence); they reach the tasks as Arrow, and nothing is decoded or mapped
+on the driver. A bad value fails the task with a :class:`DataError` naming the column,
+the Spark partition and the row within it.
 
 Saved with ``write().save(path)``: Spark ML's parameter metadata (``path/metadata``) and the
 checkpoint bytes themselves (``path/checkpoint``, one Parquet row), so a saved Transformer
@@ -61,14 +68,16 @@ from pyspark.sql.types import (
 
 from cerebro_spark.data import ColumnInfo, Manifest
 from cerebro_spark.data import _validate as v
+from cerebro_spark.data._kinds import SPARK_IMAGE_FIELDS
 from cerebro_spark.errors import ConfigError, DataError
-from cerebro_spark.scoring._inputs import arrow_features
+from cerebro_spark.scoring._inputs import raw_partition
 from cerebro_spark.scoring._metadata import ModelMetadata
 from cerebro_spark.scoring._model import (
     DEFAULT_BATCH_SIZE,
     ScoringModel,
     load_checkpoint,
     model_from_bytes,
+    read_metadata,
 )
 from cerebro_spark.scoring._source import Source
 from cerebro_spark.store import Store
@@ -94,7 +103,6 @@ class _ScorePlan:
 
     sha256: str
     features: tuple[ColumnInfo, ...]
-    feature_shape: tuple[int, ...]
     columns: tuple[str, ...]
     keep: tuple[str, ...]
     prediction_col: str
@@ -130,6 +138,14 @@ def _task_device(requested: str) -> str:
     if gpus is not None and gpus.addresses:
         return f"cuda:{gpus.addresses[0]}"
     return "cuda"
+
+
+def _partition_id() -> int | str:
+    """The Spark partition a task scores (for messages), ``"?"`` outside a task."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.partitionId() if context is not None else "?"
 
 
 def cached_model(sha256: str, blob: Any, device: str, batch_size: int) -> ScoringModel:
@@ -173,14 +189,25 @@ def _score(
     names = [*plan.keep, plan.prediction_col]
     if plan.classification and plan.probability_col:
         names.append(plan.probability_col)
+    first_row = 0
     for batch in batches:
         if batch.num_rows == 0:
             continue
         if model is None:
             _pin_threads()
             model = cached_model(plan.sha256, blob, plan.device, plan.batch_size)
-        features = arrow_features(batch, plan.features, plan.feature_shape, plan.columns)
-        outputs = model.outputs(features)
+        try:
+            data = raw_partition(
+                batch,
+                plan.features,
+                plan.columns,
+                classification=plan.classification,
+                first_row=first_row,
+            )
+        except DataError as exc:
+            raise DataError(f"in Spark partition {_partition_id()}: {exc}") from exc
+        first_row += batch.num_rows
+        outputs = model.outputs(data)
         arrays = [batch.column(name) for name in plan.keep]
         if plan.classification:
             labels = model.labels(outputs.argmax(axis=1))
@@ -211,6 +238,42 @@ def _prediction_types(metadata: ModelMetadata) -> tuple[DataType, pa.DataType]:
     raise ConfigError(
         f"class labels {list(classes)[:5]} mix types; predictions need one type per column"
     )
+
+
+#: Spark's integral types (categories and token ids).
+_INTEGRAL = ("ByteType", "ShortType", "IntegerType", "LongType")
+
+
+def _check_kind_type(info: ColumnInfo, spark_type: DataType) -> None:
+    """Refuse, on the driver, a column whose Spark type cannot hold its kind's raw values.
+
+    Values are checked in the tasks; this catches a wrong column before any task runs.
+    """
+    kind = info.feature_kind
+    name = type(spark_type).__name__
+    if kind == "image":
+        fields = (
+            {field.name for field in spark_type.fields}
+            if isinstance(spark_type, StructType)
+            else set()
+        )
+        ok = name == "BinaryType" or fields == set(SPARK_IMAGE_FIELDS)
+        rule = "binary (JPEG or PNG bytes) or the struct of Spark's image source"
+    elif kind == "categorical":
+        ok = name in (*_INTEGRAL, "StringType", "BooleanType")
+        rule = "strings, integers or booleans"
+    elif kind == "sequence":
+        ok = (
+            isinstance(spark_type, ArrayType) and type(spark_type.elementType).__name__ in _INTEGRAL
+        )
+        rule = "array<int> or array<bigint> of token ids"
+    else:
+        return  # numbers, arrays and vectors are checked in the tasks, as before
+    if not ok:
+        raise DataError(
+            f"{kind} column {info.name!r} has Spark type {spark_type.simpleString()}; "
+            f"a {kind} column to score must be {rule}"
+        )
 
 
 def _quoted(name: str) -> Any:
@@ -310,7 +373,7 @@ class ModelTransformer(Transformer, MLReadable["ModelTransformer"], MLWritable):
 
     def _attach(self, data: bytes, metadata: ModelMetadata | None = None) -> None:
         if metadata is None:
-            metadata = ModelMetadata.from_checkpoint(decode_checkpoint(data), "<saved>")
+            metadata = read_metadata(decode_checkpoint(data), "<saved>")
         self._checkpoint = bytes(data)
         self._metadata = metadata
         self._check_params()
@@ -384,8 +447,9 @@ class ModelTransformer(Transformer, MLReadable["ModelTransformer"], MLWritable):
         types = {field.name: field.dataType for field in dataset.schema.fields}
         frame = dataset
         columns: list[str] = []
-        for index, name in enumerate(names):
-            if type(types[name]).__name__ == "VectorUDT":
+        for index, (info, name) in enumerate(zip(metadata.features, names, strict=True)):
+            _check_kind_type(info, types[name])
+            if info.dense and type(types[name]).__name__ == "VectorUDT":
                 temporary = f"{_TMP_FEATURE}{index}"
                 frame = frame.withColumn(temporary, vector_to_array(_quoted(name), "float32"))
                 columns.append(temporary)
@@ -398,7 +462,6 @@ class ModelTransformer(Transformer, MLReadable["ModelTransformer"], MLWritable):
         plan = _ScorePlan(
             sha256=hashlib.sha256(data).hexdigest(),
             features=metadata.features,
-            feature_shape=metadata.feature_shape,
             columns=tuple(columns),
             keep=tuple(dataset.columns),
             prediction_col=prediction,

@@ -69,7 +69,9 @@ class Tuner:
         spark_log_level: Spark's log level during ``fit`` (restored afterwards); ``None``
             leaves it as it is.
         **options: Any other top-level config field (``rule``, ``visit_order``,
-            ``torch_threads``, ``device``, ``spark``, ``elastic`` ...), as in the YAML config.
+            ``torch_threads``, ``device``, ``worker_memory``, ``spark``, ``elastic`` ...),
+            as in the YAML config (``worker_memory="4GiB"``: what each worker keeps of its
+            partitions in RAM; the rest is streamed from its local disk).
 
     Raises:
         ConfigError: A field breaks a rule (checked here, before any data is touched).
