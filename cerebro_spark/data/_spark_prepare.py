@@ -67,6 +67,7 @@ import dataclasses
 import functools
 import hashlib
 import importlib.util
+import json
 import logging
 import math
 import os
@@ -83,11 +84,13 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.ipc as paipc
 
+from cerebro_spark.data import _kinds as kd
 from cerebro_spark.data import _row_order as ro
 from cerebro_spark.data import _statistics as st
 from cerebro_spark.data import _validate as v
 from cerebro_spark.data import _writer as w
 from cerebro_spark.data._format import (
+    DENSE_DTYPES,
     MANIFEST_NAME,
     ColumnInfo,
     Manifest,
@@ -96,6 +99,7 @@ from cerebro_spark.data._format import (
     Task,
     partition_path,
 )
+from cerebro_spark.data._options import KindOptions
 from cerebro_spark.data._vectors import spark_vector_array
 from cerebro_spark.errors import CerebroError, ConfigError, DataError, StoreError
 from cerebro_spark.store import FileSystemStore, Store, open_store
@@ -153,6 +157,13 @@ class _StagePlan:
     schema: pa.Schema
     seed: int
     bucket_bits: int
+    kinds: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    options: KindOptions = dataclasses.field(default_factory=KindOptions)
+    vocabularies: Mapping[str, tuple[tuple[Any, ...], int]] = dataclasses.field(
+        default_factory=dict
+    )
+    offsets: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    narrow: Mapping[str, pa.DataType] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +187,7 @@ class _WritePlan:
     bucket_bits: int
     destinations: tuple[ro.Destination, ...]
     statistics_of: tuple[ColumnInfo, ...] = ()
+    images: tuple[ColumnInfo, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +201,8 @@ class _Checked:
     task: Task
     classes: pa.Array | None
     n_val: int
+    kinds: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    distinct: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 # -- small helpers ----------------------------------------------------------------------------
@@ -527,6 +541,11 @@ def _distinct_lengths(frame: DataFrame, column: Column, depth: int) -> list[int]
     return sorted(int(row["n"]) for row in lengths.distinct().limit(1000).collect())
 
 
+def _dense_dtype(element: pa.DataType) -> str:
+    """The stored dtype of a number/array column whose elements arrive as ``element``."""
+    return str(np.dtype(w._dense_type(pa.array([], type=element)).to_pandas_dtype()).name)
+
+
 def _check_feature(
     frame: DataFrame,
     name: str,
@@ -535,8 +554,13 @@ def _check_feature(
     stats: Mapping[str, Any],
     rows: int,
     hint: Sequence[int] | None,
+    narrow: pa.DataType | None = None,
 ) -> tuple[ColumnInfo, tuple[int, ...]]:
-    """Raise the plain writer's errors for one feature; return its info and inferred shape."""
+    """Raise the plain writer's errors for one feature; return its info and inferred shape.
+
+    ``narrow``: the element type the staging tasks cast to first (a Parquet ``uint8`` that
+    Spark reads as ``smallint``), else ``None``.
+    """
     depth, element = _array_depth(data_type)
     v.check_null_count(name, int(stats[f"{name}:nulls"]), rows, "feature column")
     for d in range(1, depth + 1):
@@ -559,7 +583,63 @@ def _check_feature(
         v.check_finite_counts(
             name, int(stats[f"{name}:nan"]), int(stats[f"{name}:inf"]), values, "feature column"
         )
-    return ColumnInfo(name, "float32", final), inferred
+    dtype = _dense_dtype(narrow or _arrow_type(name, element, "feature column"))
+    kind = "array" if final else "number"
+    return ColumnInfo(name, dtype, final, kind=kind), inferred
+
+
+#: A one-level list of integers not named in the kind options: a ``sequence`` when its
+#: lengths differ (the checks' min/max length per row tell), else an ``array``.
+_MAYBE_SEQUENCE = "array or sequence"
+
+
+def _check_kind_type(name: str, kind: str, arrow_type: pa.DataType, options: KindOptions) -> None:
+    """Raise the plain writer's error when a column's type cannot be of ``kind``."""
+    empty = pa.array([], type=arrow_type)
+    if kind == "image":
+        kd.image_column(name, empty, size=options.image_size, channels=options.image_channels)
+    elif kind == "categorical":
+        kd.category_values(name, empty)
+    elif kind == "sequence":
+        kd.sequence_column(name, empty, max_length=options.max_length)
+
+
+def _decide_kind(frame: DataFrame, name: str, data_type: DataType, options: KindOptions) -> str:
+    """A feature's kind from the Spark schema, as :func:`~cerebro_spark.data._writer.column_kind`.
+
+    Named kinds win; a binary column is read as images when a sample of 16 of its
+    non-null values carries JPEG/PNG magic (one small Spark job); a one-level list of
+    integers may be a sequence (:data:`_MAYBE_SEQUENCE`, decided by the checks).
+    """
+    from pyspark.sql.types import IntegralType
+
+    arrow_type = _arrow_type(name, data_type, "feature column")
+    named = options.named().get(name)
+    if named is not None:
+        _check_kind_type(name, named, arrow_type, options)
+        return named
+    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
+        column = _col(name)
+        sample = frame.select(column).where(column.isNotNull()).limit(16).toArrow()
+        kind = kd.infer_kind(name, arrow_type, sample.column(0))
+    else:
+        kind = kd.infer_kind(name, arrow_type)
+    depth, element = _array_depth(data_type)
+    if kind == "array" and depth == 1 and isinstance(element, IntegralType):
+        return _MAYBE_SEQUENCE
+    if kind not in ("number", "array"):
+        _check_kind_type(name, kind, arrow_type, options)
+        logger.info("feature column %r (%s) is read as %s", name, arrow_type, kind)
+    return kind
+
+
+def _categorical_nulls(name: str, nulls: int, rows: int) -> None:
+    """Raise :func:`~cerebro_spark.data._kinds.category_values`'s error for nulls."""
+    if nulls:
+        raise DataError(
+            f"categorical column {name!r} has {nulls} null values of {rows} "
+            "rows; nulls are not allowed: fill them with a value of their own (e.g. 'missing')"
+        )
 
 
 def _check(
@@ -572,14 +652,20 @@ def _check(
     validation_column: str | None,
     task: Task | None,
     hints: Mapping[str, Sequence[int]],
+    options: KindOptions | None = None,
+    narrow: Mapping[str, pa.DataType] | None = None,
 ) -> _Checked:
     """Check the selected columns with Spark aggregations, in the plain writer's order."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import BooleanType
 
+    options = options or KindOptions()
+    narrow = narrow or {}
     types = {field.name: field.dataType for field in frame.schema.fields}
+    kinds = {name: _decide_kind(frame, name, types[name], options) for name in features}
     for name in features:
-        v.check_feature_type(name, _arrow_type(name, types[name], "feature column"))
+        if kinds[name] in ("number", "array"):
+            v.check_feature_type(name, _arrow_type(name, types[name], "feature column"))
     label_type = _arrow_type(label, types[label], "label column")
     if pa.types.is_decimal(label_type):
         label_type = pa.float64()
@@ -595,7 +681,11 @@ def _check(
     aggs = _Aggs()
     aggs.add("rows", F.count(F.lit(1)))
     for name in features:
-        _add_feature_aggs(aggs, name, _col(name), types[name])
+        if kinds[name] in ("number", "array", _MAYBE_SEQUENCE):
+            _add_feature_aggs(aggs, name, _col(name), types[name])
+        elif kinds[name] == "categorical":
+            aggs.add(f"{name}:nulls", F.count_if(_col(name).isNull()))
+            aggs.add(f"{name}:distinct", F.count_distinct(_col(name)))
     label_col = _col(label)
     aggs.add("label:nulls", F.count_if(label_col.isNull()))
     threshold = _float_threshold(_array_depth(types[label])[1], resolved == "regression")
@@ -613,12 +703,33 @@ def _check(
     v.check_total_rows(rows, num_partitions)
     infos: list[ColumnInfo] = []
     inferred: dict[str, tuple[int, ...]] = {}
+    distinct: dict[str, int] = {}
     for name in features:
-        info, shape = _check_feature(
-            frame, name, _col(name), types[name], stats, rows, hints.get(name)
-        )
-        infos.append(info)
-        inferred[name] = shape
+        kind = kinds[name]
+        if kind == _MAYBE_SEQUENCE:
+            low, high = stats[f"{name}:min0"], stats[f"{name}:max0"]
+            kind = "sequence" if low is not None and low != high else "array"
+            if kind == "sequence":
+                arrow_type = _arrow_type(name, types[name], "feature column")
+                _check_kind_type(name, kind, arrow_type, options)
+                logger.info("feature column %r (%s) is read as %s", name, arrow_type, kind)
+            kinds[name] = kind
+        if kind in ("number", "array"):
+            info, shape = _check_feature(
+                frame, name, _col(name), types[name], stats, rows, hints.get(name), narrow.get(name)
+            )
+            infos.append(info)
+            inferred[name] = shape
+            continue
+        if hints.get(name) is not None:
+            raise DataError(
+                f"feature_shapes gives a shape for {kind} column {name!r}; only "
+                "number and array columns take one"
+            )
+        if kind == "categorical":
+            _categorical_nulls(name, int(stats[f"{name}:nulls"]), rows)
+            distinct[name] = int(stats[f"{name}:distinct"])
+        infos.append(ColumnInfo(name, "", kind=kind))  # completed after staging
     v.check_null_count(label, int(stats["label:nulls"]), rows, "label column")
     if threshold is not None:
         v.check_finite_counts(
@@ -637,19 +748,133 @@ def _check(
         v.check_null_count(validation_column, int(stats["val:nulls"]), rows, "validation_column")
         count = int(stats["val:true"])
     n_val = w._validation_rows(rows, count, validation_fraction, num_partitions)
-    return _Checked(rows, tuple(infos), inferred, label_info, resolved, classes, n_val)
+    return _Checked(
+        rows, tuple(infos), inferred, label_info, resolved, classes, n_val, kinds, distinct
+    )
+
+
+def _vocabulary(
+    frame: DataFrame,
+    name: str,
+    data_type: DataType,
+    rows: int,
+    distinct: int,
+    options: KindOptions,
+) -> tuple[tuple[Any, ...], int, dict[str, Any]]:
+    """A categorical column's vocabulary, hash buckets and statistics, from Spark counts.
+
+    One Spark job: the ``vocabulary_limit`` most frequent values (``groupBy().count()``,
+    ordered by descending count, then ascending value: Spark's string order is the code
+    point order Python sorts by). The distinct count comes from the checks, the rows
+    beyond the vocabulary are the rest of the rows: the numbers of
+    :func:`~cerebro_spark.data._writer.column_vocabulary`, without collecting every value.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+
+    column = _col(name)
+    value = column if isinstance(data_type, StringType) else column.cast("long")
+    counts = frame.groupBy(value.alias("value")).count()
+    top = counts.orderBy(F.desc("count"), F.asc("value")).limit(options.vocabulary_limit)
+    found = {row["value"]: int(row["count"]) for row in top.collect()}
+    # At most `limit` values: the same ranking and checks, nothing beyond it to log.
+    words, _ = kd.build_vocabulary(
+        name, found, limit=options.vocabulary_limit, hash_buckets=options.hash_buckets
+    )
+    beyond = distinct > len(words)
+    buckets = options.hash_buckets if beyond else 0
+    rest = rows - sum(found.values())
+    if beyond:
+        logger.info(
+            "categorical column %r: %d values (%d rows) beyond the vocabulary of %d %s",
+            name,
+            distinct - len(words),
+            rest,
+            len(words),
+            f"share {buckets} hash buckets" if buckets else "map to the unknown id 0",
+        )
+    statistics = {
+        "rows": rows,
+        "distinct": distinct,
+        "unknown": 0 if buckets else rest,
+        "hashed": rest if buckets else 0,
+    }
+    return words, buckets, statistics
 
 
 # -- tasks ------------------------------------------------------------------------------------
 
 
-def _normalize_chunk(table: pa.Table, plan: _StagePlan) -> pa.Table:
-    """Normalise one chunk exactly as the plain writer normalises a table."""
-    arrays: list[pa.Array] = []
-    for name in plan.features:
-        array, _ = w._feature_column(
-            name, table.column(name), plan.shapes[name], plan.hints.get(name)
+class _SizeMismatch(Exception):
+    """A chunk's images have several sizes: the facts of its first two runs of one size."""
+
+    def __init__(self, name: str, runs: list[kd.ImageFacts]) -> None:
+        super().__init__(name)
+        self.name = name
+        self.runs = runs
+
+
+def _image_runs(
+    name: str, column: pa.ChunkedArray, options: KindOptions, first_row: int
+) -> list[kd.ImageFacts]:
+    """The facts of the first two runs of one image size in a chunk (row by row).
+
+    Only called when the whole chunk failed; raises the row's own error (a null, a bad
+    image) if one comes before the size changes, as the plain writer would.
+    """
+    size, channels = options.image_size, options.image_channels
+    current: kd.ImageFacts | None = None
+    for i in range(len(column)):
+        _, facts = kd.image_column(
+            name, column.slice(i, 1), size=size, channels=channels, first_row=first_row + i
         )
+        if current is not None and facts.shape[1:] != current.shape[1:]:
+            return [current, facts]
+        current = facts if current is None else kd.merge_facts(name, current, facts)
+    return [] if current is None else [current]
+
+
+def _normalize_chunk(
+    table: pa.Table, plan: _StagePlan, first_row: int = 0
+) -> tuple[pa.Table, dict[str, Any]]:
+    """Normalise one chunk exactly as the plain writer normalises a table.
+
+    Returns the chunk and its facts, JSON-ready: ``{"image": {column: [facts]},
+    "sequence": {column: facts}}``.
+
+    Raises:
+        _SizeMismatch: The chunk's images have several sizes (and no ``image_size``).
+    """
+    arrays: list[pa.Array] = []
+    facts: dict[str, dict[str, Any]] = {"image": {}, "sequence": {}}
+    for name in plan.features:
+        kind = plan.kinds.get(name, "number")
+        column = table.column(name)
+        if kind in ("number", "array"):
+            if name in plan.narrow:
+                column = column.cast(_with_element(column.type, plan.narrow[name]))
+            array, _ = w._feature_column(name, column, plan.shapes[name], plan.hints.get(name))
+        elif kind == "categorical":
+            array, _ = w.kind_column(
+                name, column, kind, plan.options, vocabulary=plan.vocabularies[name]
+            )
+        elif kind == "image":
+            try:
+                array, info = w.kind_column(name, column, kind, plan.options, first_row=first_row)
+            except DataError:
+                if plan.options.image_size is not None:
+                    raise
+                runs = _image_runs(name, column, plan.options, first_row)
+                if len(runs) < 2:
+                    raise
+                raise _SizeMismatch(name, runs) from None
+            shape = [int(d) for d in info.shape]
+            facts["image"][name] = [[info.encoding or "", shape, first_row]]
+        else:
+            array, seq = kd.sequence_column(
+                name, column, max_length=plan.options.max_length, first_row=first_row
+            )
+            facts["sequence"][name] = dataclasses.asdict(seq)
         arrays.append(array)
     labels = w._label_input(table.column(plan.label))
     v.check_no_nulls(plan.label, labels, "label column")
@@ -668,7 +893,15 @@ def _normalize_chunk(table: pa.Table, plan: _StagePlan) -> pa.Table:
         flags = v.as_array(table.column(plan.validation_column))
         v.check_no_nulls(plan.validation_column, flags, "validation_column")
         arrays.append(flags)
-    return pa.Table.from_arrays(arrays, schema=plan.schema)
+    return pa.Table.from_arrays(arrays, schema=plan.schema), facts
+
+
+def _with_element(arrow_type: pa.DataType, element: pa.DataType) -> pa.DataType:
+    """``arrow_type`` (a number or nested lists of numbers) with its numbers of ``element``."""
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+        inner = _with_element(arrow_type.value_type, element)
+        return pa.list_(inner) if pa.types.is_list(arrow_type) else pa.large_list(inner)
+    return element
 
 
 def _encode_staging(table: pa.Table) -> bytes:
@@ -711,16 +944,27 @@ def _stage(batches: Iterator[pa.RecordBatch], plan: _StagePlan) -> Iterator[pa.R
     partition = context.partitionId() if context is not None else 0
     store: FileSystemStore | None = None
     groups = 1 if plan.validation_column is None else 2
-    results: list[tuple[str, int, bytes, int, int]] = []
+    results: list[tuple[str, int, bytes, int, int, int, int, str]] = []
     pending: list[pa.RecordBatch] = []
     pending_bytes = 0
+    first_row = plan.offsets.get(partition, 0)
 
     def flush() -> None:
-        nonlocal store, pending, pending_bytes
+        nonlocal store, pending, pending_bytes, first_row
         if not pending:
             return
-        name = hashlib.sha256(f"partition {partition}\n{len(results)}".encode()).hexdigest()[:32]
-        chunk = _normalize_chunk(pa.Table.from_batches(pending), plan)
+        sequence = len(results)
+        name = hashlib.sha256(f"partition {partition}\n{sequence}".encode()).hexdigest()[:32]
+        rows = sum(batch.num_rows for batch in pending)
+        try:
+            chunk, facts = _normalize_chunk(pa.Table.from_batches(pending), plan, first_row)
+        except _SizeMismatch as mismatch:  # the driver merges the facts: the plain error
+            runs = [[f.encoding, list(f.shape), f.first_row] for f in mismatch.runs]
+            facts = {"image": {mismatch.name: runs}, "sequence": {}, "failed": True}
+            results.append((name, 0, b"", 0, 0, partition, sequence, json.dumps(facts)))
+            pending, pending_bytes = [], 0
+            first_row += rows
+            return
         flags = _flags(chunk, plan.validation_column)
         columns = [chunk.column(n) for n in plan.schema.names if n != plan.validation_column]
         keys, lane2 = ro.row_hashes(ro.row_words(columns, flags), plan.seed)
@@ -740,9 +984,13 @@ def _stage(batches: Iterator[pa.RecordBatch], plan: _StagePlan) -> Iterator[pa.R
                 zlib.compress(counts.tobytes(), 1),
                 _signed(sums.keys),
                 _signed(sums.lane2),
+                partition,
+                sequence,
+                json.dumps(facts),
             )
         )
         pending, pending_bytes = [], 0
+        first_row += rows
 
     for batch in batches:
         if batch.num_rows == 0:
@@ -753,7 +1001,9 @@ def _stage(batches: Iterator[pa.RecordBatch], plan: _StagePlan) -> Iterator[pa.R
             flush()
     flush()
     if results:
-        names, counts, histograms, key_sums, lane_sums = zip(*results, strict=True)
+        names, counts, histograms, key_sums, lane_sums, parts, seqs, facts = zip(
+            *results, strict=True
+        )
         yield pa.record_batch(
             [
                 pa.array(names, pa.string()),
@@ -761,9 +1011,19 @@ def _stage(batches: Iterator[pa.RecordBatch], plan: _StagePlan) -> Iterator[pa.R
                 pa.array(histograms, pa.binary()),
                 pa.array(key_sums, pa.int64()),
                 pa.array(lane_sums, pa.int64()),
+                pa.array(parts, pa.int32()),
+                pa.array(seqs, pa.int32()),
+                pa.array(facts, pa.string()),
             ],
-            names=["chunk", "rows", "buckets", "key_sum", "lane_sum"],
+            names=_STAGE_NAMES,
         )
+
+
+_STAGE_NAMES = ["chunk", "rows", "buckets", "key_sum", "lane_sum", "partition", "seq", "facts"]
+_STAGE_SCHEMA = (
+    "chunk string, rows long, buckets binary, key_sum long, lane_sum long, partition int, "
+    "seq int, facts string"
+)
 
 
 def _staging_path(store: FileSystemStore, name: str) -> str:
@@ -781,11 +1041,6 @@ def _route(batches: Iterator[pa.RecordBatch], plan: _WritePlan) -> Iterator[pa.R
     names = [*plan.schema.names, _KEY_COL]
     if plan.validation_column is not None:
         names.append(plan.validation_column)
-    row_bytes = 16 + sum(
-        4 * (field.type.list_size if pa.types.is_fixed_size_list(field.type) else 2)
-        for field in plan.schema
-    )
-    piece_rows = max(1, _PIECE_BYTES // row_bytes)
     for batch in batches:
         for index in batch.column(0).to_pylist():
             chunk = plan.chunks[int(index)]
@@ -795,6 +1050,8 @@ def _route(batches: Iterator[pa.RecordBatch], plan: _WritePlan) -> Iterator[pa.R
                 raise DataError(
                     f"staged chunk {chunk.name} has {table.num_rows} rows, expected {chunk.rows}"
                 )
+            # Rows of images or sequences vary in size: pieces by the chunk's mean row size.
+            piece_rows = max(1, _PIECE_BYTES * max(table.num_rows, 1) // max(table.nbytes, 1))
             keys = np.asarray(table.column(_KEY_COL).to_numpy(), dtype=np.uint64)
             flags = _flags(table, plan.validation_column)
             groups = np.zeros(len(keys), dtype=np.int64) if flags is None else flags.astype(int)
@@ -862,8 +1119,12 @@ def _write_partition(
     split = "train" if dest < plan.num_partitions else "validation"
     index = dest % plan.num_partitions
     moments = b""
+    pixels = b""
     if split == "train" and plan.statistics_of:
         moments = st.partition_moments(table, plan.statistics_of).to_bytes()
+    if split == "train" and plan.images:
+        found = st.image_moments(table, plan.images)
+        pixels = b"".join(found[info.name].astype("<f8").tobytes() for info in plan.images)
     data = w.encode_partition(table)
     path = partition_path(split, index)
     store.put(f"dataset/{path}", data)
@@ -875,12 +1136,59 @@ def _write_partition(
             pa.array([len(data)], pa.int64()),
             pa.array([hashlib.sha256(data).hexdigest()]),
             pa.array([moments], pa.binary()),
+            pa.array([pixels], pa.binary()),
         ],
-        names=["split", "index", "rows", "bytes", "sha256", "moments"],
+        names=["split", "index", "rows", "bytes", "sha256", "moments", "pixels"],
     )
 
 
 # -- driver -----------------------------------------------------------------------------------
+
+
+def _narrowed(
+    data: object, fmt: str | None, frame: DataFrame, features: Sequence[str]
+) -> dict[str, pa.DataType]:
+    """Number/array features whose file type is a kept dtype Spark widens when reading.
+
+    Spark reads a Parquet ``uint8`` as ``smallint`` (it has no unsigned types); the plain
+    writer keeps ``uint8``. For a local Parquet path the files' Arrow schema (footers
+    only) names such columns, and the staging tasks cast them back (the values fit).
+    Returns ``{column: element type}``; empty for any other input.
+    """
+    if not isinstance(data, str):
+        return {}
+    local = _local_path(data)
+    try:
+        if local is None or not os.path.exists(local) or _path_format(data, fmt) != "parquet":
+            return {}
+        import pyarrow.dataset as pads
+
+        schema = pads.dataset(
+            local, format="parquet", partitioning="hive", ignore_prefixes=["_", "."]
+        ).schema
+    except (CerebroError, OSError, pa.ArrowException) as exc:
+        logger.debug("no Arrow schema of %s: %s", data, exc)
+        return {}
+    spark_types = {field.name: field.dataType for field in frame.schema.fields}
+    narrow: dict[str, pa.DataType] = {}
+    for name in features:
+        if name not in schema.names or name not in spark_types:
+            continue
+        element = schema.field(name).type
+        while v._is_list(element):
+            element = element.value_type
+        if not (pa.types.is_integer(element) or pa.types.is_floating(element)):
+            continue
+        if np.dtype(element.to_pandas_dtype()).name not in DENSE_DTYPES:
+            continue
+        spark_element = _array_depth(spark_types[name])[1]
+        try:
+            seen = _arrow_type(name, spark_element, "feature column")
+        except DataError:
+            continue
+        if seen != element and (pa.types.is_integer(seen) or pa.types.is_floating(seen)):
+            narrow[name] = element
+    return narrow
 
 
 def _select(
@@ -996,6 +1304,7 @@ def prepare_with_spark(
     order: Order = "input",
     spark: SparkSession | None = None,
     task_env: Mapping[str, str] | None = None,
+    kinds: KindOptions | None = None,
 ) -> Manifest:
     """Shuffle, split and write ``data`` with Spark to ``<store>/datasets/<dataset_id>/``.
 
@@ -1037,6 +1346,10 @@ def prepare_with_spark(
             roles. With a ``local`` master the driver's ``AWS_*`` variables are always
             forwarded (same machine, same user), so credentials set after the session
             started still reach the tasks.
+        kinds: Which columns are images, categories or sequences and how they are
+            prepared (:class:`~cerebro_spark.data.KindOptions`), as for
+            :func:`~cerebro_spark.data.prepare_dataset`; other columns' kinds are inferred
+            from their Spark types (see the module docstring).
 
     Returns:
         The manifest of the new or reused dataset.
@@ -1068,12 +1381,15 @@ def prepare_with_spark(
     if order not in ("input", "sorted"):
         raise ConfigError(f"order must be 'input' or 'sorted', got {order!r}")
     features = list(features)
+    kind_options = kinds or KindOptions()
+    kind_options.check_features(features)
     root = _fs_store(open_store(store))
     session = spark if spark is not None else spark_session()
     frame, description = _load(session, data, format, dict(options or {}))
     required = [*features, label] + ([validation_column] if validation_column else [])
     v.check_columns(frame.columns, required)
     selected = _select(frame, features, label, validation_column)
+    narrow = _narrowed(data, format, selected, features)
     checked = _run_job(
         session,
         "checks",
@@ -1086,12 +1402,42 @@ def prepare_with_spark(
             validation_column=validation_column,
             task=task,
             hints=hints,
+            options=kind_options,
+            narrow=narrow,
         ),
     )
-    fields = [
-        pa.field(info.name, pa.list_(pa.float32(), info.size) if info.shape else pa.float32())
-        for info in checked.features
-    ]
+    types = {field.name: field.dataType for field in selected.schema.fields}
+    vocabularies: dict[str, tuple[tuple[Any, ...], int]] = {}
+    categories: dict[str, ColumnInfo] = {}
+    for name, kind in checked.kinds.items():
+        if kind == "categorical":
+            words, buckets, statistics = _run_job(
+                session,
+                f"count the values of categorical column {name!r}",
+                functools.partial(
+                    _vocabulary,
+                    selected,
+                    name,
+                    types[name],
+                    checked.rows,
+                    checked.distinct[name],
+                    kind_options,
+                ),
+            )
+            vocabularies[name] = (words, buckets)
+            categories[name] = ColumnInfo(
+                name,
+                "int32",
+                kind="categorical",
+                vocabulary=words,
+                hash_buckets=buckets,
+                cardinality=1 + len(words) + buckets,
+                statistics=statistics,
+            )
+    offsets: dict[int, int] = {}
+    if any(kind in ("image", "sequence") for kind in checked.kinds.values()):
+        offsets = _run_job(session, "count rows per partition", lambda: _offsets(selected))
+    fields = [_stored_field(info) for info in checked.features]
     label_type = pa.int64() if checked.task == "classification" else pa.float32()
     schema = pa.schema([*fields, pa.field(label, label_type)])
     staged_schema = (
@@ -1114,15 +1460,21 @@ def prepare_with_spark(
             schema=staged_schema,
             seed=seed,
             bucket_bits=ro.bucket_bits(num_partitions),
+            kinds=dict(checked.kinds),
+            options=kind_options,
+            vocabularies=vocabularies,
+            offsets=offsets,
+            narrow=narrow,
         )
         staged = _run_job(
             session,
             f"stage {checked.rows} rows to {tmp.uri}",
             lambda: selected.mapInArrow(
-                functools.partial(_stage, plan=stage_plan),
-                "chunk string, rows long, buckets binary, key_sum long, lane_sum long",
+                functools.partial(_stage, plan=stage_plan), _STAGE_SCHEMA
             ).collect(),
         )
+        infos = _kind_infos(staged, checked, categories, kind_options)
+        checked = dataclasses.replace(checked, features=infos)
         chunks, counts, sums = _gather(staged, checked.rows, stage_plan)
         dataset_id = sums.dataset_id(
             w._id_params(
@@ -1135,6 +1487,7 @@ def prepare_with_spark(
                 validation_fraction=validation_fraction,
                 validation_column=validation_column,
                 rows=checked.rows,
+                kinds=kind_options,
             )
         )
         target = _fs_store(root.child(f"datasets/{dataset_id}"))
@@ -1170,6 +1523,88 @@ def prepare_with_spark(
         time.perf_counter() - started,
     )
     return manifest
+
+
+def _offsets(frame: DataFrame) -> dict[int, int]:
+    """Each Spark partition's first row in the input order (for messages naming rows).
+
+    The staging tasks read the same partitions in the same order (a narrow plan over one
+    scan), so ``offset + row within the partition`` is the row number the plain writer
+    gives a row of the input read in order (files in Spark's order, a DataFrame as is).
+    """
+    from pyspark.sql import functions as F
+
+    counts = frame.select(F.spark_partition_id().alias("p")).groupBy("p").count().collect()
+    offsets: dict[int, int] = {}
+    total = 0
+    for row in sorted(counts, key=lambda row: int(row["p"])):
+        offsets[int(row["p"])] = total
+        total += int(row["count"])
+    return offsets
+
+
+def _stored_field(info: ColumnInfo) -> pa.Field:
+    """The stored Arrow field of a feature column of any kind."""
+    if info.feature_kind == "image":
+        return pa.field(info.name, pa.binary())
+    if info.feature_kind == "categorical":
+        return pa.field(info.name, pa.int32())
+    if info.feature_kind == "sequence":
+        return pa.field(info.name, pa.list_(pa.int32()))
+    element = pa.from_numpy_dtype(np.dtype(info.dtype))
+    return pa.field(info.name, pa.list_(element, info.size) if info.shape else element)
+
+
+def _kind_infos(
+    staged: Sequence[Any],
+    checked: _Checked,
+    categories: Mapping[str, ColumnInfo],
+    options: KindOptions,
+) -> tuple[ColumnInfo, ...]:
+    """The feature infos with the image and sequence facts of every chunk merged.
+
+    Chunks are merged in input order (partition, then sequence), as the plain writer
+    sees the rows; a size mismatch raises its :class:`DataError` here, before anything
+    is visible.
+    """
+    ordered = sorted(staged, key=lambda row: (int(row["partition"]), int(row["seq"])))
+    images: dict[str, kd.ImageFacts] = {}
+    sequences: dict[str, kd.SequenceFacts] = {}
+    failed = False
+    for row in ordered:
+        facts = json.loads(row["facts"])
+        failed = failed or bool(facts.get("failed"))
+        for name, runs in facts["image"].items():
+            for encoding, shape, first_row in runs:
+                item = kd.ImageFacts(encoding, (shape[0], shape[1], shape[2]), int(first_row))
+                images[name] = kd.merge_facts(name, images.get(name, item), item)
+        for name, raw in facts["sequence"].items():
+            seq = kd.SequenceFacts(**raw)
+            sequences[name] = kd.merge_sequence_facts(sequences.get(name, kd.NO_SEQUENCES), seq)
+    if failed:  # not reached: a chunk fails only on a size change that the merge raises
+        raise DataError("a staging task found images of several sizes")
+    infos: list[ColumnInfo] = []
+    for info in checked.features:
+        kind = info.feature_kind
+        if kind == "categorical":
+            info = categories[info.name]
+        elif kind == "image":
+            merged = images[info.name]
+            info = ColumnInfo(
+                info.name, "uint8", merged.shape, kind="image", encoding=merged.encoding
+            )
+        elif kind == "sequence":
+            seq = sequences.get(info.name, kd.NO_SEQUENCES)
+            info = ColumnInfo(
+                info.name,
+                "int32",
+                kind="sequence",
+                cardinality=seq.max_id + 1,
+                max_length=options.max_length or seq.max_length,
+                statistics=kd.sequence_statistics(seq, checked.rows),
+            )
+        infos.append(info)
+    return tuple(infos)
 
 
 def _gather(
@@ -1232,6 +1667,7 @@ def _write(
         bucket_bits,
         tuple(ro.plan_destinations(counts, checked.n_val, num_partitions, by_column)),
         checked.features if with_stats else (),
+        tuple(info for info in checked.features if info.feature_kind == "image"),
     )
     parallelism = 2 * num_partitions
     with contextlib.suppress(Exception):  # no SparkContext on Spark Connect
@@ -1246,7 +1682,8 @@ def _write(
             .sortWithinPartitions("dest")
             .mapInArrow(
                 functools.partial(_write_partitions, plan=plan),
-                "split string, index long, rows long, bytes long, sha256 string, moments binary",
+                "split string, index long, rows long, bytes long, sha256 string, "
+                "moments binary, pixels binary",
             )
             .collect()
         ),
@@ -1274,9 +1711,19 @@ def _write(
             )
     classes = None if checked.classes is None else tuple(checked.classes.to_pylist())
     train = range(num_partitions)
+    pixels: list[dict[str, np.ndarray]] = []
+    for index in train:
+        data = np.frombuffer(found[("train", index)]["pixels"] or b"", dtype="<f8")
+        moments: dict[str, np.ndarray] = {}
+        at = 0
+        for info in plan.images:
+            size = info.shape[0] * 3
+            moments[info.name] = data[at : at + size].astype(np.float64).reshape(-1, 3)
+            at += size
+        pixels.append(moments)
     manifest = Manifest(
         dataset_id=dataset_id,
-        features=checked.features,
+        features=st.with_image_statistics(checked.features, pixels),
         label=checked.label,
         task=checked.task,
         num_classes=len(classes) if classes is not None else None,

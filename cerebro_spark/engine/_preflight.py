@@ -293,6 +293,8 @@ def _check_family(spec_path: str, params: Mapping[str, Any], info: DatasetInfo) 
             checked_batch_size(spec, trial_params)
             what = "validation_batch_size"
             checked_batch_size(spec, trial_params, validation=True)
+            what = "augmentation"
+            spec.augmentation(trial_params, info)
             what = "build_metrics"
             metrics = family_metrics(spec, info)
             what = "the forward pass on a zero batch"

@@ -4,7 +4,8 @@
 experiment's ``events.jsonl`` and ``config.json`` tell: the leaderboard, every trial's
 learning curve coloured by the procedure's decisions, a per-worker Gantt chart of units
 with worker joins, losses and resizes, the rounds (rungs, brackets), the plan beside what
-each stage took and cost, and the cost summary. Charts are plotly, with plotly.js inlined
+each stage took and cost, how long units waited for their data (per worker, overall, the
+trials that waited most), and the cost summary. Charts are plotly, with plotly.js inlined
 once, so the file opens offline. The engine rewrites ``report.html`` in the experiment's
 directory at round ends, in a thread beside the run (:class:`ReportRefresher`), and at the
 end of a run (:func:`refresh_report`).
@@ -19,9 +20,18 @@ from cerebro_spark.report._api import (
     refresh_report,
     write_report,
 )
-from cerebro_spark.report._data import ReportData, collect, trial_seconds, trial_usd
+from cerebro_spark.report._data import (
+    DataWait,
+    ReportData,
+    WaitRow,
+    collect,
+    data_wait,
+    trial_seconds,
+    trial_usd,
+)
 from cerebro_spark.report._terminal import (
     check_metric,
+    data_wait_text,
     failures_text,
     leaderboard_json,
     metric_mode,
@@ -31,12 +41,16 @@ from cerebro_spark.report._terminal import (
 
 __all__ = [
     "REPORT_NAME",
+    "DataWait",
     "Report",
     "ReportData",
     "ReportRefresher",
+    "WaitRow",
     "build_report",
     "check_metric",
     "collect",
+    "data_wait",
+    "data_wait_text",
     "failures_text",
     "leaderboard_json",
     "load_report_data",

@@ -10,6 +10,7 @@ cost summary. Times are seconds since the experiment's first event.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -32,6 +33,9 @@ WORKER_EVENTS = {
 CLUSTER_EVENTS = ("resized", "resize_failed", "replanned", "replan_failed", "search_stopped")
 """Events marked across every row (the cluster changed or the plan did)."""
 
+DATA_WAIT_TRIALS = 5
+"""Trials the data wait summary lists, those that waited the largest share first."""
+
 
 @dataclasses.dataclass(frozen=True)
 class UnitBar:
@@ -49,6 +53,9 @@ class UnitBar:
         group: The group unit's id, if it is a rank of one.
         seconds: Seconds the worker measured (``None`` if it never ended).
         error: Why it failed.
+        data_wait: Part of ``seconds`` its loop waited for batches (``unit_end``'s
+            ``data_wait_seconds``; ``None`` when the log does not say: an old log, or a
+            unit that never ended).
     """
 
     worker: str
@@ -62,6 +69,77 @@ class UnitBar:
     group: str | None = None
     seconds: float | None = None
     error: str | None = None
+    data_wait: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class WaitRow:
+    """Data wait of a set of units (a worker's, a trial's, or all of them).
+
+    Attributes:
+        name: The worker or trial (``"all"`` for every unit).
+        units: Units that logged their data wait.
+        wait_seconds: The seconds those units waited for batches.
+        unit_seconds: Those units' seconds.
+    """
+
+    name: str
+    units: int
+    wait_seconds: float
+    unit_seconds: float
+
+    @property
+    def share(self) -> float:
+        """``wait_seconds`` over ``unit_seconds`` (0 when the units took no time)."""
+        return self.wait_seconds / self.unit_seconds if self.unit_seconds > 0 else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class DataWait:
+    """How long units waited for their batches: overall, per worker, the worst trials.
+
+    Only units whose ``unit_end`` logged ``data_wait_seconds`` count (logs before the
+    field have none, and no summary).
+
+    Attributes:
+        overall: Every such unit.
+        workers: Per worker, in id order.
+        trials: The :data:`DATA_WAIT_TRIALS` trials that waited the largest share of
+            their unit seconds (ties: more seconds waited, then trial id).
+    """
+
+    overall: WaitRow
+    workers: tuple[WaitRow, ...]
+    trials: tuple[WaitRow, ...]
+
+
+def data_wait(units: Iterable[UnitBar], top: int = DATA_WAIT_TRIALS) -> DataWait | None:
+    """The data wait summary of ``units``, or ``None`` if none logged its data wait."""
+    by_worker: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    by_trial: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    total = [0, 0.0, 0.0]
+    for unit in units:
+        if unit.data_wait is None or unit.seconds is None:
+            continue
+        for sums in (by_worker[unit.worker], by_trial[unit.trial], total):
+            sums[0] += 1
+            sums[1] += unit.data_wait
+            sums[2] += unit.seconds
+    if not total[0]:
+        return None
+
+    def row(name: str, sums: Sequence[float]) -> WaitRow:
+        return WaitRow(name, int(sums[0]), float(sums[1]), float(sums[2]))
+
+    trials = sorted(
+        (row(name, sums) for name, sums in by_trial.items()),
+        key=lambda r: (-r.share, -r.wait_seconds, _natural(r.name)),
+    )
+    return DataWait(
+        overall=row("all", total),
+        workers=tuple(row(w, by_worker[w]) for w in sorted(by_worker, key=_natural)),
+        trials=tuple(trials[:top]),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +218,8 @@ class ReportData:
         trial_usd: Each trial's share of the bill (its unit seconds at the run's price per
             instance-second), or ``None`` when the run was not billed.
         unit_failures: ``{reason: count}`` of units that failed and went back to the queue.
+        data_wait: How long units waited for batches (:func:`data_wait`), or ``None``
+            when no unit logged it.
     """
 
     experiment_id: str
@@ -155,6 +235,7 @@ class ReportData:
     trial_seconds: dict[str, float]
     trial_usd: dict[str, float] | None
     unit_failures: dict[str, int]
+    data_wait: DataWait | None = None
 
     @property
     def metric(self) -> str:
@@ -305,7 +386,16 @@ def _bar(
         group=None if group is None else str(group),
         seconds=seconds,
         error=event.get("error"),
+        data_wait=_data_wait(event) if seconds is not None else None,
     )
+
+
+def _data_wait(event: Mapping[str, Any]) -> float | None:
+    """``unit_end``'s ``data_wait_seconds`` (``None`` if absent or not a finite number)."""
+    value = event.get("data_wait_seconds")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None  # absent in old logs; a non-finite value is logged as text
+    return float(value) if math.isfinite(value) else None
 
 
 def _cluster_detail(event: Mapping[str, Any]) -> str:
@@ -427,4 +517,5 @@ def collect(
         trial_seconds=seconds,
         trial_usd=trial_usd(state, seconds),
         unit_failures=failures,
+        data_wait=data_wait(units),
     )

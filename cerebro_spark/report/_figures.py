@@ -187,6 +187,7 @@ def gantt(data: ReportData) -> go.Figure:
 
     Worker joins, readiness, retirements and losses are marked on the worker's row;
     resizes, re-plans, stage ends and resumed sessions are vertical lines across all rows.
+    A unit's hover text says how long it waited for batches, when its log says.
     """
     figure = go.Figure()
     workers = data.workers
@@ -200,6 +201,9 @@ def gantt(data: ReportData) -> go.Figure:
                 f"{u.kind} unit, trial {u.trial}, epoch {u.epoch + 1}, partition {u.partition}"
                 f"<br>worker {u.worker}, round {u.round}<br>{u.start:.1f} s to {u.end:.1f} s"
             )
+            if u.data_wait is not None and u.seconds is not None:
+                share = u.data_wait / u.seconds if u.seconds > 0 else 0.0
+                text += f"<br>data wait {u.data_wait:.2f} s of {u.seconds:.2f} s ({share:.1%})"
             if u.group:
                 text += f"<br>group {u.group}"
             if u.error:

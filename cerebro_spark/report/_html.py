@@ -12,7 +12,7 @@ from typing import Any
 
 from cerebro_spark.engine import leaderboard_rows
 from cerebro_spark.engine._elastic import cost_table
-from cerebro_spark.report._data import ReportData
+from cerebro_spark.report._data import ReportData, WaitRow
 from cerebro_spark.report._figures import (
     STATUS_COLORS,
     TEMPLATE,
@@ -189,6 +189,20 @@ def _stages_table(data: ReportData) -> str:
     return _table(header, rows)
 
 
+def _wait_summary(data: ReportData) -> list[list[Any]]:
+    """The cost table's data wait row (none for logs without it)."""
+    if data.data_wait is None:
+        return []
+    overall = data.data_wait.overall
+    return [
+        [
+            "data wait (all workers)",
+            f"{overall.wait_seconds:.1f} s, {100.0 * overall.share:.1f}% of "
+            f"{overall.unit_seconds:.1f} unit seconds",
+        ]
+    ]
+
+
 def _cost(data: ReportData) -> str:
     state = data.state
     busy = sum(data.trial_seconds.values())
@@ -197,6 +211,7 @@ def _cost(data: ReportData) -> str:
     rows: list[list[Any]] = [
         ["experiment seconds (driver up)", round(span, 1)],
         ["unit seconds (all workers)", round(busy, 1)],
+        *_wait_summary(data),
         ["workers seen", workers],
         ["driver sessions", state.sessions],
     ]
@@ -231,6 +246,31 @@ def _cost(data: ReportData) -> str:
     if table is not None:
         out += f"<pre>{html.escape(table)}</pre>"
     return out
+
+
+def _wait_cells(row: WaitRow) -> list[Any]:
+    return [
+        row.units,
+        round(row.wait_seconds, 2),
+        round(row.unit_seconds, 2),
+        f"{100.0 * row.share:.1f}%",
+    ]
+
+
+def _data_wait(data: ReportData) -> str:
+    """Data wait per worker and overall, and the trials that waited the largest share."""
+    wait = data.data_wait
+    if wait is None:
+        return ""
+    numbers = ["units", "data wait s", "unit s", "share"]
+    rows = [[row.name, *_wait_cells(row)] for row in (*wait.workers, wait.overall)]
+    out = (
+        '<p class="meta">Seconds units waited for their batches (reading, decoding, '
+        "augmenting data the training or validation loop had not got yet), of the units' "
+        "seconds.</p>" + _table(["worker", *numbers], rows)
+    )
+    out += f"<p>Top {len(wait.trials)} trials by data wait share:</p>"
+    return out + _table(["trial", *numbers], ([r.name, *_wait_cells(r)] for r in wait.trials))
 
 
 def _figure(figure: Any, div_id: str) -> str:
@@ -324,6 +364,8 @@ def render(data: ReportData, *, generated: datetime.datetime | None = None) -> s
             _figure(plan_vs_actual(data), "plan"),
             _stages_table(data),
         ]
+    if data.data_wait is not None:
+        sections += ["<h2>Data wait</h2>", _data_wait(data)]
     sections += ["<h2>Time and cost</h2>", _cost(data)]
     title = html.escape(f"cerebro-spark report: {data.experiment_id}")
     return (

@@ -19,7 +19,7 @@ from cerebro_spark.engine import ExperimentConfig, TrialState, format_table, lea
 from cerebro_spark.engine._state import FAILED, improves
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.metrics import default_metrics, metric_modes
-from cerebro_spark.report._data import ReportData
+from cerebro_spark.report._data import DataWait, ReportData
 
 TOP_TRIALS = 10
 """Trials the end-of-run summary lists."""
@@ -155,12 +155,34 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m{rest:02d}s" if hours else f"{minutes}m{rest:02d}s"
 
 
+def data_wait_text(wait: DataWait | None) -> str:
+    """How long units waited for batches: overall, per worker, the worst trials.
+
+    Empty for logs whose units do not say (written before ``data_wait_seconds``).
+    """
+    if wait is None:
+        return ""
+    overall = wait.overall
+    workers = ", ".join(f"{row.name} {100.0 * row.share:.1f}%" for row in wait.workers)
+    trials = ", ".join(
+        f"{row.name} {100.0 * row.share:.1f}% ({row.wait_seconds:.1f} s)" for row in wait.trials
+    )
+    return "\n".join(
+        [
+            f"data wait: {overall.wait_seconds:.1f} s of {overall.unit_seconds:.1f} "
+            f"unit-seconds ({100.0 * overall.share:.1f}%); by worker: {workers}",
+            f"  most waiting trials: {trials}",
+        ]
+    )
+
+
 def summary_text(data: ReportData, top: int = TOP_TRIALS) -> str:
-    """The end-of-run summary: the top trials, the failures and the time.
+    """The end-of-run summary: the top trials, the failures, the time and the data wait.
 
     Each listed trial shows its best and last metric, its unit seconds and, for a billed
     run, its share of the bill (the run's whole bill is
-    :func:`~cerebro_spark.engine._elastic.cost_table`).
+    :func:`~cerebro_spark.engine._elastic.cost_table`). The data wait
+    (:func:`data_wait_text`) follows the time, for logs whose units say.
     """
     state = data.state
     trials = list(state.trials.values())
@@ -180,4 +202,7 @@ def summary_text(data: ReportData, top: int = TOP_TRIALS) -> str:
         f"{total:.0f} unit-seconds on {len(data.workers)} workers"
     )
     lines.append(line)  # the bill of an elastic run: cost_table, after this
+    wait = data_wait_text(data.data_wait)
+    if wait:
+        lines.append(wait)
     return "\n".join(lines)

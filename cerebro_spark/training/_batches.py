@@ -80,9 +80,11 @@ class BatchMaker:
         data: The partition, as held.
         info: The dataset's description (its feature columns decide the batch's form).
         device: Where the batch goes.
-        augmentation: Train batches: how images are augmented (``None``: not at all;
-            images are still scaled and normalized).
-        seeds: Train batches: what augmentation is seeded by; ``None`` for validation.
+        augmentation: The spec's :meth:`~cerebro_spark.training.ModelSpec.augmentation`
+            (``None``: images are scaled and normalized, nothing else). Its random crop and
+            flip apply to train batches only (with ``seeds``); its ``normalize`` to all.
+        seeds: Train batches: what augmentation is seeded by; ``None`` (validation,
+            scoring): no random augmentation.
     """
 
     def __init__(
@@ -96,7 +98,7 @@ class BatchMaker:
     ) -> None:
         self._data = data
         self._device = device
-        self._augmentation = augmentation if seeds is not None else None
+        self._augmentation = augmentation
         self._seeds = seeds
         self._tensor = tensor_input(data.infos) if data.infos else info.tensor_input
         self._dense = [_tensor(c.values) for c in data.columns if c.info.dense]
@@ -151,12 +153,12 @@ class BatchMaker:
     def _images(self, column: HeldColumn, rows: np.ndarray, number: int) -> torch.Tensor:
         augmentation = self._augmentation
         mean, std = normalization(column.info, augmentation or Augmentation())
-        if augmentation is None or not augmentation.random:  # nvJPEG, then no numpy work
+        if augmentation is None or not augmentation.random or self._seeds is None:  # nvJPEG
             on_device = decode_on_device(column, rows, self._device)
             if on_device is not None:
                 return to_tensor(on_device, mean, std)
         images = decode_images(column, rows)
-        if augmentation is not None and self._seeds is not None:
+        if augmentation is not None and augmentation.random and self._seeds is not None:
             seeds = self._seeds
             generator = batch_seed(seeds.trial_seed, seeds.epoch, seeds.partition, number)
             images = augment(images, augmentation, generator)

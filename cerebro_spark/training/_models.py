@@ -250,6 +250,7 @@ class _TrainingParams(ModelSpec):
         self.build_lr_scheduler(optimizer, params)
         self.batch_size(params)
         self.validation_batch_size(params)
+        self.augmentation(params, info)
 
 
 class MLPSpec(_TrainingParams):

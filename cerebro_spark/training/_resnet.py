@@ -24,6 +24,7 @@ from torch import nn
 
 from cerebro_spark.data import DatasetInfo
 from cerebro_spark.errors import ConfigError
+from cerebro_spark.training._images import Augmentation
 from cerebro_spark.training._models import (
     _SHARED_HYPERPARAMETERS,
     _bool,
@@ -363,6 +364,12 @@ class ResNetSpec(_TrainingParams):
       several.
     * ``dropout`` (float in [0, 1), default 0): before ``fc``.
     * ``standardize`` (bool, default true): numeric (not image) tensor input only.
+    * ``crop_padding`` (int >= 0, default 0) and ``flip`` (bool, default false): the
+      training batches' image augmentation (:meth:`augmentation`): a random crop of the
+      image zero-padded by ``crop_padding`` pixels, a horizontal flip with p = 0.5; both
+      seeded by (trial, epoch, partition, batch), so a replay is bit-exact.
+    * ``normalize`` (bool, default true): images are normalized by the train split's
+      per-channel mean and std (else only scaled to [0, 1]).
     """
 
     hyperparameters: ClassVar[frozenset[str] | None] = _SHARED_HYPERPARAMETERS | {
@@ -373,7 +380,18 @@ class ResNetSpec(_TrainingParams):
         "freeze",
         "zero_init_residual",
         "image_column",
+        "crop_padding",
+        "flip",
+        "normalize",
     }
+
+    def augmentation(self, params: Mapping[str, Any], info: DatasetInfo) -> Augmentation | None:
+        """Random crop with padding and horizontal flip, from ``crop_padding`` and ``flip``."""
+        return Augmentation(
+            crop_padding=_int(params, "crop_padding", 0, 0),
+            flip=_bool(params, "flip", False),
+            normalize=_bool(params, "normalize", True),
+        )
 
     def build_model(self, params: Mapping[str, Any], info: DatasetInfo) -> nn.Module:
         """Return the :class:`ResNet` the params describe, with pretrained weights if asked."""

@@ -657,7 +657,9 @@ def _validate(
     with _user_code(task, f"restoring checkpoint {task.checkpoint_in!r}"):
         model.load_state_dict(checkpoint["model"])
     size = _batch_size(spec, task, validation=True)
-    maker = BatchMaker(data, info, dev)
+    with _user_code(task, "augmentation"):
+        augmentation = spec.augmentation(task.params, info)  # its normalize applies here too
+    maker = BatchMaker(data, info, dev, augmentation=augmentation)
     _manual_seed(_seed((task.trial_seed, task.epoch, task.partition), _TORCH_STREAM), dev)
     model.eval()
     metrics = _pass_metrics(spec, task, info, dev, training=False)
