@@ -181,7 +181,8 @@ def _size_mismatch(
     return DataError(
         f"image column {name!r} holds images of different sizes (height x width): "
         f"{_hw(first)} first seen at row {first_row} and {_hw(other)} first seen at row {row}; "
-        "every image must have one size: pass --image-size H W to resize them"
+        "every image must have one size: pass --image-size H W to resize them "
+        "(image_size in a config or in Tuner.fit(kinds=...))"
     )
 
 

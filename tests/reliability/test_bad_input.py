@@ -117,6 +117,21 @@ CASES = {
         "data.source '/nonexistent/data.parquet' does not exist (no file or folder at "
         "/nonexistent/data.parquet)",
     ),
+    "kind-for-no-feature": (
+        ("partitions: 2}", "partitions: 2, categorical: [nope]}"),
+        [],
+        "'nope' named as image, categorical or sequence columns but not among the features (image)",
+    ),
+    "image-size-zero": (
+        ("partitions: 2}", "partitions: 2, image_size: [0, 32]}"),
+        [],
+        "data: image_size must be an integer >= 1, got 0",
+    ),
+    "hash-buckets-negative": (
+        ("partitions: 2}", "partitions: 2, hash_buckets: -3}"),
+        [],
+        "data: hash_buckets must be an integer >= 0, got -3",
+    ),
     "spec-not-importable": (
         ("cerebro_spark.training:MLPSpec", "nope.models:Spec"),
         [],
@@ -135,6 +150,55 @@ def test_refused_before_anything_is_written(case, tmp_path, caplog):
     assert len(errors) == 1, errors
     assert expected in errors[0], errors[0]
     _nothing_written(store)
+
+
+def _image_source(tmp_path: Path, images: list[bytes]) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "images.parquet"
+    labels = [i % 2 for i in range(len(images))]
+    pq.write_table(pa.table({"image": pa.array(images, pa.binary()), "label": labels}), path)
+    return str(path)
+
+
+def _pngs(rows: int, sizes: dict[int, int]) -> list[bytes]:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    out = []
+    for row in range(rows):
+        side = sizes.get(row, 8)
+        buffer = io.BytesIO()
+        Image.fromarray(np.full((side, side), row, np.uint8), mode="L").save(buffer, "PNG")
+        out.append(buffer.getvalue())
+    return out
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        ("truncated", "image column 'image' row 5"),
+        ("sizes", "8x8 first seen at row 0 and 9x9 first seen at row 7"),
+    ],
+)
+def test_images_that_cannot_be_prepared_are_refused_by_column_and_row(
+    damage, expected, tmp_path, caplog
+):
+    images = _pngs(20, {7: 9} if damage == "sizes" else {})
+    if damage == "truncated":
+        images[5] = images[5][:30]
+    source = _image_source(tmp_path, images)
+    text = GOOD.replace('"sklearn:digits"', json.dumps(source))
+    store = tmp_path / "store"
+    code, errors = _cli(["run", _config(tmp_path, text), "--store", str(store)], caplog)
+    assert code == 2 and len(errors) == 1, errors
+    assert expected in errors[0], errors[0]
+    _nothing_written(store)
+    datasets = store / "datasets"
+    assert not datasets.exists() or not any(datasets.rglob("*.parquet"))
 
 
 def test_store_under_a_regular_file_is_refused(tmp_path, caplog):
