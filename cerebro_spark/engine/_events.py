@@ -24,7 +24,9 @@ Event kinds and their fields:
   {trial: [group sizes]} imposed on a replay; trials not named train one unit at a
   time), ``procedure_state``
 * ``unit_start``: ``round``, ``trial``, ``epoch``, ``kind``, ``partition``, ``step``, ``worker``
-* ``unit_end``: those fields and ``seconds``, ``io_seconds``, ``rows``, ``metric_sums``
+* ``unit_end``: those fields and ``seconds``, ``io_seconds``, ``data_wait_seconds`` (the
+  part of ``seconds`` the unit's loop waited for its batches; absent in older logs),
+  ``rows``, ``metric_sums``
   (each metric's value over the unit's rows times ``rows``), ``checkpoint``,
   ``checkpoint_bytes``, ``checkpoint_sha256``; validation units also ``metric_states``
   (each metric's mergeable state, :mod:`cerebro_spark.metrics`; the trial's epoch metrics

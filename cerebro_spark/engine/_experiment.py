@@ -1483,16 +1483,19 @@ def _short(key: str, folder: str) -> str:
     return key[len(folder) :] if key.startswith(folder) else key
 
 
-def _traffic(result: UnitResult) -> dict[str, int]:
-    """A unit's checkpoint traffic for its ``unit_end`` event (readers default them to 0).
+def _traffic(result: UnitResult) -> dict[str, float]:
+    """A unit's checkpoint traffic and data wait for its ``unit_end`` event.
 
+    Readers default each to 0 (older logs lack them).
     ``checkpoint_bytes_read``/``checkpoint_bytes_written``: bytes this rank moved from and
-    to the store; ``checkpoint_cache_hits``: checkpoints its worker's cache answered.
+    to the store; ``checkpoint_cache_hits``: checkpoints its worker's cache answered;
+    ``data_wait_seconds``: the part of ``seconds`` its loop waited for batches.
     """
     return {
         "checkpoint_bytes_read": result.checkpoint_bytes_read,
         "checkpoint_bytes_written": result.checkpoint_bytes_written,
         "checkpoint_cache_hits": result.checkpoint_cache_hits,
+        "data_wait_seconds": round(result.data_wait_seconds, 6),
     }
 
 
