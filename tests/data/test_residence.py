@@ -243,11 +243,11 @@ def test_the_directory_goes_once_nothing_is_spilled(dataset: str, tmp_path: Path
 def test_streaming_releases_the_pages_a_unit_read_periodically_and_at_its_end(
     dataset: str, tmp_path: Path
 ) -> None:
-    residence = Residence("w1", 1, directory=str(tmp_path), release_interval_s=0.02)
+    residence = Residence("w1", 1, directory=str(tmp_path), release_interval_s=0.5)
     data = residence.admit(read_partition(dataset, "train", 0))
     assert residence.is_spilled(data)
     (path,) = (str(p) for p in Path(str(residence.directory)).iterdir())
-    with residence.streaming(data):
+    with residence.streaming(data):  # the first release comes 0.5 s after this
         _touch(data)
         assert _mapped_rss(path) > 0
         deadline = time.monotonic() + 5
