@@ -1088,15 +1088,4 @@ def infer_kind(
             ):
                 return "sequence"
             return "array"
-    structs = (
-        "; a struct is read only as a Spark ML vector ({type, size, indices, values}) or "
-        "Spark's image struct: select its fields as columns"
-        if pa.types.is_struct(arrow_type)
-        else ""
-    )
-    raise DataError(
-        f"feature column {name!r} has type {arrow_type}; features must be numbers (integer, "
-        "floating point, boolean, decimal), fixed-length arrays of numbers or Spark ML "
-        "vectors, JPEG or PNG images (binary, or Spark's image struct), strings "
-        f"(categorical) or lists of integer token ids (sequence){structs}"
-    )
+    raise v.unsupported_feature(name, arrow_type)

@@ -113,23 +113,29 @@ def _is_list(arrow_type: pa.DataType) -> bool:
     )
 
 
+def unsupported_feature(name: str, arrow_type: pa.DataType) -> DataError:
+    """The error for a feature column of a type no feature kind reads (with advice)."""
+    structs = (
+        "; a struct is read only as a Spark ML vector ({type, size, indices, values}) or "
+        "Spark's image struct: select its fields as columns"
+        if pa.types.is_struct(arrow_type)
+        else ""
+    )
+    return DataError(
+        f"feature column {name!r} has type {arrow_type}; features must be numbers (integer, "
+        "floating point, boolean, decimal), fixed-length arrays of numbers or Spark ML "
+        "vectors, JPEG or PNG images (binary, or Spark's image struct), strings "
+        f"(categorical) or lists of integer token ids (sequence){structs}"
+    )
+
+
 def check_feature_type(name: str, arrow_type: pa.DataType) -> None:
-    """Check that a feature column holds numbers or (nested) arrays of numbers."""
+    """Check that a number or array column holds numbers or (nested) arrays of numbers."""
     element = arrow_type
     while _is_list(element):
         element = element.value_type
     if not _is_number(element):
-        structs = (
-            "; a struct is read only as a Spark ML vector ({type, size, indices, values}): "
-            "select its fields as columns"
-            if pa.types.is_struct(element)
-            else ""
-        )
-        raise DataError(
-            f"feature column {name!r} has type {arrow_type}; features must be numbers "
-            "(integer, floating point, boolean, decimal), fixed-length arrays of numbers "
-            f"or Spark ML vectors{structs}"
-        )
+        raise unsupported_feature(name, arrow_type)
 
 
 def infer_task(name: str, arrow_type: pa.DataType) -> Task:
