@@ -1436,7 +1436,7 @@ def prepare_with_spark(
             )
     offsets: dict[int, int] = {}
     if any(kind in ("image", "sequence") for kind in checked.kinds.values()):
-        offsets = _run_job(session, "count rows per partition", lambda: _offsets(selected))
+        offsets = _run_job(session, "count rows per partition", lambda: _offsets(selected, label))
     fields = [_stored_field(info) for info in checked.features]
     label_type = pa.int64() if checked.task == "classification" else pa.float32()
     schema = pa.schema([*fields, pa.field(label, label_type)])
@@ -1525,21 +1525,33 @@ def prepare_with_spark(
     return manifest
 
 
-def _offsets(frame: DataFrame) -> dict[int, int]:
+def _count_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Task: this partition's id and row count."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    partition = context.partitionId() if context is not None else 0
+    rows = sum(batch.num_rows for batch in batches)
+    yield pa.record_batch(
+        [pa.array([partition], pa.int32()), pa.array([rows], pa.int64())], names=["p", "n"]
+    )
+
+
+def _offsets(frame: DataFrame, column: str) -> dict[int, int]:
     """Each Spark partition's first row in the input order (for messages naming rows).
 
-    The staging tasks read the same partitions in the same order (a narrow plan over one
-    scan), so ``offset + row within the partition`` is the row number the plain writer
-    gives a row of the input read in order (files in Spark's order, a DataFrame as is).
+    Counted by ``mapInArrow`` tasks over one column (the label): the staging tasks, also
+    ``mapInArrow`` over the same scan, read the same partitions in the same order, so
+    ``offset + row within the partition`` is the row number the plain writer gives a row
+    of the input read in order (files in Spark's order, a DataFrame as it is). (Spark's
+    ``spark_partition_id()`` is no substitute: over a local relation it is 0 everywhere.)
     """
-    from pyspark.sql import functions as F
-
-    counts = frame.select(F.spark_partition_id().alias("p")).groupBy("p").count().collect()
+    counts = frame.select(_col(column)).mapInArrow(_count_rows, "p int, n long").collect()
     offsets: dict[int, int] = {}
     total = 0
     for row in sorted(counts, key=lambda row: int(row["p"])):
         offsets[int(row["p"])] = total
-        total += int(row["count"])
+        total += int(row["n"])
     return offsets
 
 

@@ -565,3 +565,128 @@ def test_spark_submit_job(spark_submit_job: dict[str, Any]) -> None:
     manifest = read_manifest(str(work / "store" / "datasets" / expected))
     assert manifest.feature_shape == (1, 8, 8)
     assert manifest.source == str(spark_submit_job["data"])
+
+
+# -- feature kinds ----------------------------------------------------------------------------
+
+
+def encoded_image(rng: np.random.Generator, size: tuple[int, int], mode: str, fmt: str) -> bytes:
+    """A real PNG or JPEG (PIL) of ``size`` (height, width) in ``mode`` ``L`` or ``RGB``."""
+    from PIL import Image
+
+    shape = size if mode == "L" else (*size, 3)
+    image = Image.fromarray(rng.integers(0, 256, size=shape, dtype=np.uint8), mode=mode)
+    out = io.BytesIO()
+    image.save(out, format=fmt)
+    return out.getvalue()
+
+
+def kinds_table(rows: int) -> pa.Table:
+    """Images (PNG and JPEG, two sizes, gray and RGB), categories, sequences, uint8 arrays."""
+    rng = np.random.default_rng(11)
+    images = [
+        encoded_image(
+            rng,
+            (8, 8) if i % 3 else (10, 12),
+            "L" if i % 2 else "RGB",
+            "PNG" if i % 4 else "JPEG",
+        )
+        for i in range(rows)
+    ]
+    words = ["a", "b", "b", "c", "c", "c", "d", "é", "ü", "zz"]
+    return pa.table(
+        {
+            "img": pa.array(images, pa.binary()),
+            "word": pa.array([words[int(k)] for k in rng.integers(0, 10, rows)]),
+            "code": pa.array(rng.integers(100, 106, rows), pa.int64()),
+            "seq": pa.array(
+                [rng.integers(0, 50, int(rng.integers(0, 7))).tolist() for _ in range(rows)],
+                pa.list_(pa.int64()),
+            ),
+            "u8": pa.array(
+                [rng.integers(0, 256, 3).tolist() for _ in range(rows)], pa.list_(pa.uint8())
+            ),
+            "x": pa.array(rng.normal(size=rows)),
+            "y": pa.array(np.arange(rows) % 2),
+        }
+    )
+
+
+KINDS_KW: dict[str, Any] = {
+    "features": ["img", "word", "code", "seq", "u8", "x"],
+    "label": "y",
+    "num_partitions": 2,
+    "seed": 3,
+}
+
+
+def test_feature_kinds_equal_the_plain_writer(spark: Any, tmp_path: Path) -> None:
+    from cerebro_spark.data import KindOptions
+
+    table = kinds_table(48)
+    data = tmp_path / "in"
+    data.mkdir()
+    for index, (start, rows) in enumerate(((0, 20), (20, 28))):
+        pq.write_table(table.slice(start, rows), data / f"part-{index}.parquet")
+    kinds = KindOptions(
+        categorical=("code",),
+        image_size=(8, 8),
+        vocabulary_limit=3,
+        hash_buckets=4,
+        max_length=4,
+    )
+    plain = prepare_dataset(
+        read_table(str(data)), str(tmp_path / "py"), source="k", kinds=kinds, **KINDS_KW
+    )
+    manifest = prepare_with_spark(
+        str(data), str(tmp_path / "sp"), source="k", kinds=kinds, spark=spark, **KINDS_KW
+    )
+    assert manifest.dataset_id == plain.dataset_id
+    assert manifest.to_json() == plain.to_json()
+    assert sha_tree(tmp_path / "sp") == sha_tree(tmp_path / "py")
+    by_name = {info.name: info for info in manifest.features}
+    assert [by_name[n].feature_kind for n in KINDS_KW["features"]] == [
+        "image",
+        "categorical",
+        "categorical",
+        "sequence",
+        "array",
+        "number",
+    ]
+    assert by_name["img"].shape == (3, 8, 8) and by_name["img"].encoding == "mixed"
+    assert by_name["img"].statistics is not None
+    assert by_name["word"].hash_buckets == 4 and len(by_name["word"].vocabulary or ()) == 3
+    assert by_name["u8"].dtype == "uint8" and by_name["x"].dtype == "float32"
+    assert by_name["seq"].max_length == 4 and by_name["seq"].statistics is not None
+
+
+def test_image_size_mismatch_and_binary_that_is_not_images(spark: Any, tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    rows = 40
+    # Row 13 changes the size inside a Spark partition (not at its start), rows 30- too.
+    sizes = [(10, 10) if i == 13 or i >= 30 else (8, 8) for i in range(rows)]
+    table = pa.table(
+        {
+            "img": pa.array([encoded_image(rng, s, "L", "PNG") for s in sizes], pa.binary()),
+            "blob": pa.array([b"not an image %d" % i for i in range(rows)], pa.binary()),
+            "y": pa.array(np.arange(rows) % 2),
+        }
+    )
+    frame = spark.createDataFrame(table).repartition(1).cache()
+    spread = spark.createDataFrame(table)  # partitions in row order
+    assert spread.rdd.getNumPartitions() > 1
+    for features, source, message in (
+        (["img"], spread, "'img' holds images of different sizes (height x width): 8x8 first"),
+        (["blob"], frame, "feature column 'blob' has type binary but its values are not JPEG"),
+    ):
+        kwargs: dict[str, Any] = {"features": features, "label": "y", "num_partitions": 2}
+        with pytest.raises(DataError) as plain:
+            dataset_id_for(table, seed=0, **kwargs)
+        with pytest.raises(DataError) as spark_error:
+            prepare_with_spark(source, str(tmp_path / "store"), seed=0, **kwargs)
+        assert message in str(spark_error.value)
+        assert str(spark_error.value) == str(plain.value)
+        assert not (tmp_path / "store" / "datasets").exists() or not any(
+            (tmp_path / "store" / "datasets").iterdir()
+        )
+    frame.unpersist()
