@@ -121,6 +121,21 @@ def _check_tokens(name: str, info: ColumnInfo, stored: pa.Array, first_row: int)
         )
 
 
+def _empty_type(info: ColumnInfo) -> pa.DataType:
+    """The input type of a column with no rows whose values had no type."""
+    kind = info.feature_kind
+    if kind == "image":
+        return pa.binary()
+    if kind == "categorical":
+        words = info.vocabulary or ()
+        return pa.string() if any(isinstance(w, str) for w in words) else pa.int64()
+    if kind == "sequence":
+        return pa.list_(pa.int32())
+    if info.shape:
+        return pa.list_(pa.float32(), info.size)
+    return pa.float32()
+
+
 def held_column(
     info: ColumnInfo,
     array: pa.Array | pa.ChunkedArray,
@@ -140,6 +155,8 @@ def held_column(
         DataError: A value breaks the column's rule (the message names column and row).
     """
     array = v.as_array(array)
+    if len(array) == 0 and pa.types.is_null(array.type):  # e.g. an empty pandas object column
+        array = pa.array([], type=_empty_type(info))
     label = name or info.name
     kind = info.feature_kind
     if kind in ("number", "array"):

@@ -69,13 +69,13 @@ class TinyKinds(nn.Module):
         image = self.image(torch.flatten(x["img"], 1))
         mask = x[mask_key("tokens")].unsqueeze(-1).to(torch.float32)
         tokens = (self.tokens(x["tokens"]) * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-        return self.head(torch.cat([image, self.color(x["color"]), tokens], dim=1))  # type: ignore[no-any-return]
+        return self.head(torch.cat([image, self.color(x["color"]), tokens], dim=1))
 
 
 class TinyKindsSpec(ModelSpec):
     """The spec of :class:`TinyKinds` (imported by ``load_spec`` as ``test_kinds_scoring:``)."""
 
-    def build_model(self, params, info):  # type: ignore[no-untyped-def]
+    def build_model(self, params, info):
         color, tokens = info.column("color"), info.column("tokens")
         return TinyKinds(
             info.column("img"), color.cardinality, tokens.cardinality, info.num_classes
@@ -179,6 +179,7 @@ def test_raw_rows_score_as_the_prepared_partitions(trained):
     assert color.values.dtype == np.int32 and tokens.values.dtype == np.int32
     assert int(np.diff(tokens.offsets).max()) == 4
     assert model.predict(held).tolist() == predicted.tolist()
+    assert model.predict_proba(frame.iloc[:0]).shape == (0, 2)
     with pytest.raises(ConfigError, match=r"use ScoringModel\.partition"):
         model.features(frame)
     with pytest.raises(TypeError, match="pandas DataFrame or a pyarrow Table"):
@@ -269,7 +270,7 @@ def test_the_transformer_scores_raw_rows_in_its_tasks(spark, trained):
     model = load_model(trained.checkpoint, device="cpu")
     frame = trained.frame.assign(tokens=[[int(t) for t in row] for row in trained.frame["tokens"]])
     schema = "row_id long, img binary, color string, tokens array<int>, y string"
-    rows = spark.createDataFrame(frame, schema=schema).repartition(3)
+    rows = spark.createDataFrame(frame, schema=schema).repartition(2)
     transformer = ModelTransformer.from_checkpoint(trained.checkpoint, batchSize=16)
     scored = transformer.transform(rows).toPandas().sort_values("row_id").reset_index(drop=True)
     assert list(scored.columns) == [*frame.columns, "prediction", "probability"]
