@@ -5,18 +5,37 @@ when ``delta-spark`` is installed) becomes the same prepared dataset the plain-P
 :func:`~cerebro_spark.data.prepare_dataset` writes for the same rows: the same dataset id
 and byte-identical partition files (and manifest, given the same ``source`` text). The
 data is read, checked, normalised and written by Spark tasks; the driver only sees
-counts, class values and file hashes.
+counts, class values, categorical vocabularies, per-chunk facts and file hashes.
 
 Pipeline (each step a Spark job; nothing is visible in the store until the commit):
 
+0. **Feature kinds** (:class:`~cerebro_spark.data.KindOptions`), decided on the driver
+   from the Spark schema as :func:`~cerebro_spark.data._writer.column_kind` decides them
+   from the data: a kind named in ``kinds`` wins; ``binary`` is ``image`` when a sample of
+   16 non-null values (one small job) carries JPEG/PNG magic, else refused with the plain
+   writer's message; Spark's image struct is ``image``; ``string`` is ``categorical``; a
+   one-level array of integers is ``sequence`` when its lengths differ (the checks'
+   min/max length), else ``array``; numbers and other arrays are ``number``/``array``.
 1. **Checks** (one Spark aggregation; the classes by ``collect_set`` in it): row count,
    nulls per column and per nesting depth, array lengths per depth (ragged arrays are
    listed by a second query only when they occur), NaN and infinite counts (after the
-   ``float32`` conversion, as the plain writer sees them), label classes, validation-flag
-   count. Errors are the plain writer's :class:`~cerebro_spark.errors.DataError` messages
-   (:mod:`cerebro_spark.data._validate`), raised before anything is written.
+   ``float32`` conversion the plain writer checks them in; integer dtypes have none),
+   label classes, validation-flag count, and per categorical column its nulls and
+   distinct values. Errors are the plain writer's :class:`~cerebro_spark.errors.DataError`
+   messages (:mod:`cerebro_spark.data._validate`), raised before anything is written.
+   Number/array columns keep their dtype as the plain writer keeps it (``tinyint`` ->
+   ``int8``, ``smallint`` -> ``int16``, else ``float32``; a local Parquet input's
+   ``uint8`` columns, which Spark reads as ``smallint``, are cast back to ``uint8``).
+   Then one job per categorical column (``groupBy().count()``, the ``vocabulary_limit``
+   most frequent values) gives its vocabulary and statistics, and, with image or
+   sequence columns, one job counts the rows of each Spark partition, so that every chunk
+   knows its first row in input order (messages name the plain writer's row numbers).
 2. **Staging**: ``mapInArrow`` tasks normalise their rows with the plain writer's own
-   functions (``float32`` features, fixed-size lists, class indices), compute each row's
+   functions (dense columns in their dtype, images, category ids through the shipped
+   vocabulary and sequences by the kind encoders of :mod:`cerebro_spark.data._kinds`,
+   class indices) and report each chunk's image and sequence facts, which the driver
+   merges in input order (:func:`~cerebro_spark.data._kinds.merge_facts`: images of
+   several sizes without ``image_size`` raise the plain writer's error here); compute each row's
    seeded content-hash key (:mod:`cerebro_spark.data._row_order`) and write the rows with
    their keys as *chunks* (up to 64 MiB of one Spark partition) under a temporary prefix
    ``<store>/datasets/.prepare-<uuid>/``. Each chunk reports its row count, its rows per
@@ -34,8 +53,9 @@ Pipeline (each step a Spark job; nothing is visible in the store until the commi
    ``(key, row bytes)``, keeps its own ranks and writes the Parquet file with
    :func:`~cerebro_spark.data.encode_partition` through pyarrow, straight to the store's
    file system (``s3://...?endpoint_override=...`` works without ``hadoop-aws``). A train
-   partition's task also returns its per-feature moments, which the driver folds in
-   partition order into the manifest's statistics, as the plain writer does.
+   partition's task also returns its per-feature moments and its images' pixel moments,
+   which the driver folds in partition order into the manifest's statistics and the
+   image columns' statistics, as the plain writer does.
 5. **Commit**: the manifest is written last. Local disk: the manifest goes into the
    temporary dataset directory, which is then renamed to ``datasets/<id>`` in one step
    (or, when that directory exists, every file is moved over it and the manifest comes
@@ -48,6 +68,12 @@ its normalised rows (and the parameters): rows are ordered by a seeded hash of t
 content, so input order, file layout and partitioning (a DataFrame after an unsorted
 shuffle included) change nothing. ``order`` (``"input"`` or ``"sorted"``) is still
 accepted for compatibility; both give the same dataset.
+
+**Known differences from the plain writer** (errors only, never the dataset): an error
+found inside a staging task (a null image, a bad token id ...) is the one of whichever
+task fails first, not necessarily of the first bad row; a sequence column's null-row count
+in its message is that of one chunk; a binary column whose first 16 non-null values (in
+Spark's order) are images but a later one is not fails in staging on that row instead.
 
 Every read is checked against the others (row counts, classes, rows per bucket): an input
 that changes between reads raises :class:`DataError` instead of writing a wrong dataset.

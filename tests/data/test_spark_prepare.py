@@ -181,9 +181,9 @@ def test_parquet_path_equals_plain_writer_is_deterministic_and_reused(
     data.mkdir()
     # Sizes chosen so that Spark's split order (largest first) differs from path order.
     start = 0
-    for index, rows in enumerate((30, 120, 50)):
-        pq.write_table(table.slice(start, rows), data / f"part-{index}.parquet", row_group_size=16)
-        start += rows
+    for index, count in enumerate((30, 120, 50)):
+        pq.write_table(table.slice(start, count), data / f"part-{index}.parquet", row_group_size=16)
+        start += count
     plain = prepare_dataset(read_table(str(data)), str(tmp_path / "py"), source=str(data), **KW)
 
     manifest = prepare_with_spark(str(data), str(tmp_path / "sp"), spark=spark, **KW)
@@ -415,6 +415,8 @@ def bad_table() -> pa.Table:
         {
             "x": pa.array(x),
             "s": pa.array([f"v{i}" for i in range(ROWS)]),
+            "d": pa.array(np.arange(ROWS, dtype="datetime64[D]")),
+            "s_null": pa.array([None if i in (3, 8) else f"v{i % 3}" for i in range(ROWS)]),
             "x_null": pa.array([None if i in (2, 3, 7) else 1.0 for i in range(ROWS)]),
             "el_null": pa.array([[1.0, None] if i == 0 else [1.0, 2.0] for i in range(ROWS)]),
             "x_bad": pa.array(with_nan),
@@ -438,7 +440,12 @@ def bad_frame(spark: Any, bad_table: pa.Table) -> Any:
 
 BAD_CASES = [
     ({"features": ["x", "nope"]}, "column 'nope' not found; the data has columns: x, s,"),
-    ({"features": ["s"]}, "feature column 's' has type string; features must be numbers"),
+    ({"features": ["d"]}, "feature column 'd' has type date32[day]; features must be numbers"),
+    ({"features": ["s_null"]}, "categorical column 's_null' has 2 null values of 12 rows"),
+    (
+        {"features": ["s"], "feature_shapes": {"s": (1,)}},
+        "feature_shapes gives a shape for categorical column 's'",
+    ),
     ({"features": ["x_null"]}, "feature column 'x_null' has 3 null values of 12 rows"),
     ({"features": ["el_null"]}, "has 1 null array elements (at nesting depth 1)"),
     ({"features": ["x_bad"]}, "feature column 'x_bad' has 2 NaN and 2 infinite values (of 12"),
@@ -636,11 +643,15 @@ def test_feature_kinds_equal_the_plain_writer(spark: Any, tmp_path: Path) -> Non
         max_length=4,
     )
     plain = prepare_dataset(
-        read_table(str(data)), str(tmp_path / "py"), source="k", kinds=kinds, **KINDS_KW
+        read_table(str(data)), str(tmp_path / "py"), source=str(data), kinds=kinds, **KINDS_KW
     )
-    manifest = prepare_with_spark(
-        str(data), str(tmp_path / "sp"), source="k", kinds=kinds, spark=spark, **KINDS_KW
-    )
+    # The Spark side through the CLI: its kind flags reach prepare_with_spark.
+    argv = ["--input", str(data), "--features", ",".join(KINDS_KW["features"]), "--label", "y"]
+    argv += ["--partitions", "2", "--seed", "3", "--categorical", "code", "--image-size", "8"]
+    argv += ["8", "--vocabulary-limit", "3", "--hash-buckets", "4", "--max-length", "4"]
+    argv += ["--engine", "spark", "--master", "local[2]", "--store", str(tmp_path / "sp")]
+    assert run_prepare(cli(argv)) == 0
+    manifest = read_manifest(str(tmp_path / "sp" / "datasets" / plain.dataset_id))
     assert manifest.dataset_id == plain.dataset_id
     assert manifest.to_json() == plain.to_json()
     assert sha_tree(tmp_path / "sp") == sha_tree(tmp_path / "py")
