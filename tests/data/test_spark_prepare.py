@@ -415,7 +415,7 @@ def bad_table() -> pa.Table:
         {
             "x": pa.array(x),
             "s": pa.array([f"v{i}" for i in range(ROWS)]),
-            "d": pa.array(np.arange(ROWS, dtype="datetime64[D]")),
+            "d": pa.array(np.arange(ROWS).astype("datetime64[D]")),
             "s_null": pa.array([None if i in (3, 8) else f"v{i % 3}" for i in range(ROWS)]),
             "x_null": pa.array([None if i in (2, 3, 7) else 1.0 for i in range(ROWS)]),
             "el_null": pa.array([[1.0, None] if i == 0 else [1.0, 2.0] for i in range(ROWS)]),
