@@ -140,7 +140,6 @@ def held_column(
     info: ColumnInfo,
     array: pa.Array | pa.ChunkedArray,
     *,
-    name: str | None = None,
     first_row: int = 0,
 ) -> HeldColumn:
     """One raw input column as the dataset holds it (see the module docstring).
@@ -148,7 +147,6 @@ def held_column(
     Args:
         info: The model's column (its kind, shape, dtype, vocabulary, ...).
         array: The raw values.
-        name: The input column's name, for messages (default: the model's column name).
         first_row: The row number of ``array[0]``, for messages.
 
     Raises:
@@ -157,7 +155,7 @@ def held_column(
     array = v.as_array(array)
     if len(array) == 0 and pa.types.is_null(array.type):  # e.g. an empty pandas object column
         array = pa.array([], type=_empty_type(info))
-    label = name or info.name
+    label = info.name
     kind = info.feature_kind
     if kind in ("number", "array"):
         return HeldColumn(info, _dense_values(label, array, info, first_row))
@@ -197,7 +195,8 @@ def raw_partition(
     Args:
         table: The rows.
         features: The model's feature columns, in order.
-        names: The columns of ``table`` holding each feature (default: the features' names).
+        names: The columns of ``table`` holding each feature (default: the features' names;
+            messages name the features).
         classification: Whether the model classifies (the placeholder labels' type).
         first_row: The row number of the table's first row, for messages.
 
@@ -211,7 +210,7 @@ def raw_partition(
     columns = list(names) if names is not None else [c.name for c in features]
     v.check_columns(list(table.schema.names), columns)
     held = tuple(
-        held_column(info, table.column(column), name=column, first_row=first_row)
+        held_column(info, table.column(column), first_row=first_row)
         for info, column in zip(features, columns, strict=True)
     )
     labels = placeholder_labels(table.num_rows, classification)
