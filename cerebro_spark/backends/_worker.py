@@ -30,6 +30,8 @@ from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 from cerebro_spark.backends._base import WorkerJob
 from cerebro_spark.data._residence import (
     Residence,
@@ -172,7 +174,12 @@ class Worker:
             def read_one(split: str, index: int) -> PartitionData:
                 data = read_partition(uri, split, index, manifest=manifest)
                 read_bytes[split, index] = data.bytes_read
-                return residence.admit(data)
+                held = residence.admit(data)
+                del data
+                # Decoding Parquet lists takes many times the file's bytes for a moment;
+                # Arrow's allocator keeps what was freed unless told to give it back.
+                pa.default_memory_pool().release_unused()
+                return held
 
             with ThreadPoolExecutor(self._read_threads(keys)) as pool:
                 reads = {key: pool.submit(read_one, *key) for key in keys}

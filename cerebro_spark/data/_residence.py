@@ -366,7 +366,6 @@ class Residence:
             directory = self._ensure_directory_locked()
         path = os.path.join(directory, f"{data.split}-{data.index:05d}.arrow")
         spilled = spill(data, path)
-        pa.default_memory_pool().release_unused()
         with self._lock:
             self._spilled[key] = spilled
         logger.debug(
@@ -393,6 +392,7 @@ class Residence:
             spilled.close()
             if not self._spilled:  # nothing left on disk: the directory goes too
                 self._remove_directory_locked()
+                self._wake.notify_all()  # and the release thread ends
 
     def _remove_directory_locked(self) -> None:
         cleanup, self._cleanup = self._cleanup, None
@@ -440,11 +440,17 @@ class Residence:
             self._releaser.start()
 
     def _release_loop(self) -> None:
+        """Release the streamed partitions' pages every interval; end once nothing is spilled.
+
+        (A reused Python worker, as Spark's, keeps no idle thread of a worker that ended.)
+        """
         while True:
             with self._lock:
-                while not self._stop and not self._streaming:
+                while not self._stop and not self._streaming and self._spilled:
                     self._wake.wait()
-                if self._stop:
+                if self._stop or not self._spilled:
+                    if self._releaser is threading.current_thread():
+                        self._releaser = None
                     return
                 self._wake.wait(self._interval)
                 targets = list(self._streaming.values())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -256,6 +257,12 @@ def test_streaming_releases_the_pages_a_unit_read_periodically_and_at_its_end(
         assert _mapped_rss(path) == 0  # released by the thread while the unit runs
         _touch(data)
     assert _mapped_rss(path) == 0  # and at its end
+    assert "cerebro-release-w1" in [t.name for t in threading.enumerate()]
+    residence.discard("train", 0)  # nothing spilled any more: the release thread ends
+    deadline = time.monotonic() + 5
+    while "cerebro-release-w1" in [t.name for t in threading.enumerate()]:
+        assert time.monotonic() < deadline, "the release thread did not end"
+        time.sleep(0.01)
     residence.close()
 
 
