@@ -2,15 +2,18 @@
 
 * :func:`load_model` (also ``cerebro_spark.load_model``): a checkpoint, an experiment's
   best checkpoint or checkpoint bytes → a :class:`ScoringModel` (a ``torch.nn.Module``
-  with ``predict`` and ``predict_proba`` on pandas, Arrow, numpy or torch rows).
+  with ``predict`` and ``predict_proba`` on raw pandas or Arrow rows: image bytes of any
+  size, category values, token lists, numbers; numpy or torch arrays for all-numeric
+  models). Raw values are encoded with ``prepare``'s own encoders and batched as training
+  batched them (:class:`~cerebro_spark.training._batches.BatchMaker`).
 * :class:`ModelTransformer`: the same model as a Spark ML Transformer that scores on the
   executors (``ModelTransformer.from_checkpoint(uri)``), saved and loaded with Spark ML's
   ``write().save(path)`` / ``ModelTransformer.load(path)``.
 * :func:`best_checkpoint_uri`: where an experiment's best checkpoint is.
 
 Checkpoints carry what scoring needs (:mod:`cerebro_spark.training._checkpoint`'s ``data``
-entry): feature columns and shapes, label, task, class labels, the spec and its params, the
-feature statistics. ``ModelTransformer`` needs pyspark; it is imported on first use, so this
+entry): feature columns (kind, shape, vocabulary, image size and statistics), label, task,
+class labels, the spec and its params, the feature statistics. ``ModelTransformer`` needs pyspark; it is imported on first use, so this
 package imports without pyspark.
 """
 

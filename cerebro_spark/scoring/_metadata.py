@@ -7,7 +7,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cerebro_spark.data import ColumnInfo, DatasetInfo, FeatureStatistics, Manifest
+from cerebro_spark.data import ColumnInfo, DatasetInfo, FeatureStatistics, Manifest, tensor_input
 from cerebro_spark.data._format import Task
 from cerebro_spark.store import Store
 from cerebro_spark.training import Checkpoint, CheckpointError, dataset_metadata
@@ -94,7 +94,7 @@ class ModelMetadata:
             name
             for name, ok in (
                 ("features", bool(data.get("features"))),
-                ("feature_shape", bool(data.get("feature_shape"))),
+                ("feature_shape", _has_feature_shape(data)),
                 ("task", data.get("task") in ("classification", "regression")),
                 (
                     "classes or num_classes",
@@ -129,6 +129,20 @@ class ModelMetadata:
             label=data.get("label"),
             statistics=None if statistics is None else FeatureStatistics.from_dict(statistics),
         )
+
+
+def _has_feature_shape(data: Mapping[str, Any]) -> bool:
+    """Whether checkpoint metadata has the feature shape its columns need.
+
+    ``()`` is the shape of features that reach the model as a dict by column
+    (:func:`~cerebro_spark.data.tensor_input`); any other model needs a shape.
+    """
+    shape, columns = data.get("feature_shape"), data.get("features")
+    if shape:
+        return True
+    if shape != [] or not columns:
+        return False
+    return not tensor_input([ColumnInfo.from_dict(raw) for raw in columns])
 
 
 def attach_dataset(checkpoint: Checkpoint, manifest: Manifest) -> Checkpoint:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from cerebro_spark.data import ColumnInfo, Manifest, PartitionData, read_manifest, tensor_input
+from cerebro_spark.data import Manifest, PartitionData, read_manifest
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.scoring._inputs import dense_partition, to_partition
 from cerebro_spark.scoring._metadata import ModelMetadata, attach_dataset, dataset_of_experiment
@@ -246,24 +245,6 @@ class ScoringModel(nn.Module):
         return labels
 
 
-def read_metadata(checkpoint: Checkpoint, where: str) -> ModelMetadata:
-    """:meth:`ModelMetadata.from_checkpoint`, also for models that receive a dict by column.
-
-    Such a model's ``feature_shape`` is ``()`` (:func:`~cerebro_spark.data.feature_shape`),
-    which ``from_checkpoint`` reads as missing metadata; it is read here with a stand-in
-    shape and given back as ``()``.
-    """
-    data = checkpoint.get("data")
-    if isinstance(data, Mapping) and data.get("feature_shape") == [] and data.get("features"):
-        columns = [ColumnInfo.from_dict(raw) for raw in data["features"]]
-        if not tensor_input(columns):
-            patched: Checkpoint = dict(checkpoint)  # type: ignore[assignment]
-            patched["data"] = {**data, "feature_shape": [0]}
-            metadata = ModelMetadata.from_checkpoint(patched, where)
-            return dataclasses.replace(metadata, feature_shape=())
-    return ModelMetadata.from_checkpoint(checkpoint, where)
-
-
 def _build(
     checkpoint: Checkpoint,
     metadata: ModelMetadata,
@@ -290,7 +271,7 @@ def model_from_bytes(
     checkpoint = decode_checkpoint(data)
     return _build(
         checkpoint,
-        read_metadata(checkpoint, where),
+        ModelMetadata.from_checkpoint(checkpoint, where),
         resolve_device(device),
         batch_size,
     )
@@ -342,7 +323,7 @@ def load_checkpoint(
                 )
         checkpoint = attach_dataset(checkpoint, manifest)
         data = encode_checkpoint(checkpoint)
-    metadata = read_metadata(checkpoint, found.where)
+    metadata = ModelMetadata.from_checkpoint(checkpoint, found.where)
     return LoadedCheckpoint(data, checkpoint, metadata, found.where)
 
 

@@ -77,7 +77,6 @@ from cerebro_spark.scoring._model import (
     ScoringModel,
     load_checkpoint,
     model_from_bytes,
-    read_metadata,
 )
 from cerebro_spark.scoring._source import Source
 from cerebro_spark.store import Store
@@ -373,7 +372,7 @@ class ModelTransformer(Transformer, MLReadable["ModelTransformer"], MLWritable):
 
     def _attach(self, data: bytes, metadata: ModelMetadata | None = None) -> None:
         if metadata is None:
-            metadata = read_metadata(decode_checkpoint(data), "<saved>")
+            metadata = ModelMetadata.from_checkpoint(decode_checkpoint(data), "<saved>")
         self._checkpoint = bytes(data)
         self._metadata = metadata
         self._check_params()
