@@ -245,11 +245,13 @@ def main(argv: Sequence[str] | None = None) -> str:
         f"{'x'.join(map(str, SHAPE))} rows; prepared (or reused) in {prepared_s:.1f} s; "
         f"MLP hidden {args.hidden}, batch {args.batch_size}",
         f"# {args.repeat} run(s) of each mode, interleaved, each in a fresh process: median "
-        "times (range), 'min vs': fastest against fastest; largest peaks; peak: VmHWM above the RSS after import torch;",
+        "times (range), 'min vs': fastest against fastest; largest peaks;",
+        "# peak: VmHWM above the RSS after import torch;",
         "# target: peak <= budget + model + 256 MiB and epoch <= 1.3x in-memory",
         "",
         f"{'mode':<17} {'RAM MiB':>8} {'disk MiB':>8} {'load s':>7} {'epoch s':>17} "
-        f"{'vs RAM':>7} {'min vs':>7} {'peak load':>9} {'peak epoch':>10} {'target':>7} {'read once':>9}",
+        f"{'vs RAM':>7} {'min vs':>7} {'peak load':>9} {'peak epoch':>10} {'target':>7} "
+        f"{'read once':>9}",
     ]
     for mode, runs in by_mode.items():
         r = runs[0]
