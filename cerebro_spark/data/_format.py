@@ -479,6 +479,10 @@ class PartitionData:
         columns: The feature columns in manifest order (:class:`HeldColumn`).
         labels: ``int64`` (classification) or ``float32`` (regression), shape ``(rows,)``.
         bytes_read: Bytes read from storage to load it.
+        dense_block: When every ``number``/``array`` column has one dtype and there are
+            several: all of them side by side, ``(rows, their values)``, of which their
+            :class:`HeldColumn` values are views (:func:`stack_dense`), so a batch gathers
+            its rows once, not once per column. ``None`` otherwise.
     """
 
     split: str
@@ -486,6 +490,7 @@ class PartitionData:
     columns: tuple[HeldColumn, ...]
     labels: np.ndarray
     bytes_read: int
+    dense_block: np.ndarray | None = None
 
     @property
     def rows(self) -> int:
@@ -538,6 +543,8 @@ class PartitionData:
                 "columns: its features are decoded per batch, not held as one array"
             )
         shape = feature_shape(infos)
+        if self.dense_block is not None and self.dense_block.dtype == np.float32:
+            return self.dense_block.reshape(self.rows, *shape)
         blocks = [column.values.reshape(self.rows, -1) for column in self.columns]
         if len(blocks) == 1 and blocks[0].dtype == np.float32:
             return self.columns[0].values.reshape(self.rows, *shape)
@@ -550,6 +557,36 @@ class PartitionData:
         import torch
 
         return torch.from_numpy(self.features), torch.from_numpy(self.labels)
+
+
+def stack_dense(
+    columns: Sequence[HeldColumn], rows: int
+) -> tuple[tuple[HeldColumn, ...], np.ndarray | None]:
+    """Put several ``number``/``array`` columns of one dtype side by side in one block.
+
+    Returns the columns, each dense one's values now a view of the block, and the block
+    (:attr:`PartitionData.dense_block`); the columns unchanged and ``None`` when there are
+    fewer than two dense columns or their dtypes differ. The block holds the same bytes as
+    the columns did: nothing is widened.
+    """
+    dense = [column for column in columns if column.info.dense]
+    dtypes = {column.values.dtype for column in dense}
+    if len(dense) < 2 or len(dtypes) != 1:
+        return tuple(columns), None
+    widths = [column.info.size for column in dense]
+    block = np.empty((rows, sum(widths)), dtype=dtypes.pop())
+    stacked: list[HeldColumn] = []
+    at = 0
+    for column in columns:
+        if not column.info.dense:
+            stacked.append(column)
+            continue
+        width = column.info.size
+        block[:, at : at + width] = column.values.reshape(rows, width)
+        view = block[:, at : at + width].reshape(rows, *column.info.shape)
+        stacked.append(HeldColumn(column.info, view))
+        at += width
+    return tuple(stacked), block
 
 
 def feature_names(columns: Sequence[ColumnInfo]) -> list[str]:

@@ -27,6 +27,7 @@ from cerebro_spark.data._format import (
     HeldColumn,
     Manifest,
     PartitionData,
+    stack_dense,
 )
 from cerebro_spark.errors import DataError
 from cerebro_spark.store import Store, open_store
@@ -239,10 +240,12 @@ def read_partition(
         raise DataError(
             f"{split} partition {index} file {where} has {rows} rows, the manifest says {info.rows}"
         )
-    columns = tuple(_held_column(table, column, rows) for column in manifest.features)
+    columns, block = stack_dense(
+        [_held_column(table, column, rows) for column in manifest.features], rows
+    )
     labels = _labels(table, manifest)
     logger.debug("read %s partition %d: %d rows, %d bytes", split, index, rows, len(data))
-    return PartitionData(split, index, columns, labels, bytes_read=len(data))
+    return PartitionData(split, index, columns, labels, len(data), dense_block=block)
 
 
 def damaged_partitions(dataset: Store, manifest: Manifest, *, verify: bool = False) -> list[str]:

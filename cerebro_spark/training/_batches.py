@@ -101,7 +101,9 @@ class BatchMaker:
         self._augmentation = augmentation
         self._seeds = seeds
         self._tensor = tensor_input(data.infos) if data.infos else info.tensor_input
-        self._dense = [_tensor(c.values) for c in data.columns if c.info.dense]
+        block = data.dense_block
+        dense = [c.values for c in data.columns if c.info.dense]
+        self._dense = [_tensor(block)] if block is not None else [_tensor(v) for v in dense]
         self._shape = feature_shape(data.infos)
         self._labels = _tensor(data.labels)
         self._pin = device.type == "cuda"
@@ -112,7 +114,7 @@ class BatchMaker:
         """The batch of ``rows`` (the ``number``-th of its pass), on the device."""
         index = torch.from_numpy(rows)
         labels = self._labels[index]
-        if self._tensor and len(self._dense) == len(self._data.columns):
+        if self._tensor and all(column.info.dense for column in self._data.columns):
             features: Features = self._dense_block(index)
         else:
             built = {

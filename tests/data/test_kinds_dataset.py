@@ -218,3 +218,25 @@ def test_named_columns_must_be_features(tmp_path: Path) -> None:
         KindOptions(categorical=("a",), image_columns=("a",))
     with pytest.raises(DataError, match="hash_buckets must be an integer >= 0"):
         KindOptions(hash_buckets=-1)
+
+
+def test_dense_columns_of_one_dtype_are_held_side_by_side(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    data = pa.table(
+        {
+            "a": rng.normal(size=40).astype(np.float32),
+            "v": pa.FixedSizeListArray.from_arrays(pa.array(rng.normal(size=80), pa.float32()), 2),
+            "label": rng.integers(0, 2, 40),
+        }
+    )
+    kw = {"features": ["a", "v"], "label": "label", "num_partitions": 1, "seed": 0}
+    manifest = prepare_dataset(data, str(tmp_path), **kw)  # type: ignore[arg-type]
+    part = read_partition(f"{tmp_path}/datasets/{manifest.dataset_id}", "train", 0)
+    assert part.dense_block is not None and part.dense_block.shape == (part.rows, 3)
+    a, v = (column.values for column in part.columns)
+    assert np.shares_memory(a, part.dense_block) and np.shares_memory(v, part.dense_block)
+    assert np.array_equal(part.features, np.concatenate([a[:, None], v], axis=1))
+    mixed = data.set_column(0, "a", pa.array(rng.integers(0, 9, 40).astype(np.uint8)))
+    manifest = prepare_dataset(mixed, str(tmp_path / "m"), **kw)  # type: ignore[arg-type]
+    part = read_partition(f"{tmp_path}/m/datasets/{manifest.dataset_id}", "train", 0)
+    assert part.dense_block is None and part.columns[0].values.dtype == np.uint8
