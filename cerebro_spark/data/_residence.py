@@ -236,13 +236,24 @@ class SpilledPartition:
         self.file_bytes = len(self._map)
         reader = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(self._map)))
         batch = reader.get_batch(0)
-        columns = tuple(
-            _from_arrow(batch.column(i), held.info, held) for i, held in enumerate(data.columns)
-        )
-        labels_array = batch.column(len(data.columns))
-        labels = _view(labels_array, data.labels.dtype, data.rows)
+        labels = _view(batch.column("labels"), data.labels.dtype, data.rows)
+        block: np.ndarray | None = None
+        if data.dense_block is not None:  # the dense columns are views of one block
+            shape = data.dense_block.shape
+            array = batch.column("block").values
+            block = _view(array, data.dense_block.dtype, shape[0] * shape[1]).reshape(shape)
+        columns: list[HeldColumn] = []
+        at = 0
+        for i, held in enumerate(data.columns):
+            if block is not None and held.info.dense:
+                width = held.info.size
+                view = block[:, at : at + width].reshape(held.values.shape)
+                columns.append(HeldColumn(held.info, view))
+                at += width
+            else:
+                columns.append(_from_arrow(batch.column(f"c{i}"), held.info, held))
         self.data: PartitionData | None = PartitionData(
-            data.split, data.index, columns, labels, data.bytes_read
+            data.split, data.index, tuple(columns), labels, data.bytes_read, dense_block=block
         )
         self._lock = threading.Lock()
 
@@ -270,14 +281,24 @@ def spill(data: PartitionData, path: str) -> SpilledPartition:
 
     The file holds one record batch: a column per feature column (numbers and
     categories as primitive arrays, arrays as fixed-size lists, images as
-    ``large_binary``, sequences as ``large_list<int32>``) and the labels last.
+    ``large_binary``, sequences as ``large_list<int32>``), the labels, and the partition's
+    :attr:`~PartitionData.dense_block` as one fixed-size list column when it has one (its
+    dense columns are then views of it, as they were).
 
     Returns:
         The spilled partition; its :attr:`SpilledPartition.data` has the same rows,
         values and ``bytes_read`` as ``data``.
     """
-    arrays = [_to_arrow(column) for column in data.columns] + [_flat(data.labels)]
-    names = [f"c{i}" for i in range(len(data.columns))] + ["labels"]
+    block = data.dense_block
+    arrays: list[pa.Array] = [_flat(data.labels)]
+    names = ["labels"]
+    if block is not None:
+        arrays.append(pa.FixedSizeListArray.from_arrays(_flat(block), block.shape[1]))
+        names.append("block")
+    for i, column in enumerate(data.columns):
+        if block is None or not column.info.dense:
+            arrays.append(_to_arrow(column))
+            names.append(f"c{i}")
     batch = pa.record_batch(arrays, names=names)
     try:
         with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, batch.schema) as writer:

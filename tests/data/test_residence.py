@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from cerebro_spark.data import KindOptions, PartitionData, prepare_dataset, read_partition
+from cerebro_spark.data._format import ColumnInfo, HeldColumn, stack_dense
 from cerebro_spark.data._residence import (
     Residence,
     available_memory,
@@ -185,6 +186,27 @@ def test_released_pages_leave_the_process_and_read_back_the_same(
     spilled.release()
     assert _mapped_rss(path) == 0
     assert _touch(spilled.data) == before  # faulted in again from the file
+    spilled.close()
+
+
+def test_a_dense_block_spills_as_one_block_its_columns_views_of_it(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    infos = [ColumnInfo("a", "float32", (), kind="number"), ColumnInfo("b", "float32", (2, 3))]
+    held = (
+        HeldColumn(infos[0], rng.normal(size=40).astype(np.float32)),
+        HeldColumn(infos[1], rng.normal(size=(40, 2, 3)).astype(np.float32)),
+    )
+    columns, block = stack_dense(held, 40)
+    assert block is not None
+    data = PartitionData("train", 0, columns, np.arange(40), 9, dense_block=block)
+    spilled = spill(data, str(tmp_path / "b.arrow"))
+    mapped = spilled.data
+    assert mapped is not None and mapped.dense_block is not None
+    _same(data, mapped)
+    assert np.array_equal(mapped.dense_block, block) and not mapped.dense_block.flags.owndata
+    for column in mapped.columns:
+        assert np.shares_memory(column.values, mapped.dense_block)
+    assert np.array_equal(mapped.features, data.features)
     spilled.close()
 
 
