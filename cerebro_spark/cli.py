@@ -88,6 +88,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         value = getattr(args, field)
         if value is not None:
             config = _override(config, flag, field, value)
+    if args.worker_memory is not None:
+        from cerebro_spark.data._residence import parse_memory
+
+        try:
+            budget = parse_memory(args.worker_memory, "worker_memory")
+        except ConfigError as error:
+            raise ConfigError(f"--worker-memory {args.worker_memory}: {error}") from None
+        config = _override(config, "--worker-memory", "worker_memory", budget)
     if args.experiment_id is not None:
         check_name(args.experiment_id, "--experiment-id")
     if args.if_exists == "resume":
@@ -258,6 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, help="override the config's seed")
     run.add_argument("--backend", choices=("spark", "local"), help="override the config's backend")
     run.add_argument("--device", help="override the config's device (auto, cpu, cuda or cuda:N)")
+    run.add_argument(
+        "--worker-memory",
+        metavar="SIZE",
+        help="override the config's worker_memory (e.g. 4GiB): partitions a worker holds in "
+        "RAM; the rest are spilled to its local disk",
+    )
     run.add_argument(
         "--master", help="Spark master URL (local[2], spark://host:7077, yarn ...); implies spark"
     )

@@ -117,6 +117,12 @@ CASES = {
         "data.source '/nonexistent/data.parquet' does not exist (no file or folder at "
         "/nonexistent/data.parquet)",
     ),
+    "worker-memory-flag": (
+        None,
+        ["--worker-memory", "12x"],
+        "--worker-memory 12x: worker_memory must be a number of bytes (an int ≥ 1) or a size "
+        "such as '4GiB', '512MiB' or '2g', got '12x'",
+    ),
     "kind-for-no-feature": (
         ("partitions: 2}", "partitions: 2, categorical: [nope]}"),
         [],
