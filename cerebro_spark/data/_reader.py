@@ -35,6 +35,27 @@ from cerebro_spark.store import Store, open_store
 logger = logging.getLogger(__name__)
 
 
+#: Decoded bytes a partition is read in at a time, about (see :func:`_decode`).
+_DECODE_BYTES = 8 << 20
+
+
+def _decode(parquet: pq.ParquetFile, names: list[str], row_bytes: int) -> pa.Table:
+    """The file's ``names`` columns; with array or sequence columns, a few MiB at a time.
+
+    Decoding a Parquet column of arrays whole needs many times its bytes at once (an
+    ``int32`` and nesting levels per element for a ``uint8`` array: about 20x a file of
+    pixel rows); :data:`_DECODE_BYTES` of rows at a time need that only for those rows.
+    The values are the same. Measured on 23,750 rows of 3x32x32 ``uint8`` (a 149 MiB
+    file): peak RSS growth 1,223 -> 270 MiB, 4.9 -> 3.2 s.
+    """
+    schema = pa.schema([parquet.schema_arrow.field(name) for name in names])
+    if not any(v._is_list(field.type) for field in schema):
+        return parquet.read(columns=names)  # flat columns decode at about their size
+    rows = max(1, _DECODE_BYTES // max(row_bytes, 1))
+    batches = list(parquet.iter_batches(batch_size=rows, columns=names))
+    return pa.Table.from_batches(batches, schema=schema)
+
+
 def read_manifest(dataset_uri: str | Store) -> Manifest:
     """Read and check ``<dataset_uri>/manifest.json``.
 
@@ -229,7 +250,7 @@ def read_partition(
         parquet = pq.ParquetFile(pa.BufferReader(data))
         names = [column.name for column in (*manifest.features, manifest.label)]
         v.check_columns(parquet.schema_arrow.names, names)
-        table = parquet.read(columns=names)
+        table = _decode(parquet, names, info.bytes // max(info.rows, 1))
     except (pa.ArrowInvalid, OSError) as exc:
         raise DataError(
             f"{split} partition {index} file {where} is not valid Parquet: {exc}"

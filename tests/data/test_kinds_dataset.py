@@ -240,3 +240,22 @@ def test_dense_columns_of_one_dtype_are_held_side_by_side(tmp_path: Path) -> Non
     manifest = prepare_dataset(mixed, str(tmp_path / "m"), **kw)  # type: ignore[arg-type]
     part = read_partition(f"{tmp_path}/m/datasets/{manifest.dataset_id}", "train", 0)
     assert part.dense_block is None and part.columns[0].values.dtype == np.uint8
+
+
+def test_array_columns_decoded_a_few_rows_at_a_time_read_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cerebro_spark.data import _reader
+
+    manifest = prepare_dataset(table(), str(tmp_path), kinds=OPTIONS, **KW)
+    uri = f"{tmp_path}/datasets/{manifest.dataset_id}"
+    whole = read_partition(uri, "train", 0, manifest=manifest)
+    monkeypatch.setattr(_reader, "_DECODE_BYTES", 1)  # a row a batch
+    pieces = read_partition(uri, "train", 0, manifest=manifest)
+    assert whole.rows > 1
+    for a, b in zip(whole.columns, pieces.columns, strict=True):
+        assert np.array_equal(a.values, b.values)
+        assert (a.offsets is None) == (b.offsets is None)
+        assert a.offsets is None or np.array_equal(
+            a.offsets - a.offsets[0], b.offsets - b.offsets[0]
+        )
