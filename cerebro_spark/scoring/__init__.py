@@ -13,8 +13,8 @@
 
 Checkpoints carry what scoring needs (:mod:`cerebro_spark.training._checkpoint`'s ``data``
 entry): feature columns (kind, shape, vocabulary, image size and statistics), label, task,
-class labels, the spec and its params, the feature statistics. ``ModelTransformer`` needs pyspark; it is imported on first use, so this
-package imports without pyspark.
+class labels, the spec and its params, the feature statistics. ``ModelTransformer`` needs
+pyspark; it is imported on first use, so this package imports without pyspark.
 """
 
 from __future__ import annotations
