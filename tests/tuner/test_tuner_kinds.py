@@ -107,3 +107,30 @@ def test_the_cli_prepares_and_runs_images(tmp_path):
     ]
     units = [e for e in events if e["event"] == "unit_end"]
     assert units and all(0 < e["data_wait_seconds"] < e["seconds"] for e in units)
+
+
+def test_an_augmented_image_run_replays_bit_for_bit(tmp_path):
+    from cerebro_spark.engine import parse_config, replay_experiment, run_experiment
+
+    raw = {
+        "name": "aug",
+        "seed": 5,
+        "store": str(tmp_path),
+        "data": {"source": "sklearn:digits_png", "partitions": 2, "image_size": [12, 12]},
+        "procedure": "grid",
+        "epochs": 2,
+        "workers": 2,
+        "backend": "local",
+        "space": {
+            "model": "cerebro_spark.training:ResNetSpec",
+            "width": 0.125,
+            "crop_padding": 2,
+            "flip": True,
+            "lr": {"grid": [0.003, 0.01]},
+            "batch_size": 64,
+        },
+    }
+    result = run_experiment(parse_config(raw), experiment_id="aug")
+    assert all(t.status == "completed" for t in result.trials)
+    report = replay_experiment(str(tmp_path), "aug", workers=1)
+    assert report.identical, report.rows
