@@ -582,10 +582,34 @@ def _split(
     return ro.split_slices(order, norm.validation_mask, n_val, num_partitions)
 
 
+def narrow_integer_leaves(schema: pa.Schema) -> list[str]:
+    """The Parquet paths of 8- and 16-bit integer leaves (numbers, and arrays' elements).
+
+    Parquet has no integer narrower than 32 bits: such a column is stored as ``int32``
+    (a ``uint8`` image array at 4x its bytes before compression). Dictionary-encoded, its
+    values are stored as indices of at most their own width, so nothing is widened on
+    disk (a 3x32x32 ``uint8`` photo partition: 1.69x -> 0.87x its pixel bytes); readers
+    get the same values and types back.
+    """
+    paths = []
+    for field in schema:
+        arrow_type, path = field.type, field.name
+        while v._is_list(arrow_type):
+            arrow_type, path = arrow_type.value_type, f"{path}.list.element"
+        if pa.types.is_integer(arrow_type) and arrow_type.bit_width <= 16:
+            paths.append(path)
+    return paths
+
+
 def encode_partition(table: pa.Table) -> bytes:
-    """Serialise one partition table to Parquet bytes with :data:`PARQUET_OPTIONS`."""
+    """Serialise one partition table to Parquet bytes with :data:`PARQUET_OPTIONS`.
+
+    8- and 16-bit integer columns are dictionary-encoded (:func:`narrow_integer_leaves`).
+    """
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, row_group_size=max(table.num_rows, 1), **PARQUET_OPTIONS)
+    options = dict(PARQUET_OPTIONS)
+    options["use_dictionary"] = narrow_integer_leaves(table.schema) or False
+    pq.write_table(table, sink, row_group_size=max(table.num_rows, 1), **options)
     data: bytes = sink.getvalue().to_pybytes()
     return data
 

@@ -259,3 +259,27 @@ def test_array_columns_decoded_a_few_rows_at_a_time_read_the_same(
         assert a.offsets is None or np.array_equal(
             a.offsets - a.offsets[0], b.offsets - b.offsets[0]
         )
+
+
+def test_narrow_integers_are_not_widened_on_disk(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    pixels = rng.integers(0, 256, (200, 3, 8, 8)).astype(np.uint8)
+    data = pa.table(
+        {
+            "px": pa.FixedSizeListArray.from_arrays(pa.array(pixels.reshape(-1)), 192),
+            "small": pa.array(rng.integers(-9, 9, 200).astype(np.int16)),
+            "label": pa.array(rng.integers(0, 2, 200)),
+        }
+    )
+    kw = {"features": ["px", "small"], "label": "label", "num_partitions": 1, "seed": 0}
+    manifest = prepare_dataset(data, str(tmp_path), **kw)  # type: ignore[arg-type]
+    uri = f"{tmp_path}/datasets/{manifest.dataset_id}"
+    train = manifest.partition("train", 0)
+    assert train.bytes < train.rows * 192 * 1.1  # random bytes: about their own size
+    meta = pq.ParquetFile(f"{uri}/{train.path}").metadata.row_group(0)
+    encodings = {meta.column(i).path_in_schema: meta.column(i).encodings for i in range(3)}
+    assert "RLE_DICTIONARY" in encodings["px.list.element"]
+    assert "RLE_DICTIONARY" in encodings["small"]
+    assert "RLE_DICTIONARY" not in encodings["label"]
+    part = read_partition(uri, "train", 0, manifest=manifest)
+    assert part.columns[0].values.dtype == np.uint8 and part.columns[1].values.dtype == np.int16
