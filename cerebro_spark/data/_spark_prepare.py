@@ -1451,15 +1451,7 @@ def prepare_with_spark(
                 ),
             )
             vocabularies[name] = (words, buckets)
-            categories[name] = ColumnInfo(
-                name,
-                "int32",
-                kind="categorical",
-                vocabulary=words,
-                hash_buckets=buckets,
-                cardinality=1 + len(words) + buckets,
-                statistics=statistics,
-            )
+            categories[name] = w.categorical_info(name, words, buckets, statistics)
     offsets: dict[int, int] = {}
     if any(kind in ("image", "sequence") for kind in checked.kinds.values()):
         offsets = _run_job(session, "count rows per partition", lambda: _offsets(selected, label))

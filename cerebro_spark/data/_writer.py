@@ -262,18 +262,10 @@ def kind_column(
     if kind == "categorical":
         if vocabulary is None:
             raise ValueError("a categorical column needs its vocabulary")
-        values = kd.category_values(name, array)
         words, buckets = vocabulary
-        ids = kd.encode_categories(name, values, words, buckets)
-        info = ColumnInfo(
-            name,
-            "int32",
-            kind="categorical",
-            vocabulary=words,
-            hash_buckets=buckets,
-            cardinality=1 + len(words) + buckets,
+        return kd.encode_categories(name, array, words, buckets), categorical_info(
+            name, words, buckets
         )
-        return ids, info
     if kind == "sequence":
         tokens, seq = kd.sequence_column(
             name, array, max_length=options.max_length, first_row=first_row
@@ -311,6 +303,24 @@ def _any_feature_column(
         array, info = kind_column(name, column, kind, options, vocabulary=(words, buckets))
         return array, dataclasses.replace(info, statistics=statistics)
     return kind_column(name, column, kind, options)
+
+
+def categorical_info(
+    name: str,
+    vocabulary: tuple[Any, ...],
+    hash_buckets: int,
+    statistics: dict[str, Any] | None = None,
+) -> ColumnInfo:
+    """A categorical column's info: ids 0 (unknown), the vocabulary's, the buckets'."""
+    return ColumnInfo(
+        name,
+        "int32",
+        kind="categorical",
+        vocabulary=vocabulary,
+        hash_buckets=hash_buckets,
+        cardinality=1 + len(vocabulary) + hash_buckets,
+        statistics=statistics,
+    )
 
 
 def column_vocabulary(
