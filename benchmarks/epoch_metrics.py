@@ -1,7 +1,7 @@
 """The driver's cost of a trial's validation metrics, by the number of partitions P.
 
 At the end of a trial's epoch the driver merges the metric states of its P validation
-units and takes their values (:func:`~cerebro_spark.engine._state.epoch_metrics`): the
+units and takes their values (:func:`~cerebro_spark.driver._state.epoch_metrics`): the
 default classification family, 36 metrics for 10 classes, whose precision, recall and F1
 share one state per unit, and ROC AUC's binned counts (zlib and base64 in the log).
 Merged pairwise, ROC AUC's counts were decoded and re-encoded P - 1 times; with
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from cerebro_spark.data import DatasetInfo
-from cerebro_spark.engine._state import epoch_metrics
+from cerebro_spark.driver._state import epoch_metrics
 from cerebro_spark.metrics import State
 from cerebro_spark.training import MLPSpec
 from cerebro_spark.training._metrics import PassMetrics, family_metrics

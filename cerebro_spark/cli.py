@@ -41,7 +41,7 @@ def _split_experiment(reference: str, store: str | None) -> tuple[str, str]:
 
 def _experiment_started(store_uri: str, experiment_id: str) -> bool:
     """Whether ``run`` already wrote the experiment's config (so ``resume`` can go on)."""
-    from cerebro_spark.engine._experiment import CONFIG_NAME, experiment_prefix
+    from cerebro_spark.driver._experiment import CONFIG_NAME, experiment_prefix
     from cerebro_spark.store import open_store
 
     return open_store(store_uri).exists(f"{experiment_prefix(experiment_id)}/{CONFIG_NAME}")
@@ -61,7 +61,7 @@ def _load_secrets_config(path: str | None) -> ExperimentConfig | None:
 
 def _override(config: ExperimentConfig, flag: str, field: str, value: object) -> ExperimentConfig:
     """``config`` with ``field`` set from the command line, checked like the YAML field."""
-    from cerebro_spark.engine._config import validate_config
+    from cerebro_spark.driver._config import validate_config
 
     changed = config.replace(**{field: value})
     try:
@@ -73,8 +73,8 @@ def _override(config: ExperimentConfig, flag: str, field: str, value: object) ->
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from cerebro_spark._redact import register_config_secrets
+    from cerebro_spark.driver._config import check_name
     from cerebro_spark.engine import format_table, load_config, load_state, run_experiment
-    from cerebro_spark.engine._config import check_name
 
     config = load_config(args.config)
     register_config_secrets(config.to_dict())
@@ -144,7 +144,7 @@ def _print_result(store: str, result: ExperimentResult) -> None:
 
 def _print_cost(state: ExperimentState) -> None:
     """Predicted vs actual seconds and dollars of an elastic run, and what it cost."""
-    from cerebro_spark.engine._elastic import cost_table
+    from cerebro_spark.driver import cost_table
 
     table = cost_table(state)
     if table is None:
@@ -338,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_datasets_command(commands)
 
-    from cerebro_spark.elastic._cli import add_plan_command, add_profile_command
+    from cerebro_spark.engine._plan_cli import add_plan_command, add_profile_command
     from cerebro_spark.simulate import add_simulate_command
 
     add_simulate_command(commands)

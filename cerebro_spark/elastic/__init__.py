@@ -7,7 +7,7 @@ deadline and the budget (RubberBand §4, Cynthia §4) or raises :class:`PlanInfe
 rest of a search re-planned mid-run with workers already running (``running``);
 :class:`GroupModel` is Cynthia's performance model of a data-parallel group (Cynthia §3).
 The stage spec comes from the search procedure (``SearchProcedure.stage_spec``), built from
-a config exactly as ``run`` builds it (:func:`cerebro_spark.engine.experiment_spec`).
+a config exactly as ``run`` builds it (:func:`cerebro_spark.driver.experiment_spec`).
 """
 
 from cerebro_spark.elastic._cynthia import GroupModel, bandwidth_from

@@ -1,7 +1,7 @@
 """A procedure's stages from its options alone (``plan --procedure``, benchmarks, tests).
 
 ``plan CONFIG`` builds the procedure from a config with the engine's ``build_procedure``
-(:func:`cerebro_spark.engine.experiment_spec`), exactly as ``run`` does. Without a config
+(:func:`cerebro_spark.driver.experiment_spec`), exactly as ``run`` does. Without a config
 (``plan --procedure sha --trials ...``) there is no search space or model to build: a
 one-parameter space stands in, which changes nothing of the stage structure of SHA,
 Hyperband, SEER, ASHA or HyperSched (it depends on their options and ``epochs`` only; a

@@ -12,34 +12,35 @@ import os
 import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from typing import Any
 
-from cerebro_spark._redact import REDACTED, redact, restore_redacted
+from cerebro_spark._redact import redact
 from cerebro_spark.backends import Backend
-from cerebro_spark.engine._config import (
+from cerebro_spark.driver._config import (
     ExperimentConfig,
     check_name,
-    parse_config,
     validate_config,
 )
-from cerebro_spark.engine._device import check_spark_gpus, local_gpus, pool_device
-from cerebro_spark.engine._events import read_events
-from cerebro_spark.engine._experiment import (
+from cerebro_spark.driver._events import read_events
+from cerebro_spark.driver._experiment import (
     BEST_CHECKPOINT_NAME,
-    CONFIG_NAME,
     Experiment,
     GroupPlans,
-    StageHook,
     VisitOrders,
     experiment_prefix,
     logged_group_plans,
 )
-from cerebro_spark.engine._leaderboard import best_trial
-from cerebro_spark.engine._preflight import preflight
-from cerebro_spark.engine._state import FAILED, ExperimentState, TrialState
+from cerebro_spark.driver._leaderboard import best_trial
+from cerebro_spark.driver._preflight import preflight
+from cerebro_spark.driver._stage import StageHook
+from cerebro_spark.driver._state import FAILED, ExperimentState, TrialState
+from cerebro_spark.driver._stored import config_key, load_experiment_config
+from cerebro_spark.engine._backend import default_backend
+from cerebro_spark.engine._elastic import elastic_run
 from cerebro_spark.errors import ConfigError, LeaseError
+from cerebro_spark.report import ReportRefresher
 from cerebro_spark.store import ExperimentLease, Store, experiment_lease, open_store
 from cerebro_spark.store._lease import default_timeout
+from cerebro_spark.tracking import track_experiment
 
 logger = logging.getLogger(__name__)
 
@@ -91,48 +92,6 @@ class ExperimentResult:
         return self.store.url(experiment_prefix(self.experiment_id))
 
 
-def default_backend(config: ExperimentConfig) -> Backend:
-    """Build the backend a config names."""
-    if config.backend == "local":
-        from cerebro_spark.backends import LocalBackend
-
-        return LocalBackend(config.workers, gpus=local_gpus(config), device=pool_device(config))
-    if config.backend == "spark":
-        from cerebro_spark.backends import SparkBackend
-        from cerebro_spark.spark_session import spark_session
-
-        session = spark_session(
-            config.spark.master, f"cerebro-spark {config.name}", config.spark.conf
-        )
-        check_spark_gpus(config, session)
-        ship_user_code(session.sparkContext, config)
-        return SparkBackend(config.workers, spark=session, device=pool_device(config))
-    raise ConfigError(f"backend must be 'local' or 'spark', got {config.backend!r}")
-
-
-def ship_user_code(context: Any, config: ExperimentConfig) -> None:
-    """Ship the config's spec modules found beside it or in the working directory.
-
-    Spark executors may run on other machines: ``SparkContext.addPyFile`` puts each
-    module (a package as a zip) on their Python path
-    (:func:`~cerebro_spark.training.user_code_files`). Installed specs are not shipped.
-
-    Args:
-        context: The application's ``SparkContext``.
-        config: The experiment (its ``model`` and the space's ``model`` values).
-    """
-    from cerebro_spark.engine._preflight import models_in
-    from cerebro_spark.training import user_code_files
-
-    specs = [*models_in(config.space), *([config.model] if config.model else [])]
-    for file in user_code_files(specs):
-        try:
-            context.addPyFile(str(file))
-            logger.info("shipped spec module %s to the Spark executors", file)
-        except Exception as error:  # already added (a notebook re-run): keep the first
-            logger.warning("could not ship %s to the executors: %s", file, error)
-
-
 def new_experiment_id(config: ExperimentConfig, store: Store) -> str:
     """Return ``<name>-<UTC time>``, made unique within the store."""
     return next(_new_ids(config, store))
@@ -147,12 +106,8 @@ def _new_ids(config: ExperimentConfig, store: Store) -> Iterator[str]:
 
 def _free_ids(store: Store, candidates: Iterator[str]) -> Iterator[str]:
     for candidate in candidates:
-        if not store.exists(_config_key(candidate)):
+        if not store.exists(config_key(candidate)):
             yield candidate
-
-
-def _config_key(experiment_id: str) -> str:
-    return f"{experiment_prefix(experiment_id)}/{CONFIG_NAME}"
 
 
 def _check_lease_timeout(timeout: float | None) -> None:
@@ -230,7 +185,7 @@ def _claim(
                 raise
             continue
         try:
-            if store.exists(_config_key(experiment_id)):
+            if store.exists(config_key(experiment_id)):
                 if explicit:
                     raise ConfigError(
                         f"experiment {experiment_id} already exists in {store.uri}; "
@@ -240,7 +195,7 @@ def _claim(
             # key order kept: it fixes the search space's grid order, hence which trial
             # gets what; credentials are redacted (resume takes them from the config file)
             document = redact(config.to_dict())
-            store.put(_config_key(experiment_id), json.dumps(document, indent=2).encode())
+            store.put(config_key(experiment_id), json.dumps(document, indent=2).encode())
             yield experiment_id, lease
             return
         finally:
@@ -279,7 +234,7 @@ def run_experiment(
     ``config.json`` holds the config with credentials redacted (:func:`redact`).
 
     Before anything is written or any worker starts, the driver resolves the dataset and
-    checks every model family (:func:`~cerebro_spark.engine._preflight.preflight`): a
+    checks every model family (:func:`~cerebro_spark.driver._preflight.preflight`): a
     wrong import path, a ``build_model`` that raises or a metric a spec does not produce
     fails here within seconds. ``config.json`` holds the config with ``metric`` and
     ``mode`` resolved.
@@ -300,7 +255,7 @@ def run_experiment(
     if experiment_id is not None:
         check_name(experiment_id, "experiment id")
     store = open_store(config.store)
-    if experiment_id is not None and store.exists(_config_key(experiment_id)):
+    if experiment_id is not None and store.exists(config_key(experiment_id)):
         raise ConfigError(
             f"experiment {experiment_id} already exists in {store.uri}; "
             "use 'cerebro-spark resume' to continue it or pick another id"
@@ -341,8 +296,6 @@ def _run(
             _claim(store, config, candidates, explicit=explicit, lease_timeout=lease_timeout)
         )
         if config.elastic is not None and on_stage is None and backend_factory is default_backend:
-            from cerebro_spark.engine._elastic import elastic_run
-
             backend_factory, on_stage = stack.enter_context(elastic_run(config))
         experiment = Experiment(
             config,
@@ -356,41 +309,6 @@ def _run(
             lease=lease,
         )
         return ExperimentResult(experiment_id, store, _run_tracked(experiment))
-
-
-def load_experiment_config(
-    store: Store,
-    experiment_id: str,
-    *,
-    secrets: ExperimentConfig | None = None,
-    need_secrets: bool = False,
-) -> ExperimentConfig:
-    """Read the config an experiment was started with.
-
-    Credentials were redacted when it was stored (:mod:`cerebro_spark._redact`); they are
-    taken back from ``secrets`` (the config the experiment was started with, e.g.
-    ``load_config("run.yaml")``). Without them a redacted value stays ``<redacted>``
-    (enough to read results), or, with ``need_secrets`` (to run again), is refused
-    naming the setting.
-
-    Raises:
-        ConfigError: No such experiment, or a redacted value no source gives back.
-    """
-    check_name(experiment_id, "experiment id")
-    key = _config_key(experiment_id)
-    if not store.exists(key):
-        raise ConfigError(f"no experiment {experiment_id!r} in {store.uri} (missing {key})")
-    try:
-        raw = json.loads(store.get(key))
-    except ValueError as error:
-        raise ConfigError(f"{store.url(key)} is not valid JSON: {error}") from None
-    if isinstance(raw, dict) and REDACTED in str(raw.get("store", "")):
-        raw["store"] = store.uri  # the store given now: its credentials are the caller's
-    if secrets is not None or need_secrets:
-        raw = restore_redacted(
-            raw, secrets.to_dict() if secrets is not None else None, f"experiment {experiment_id}"
-        )
-    return parse_config(raw, stored=True)
 
 
 def resume_experiment(
@@ -432,8 +350,6 @@ def resume_experiment(
         lease = stack.enter_context(_lease(store, experiment_id, lease_timeout))  # log read after
         if config.elastic is not None and on_stage is None and backend_factory is default_backend:
             # An elastic run goes on elastic: its cluster again, resized as its plan says.
-            from cerebro_spark.engine._elastic import elastic_run
-
             backend_factory, on_stage = stack.enter_context(elastic_run(config))
         experiment = Experiment(
             config, store, experiment_id, backend_factory, on_stage=on_stage, lease=lease
@@ -442,9 +358,14 @@ def resume_experiment(
 
 
 def _run_tracked(experiment: Experiment) -> list[TrialState]:
-    """Run ``experiment`` followed by the trackers its config asks for (``tracking:``)."""
-    from cerebro_spark.tracking import track_experiment
+    """Run ``experiment`` with its report and the trackers its config asks for.
 
+    Both read the event log the driver writes: the report is refreshed beside the run
+    (:attr:`Experiment.reporter`), the trackers (``tracking:``) listen to the log.
+    """
+    experiment.reporter = ReportRefresher(
+        experiment.store, experiment.experiment_id, experiment.config
+    )
     with track_experiment(experiment):
         return experiment.run()
 
@@ -540,18 +461,3 @@ def replay_experiment(
         for trial_id, trial in sorted(original.trials.items())
     ]
     return ReplayReport(experiment_id, result, rows)
-
-
-def load_state(
-    store_uri: str, experiment_id: str, *, secrets: ExperimentConfig | None = None
-) -> tuple[ExperimentConfig, ExperimentState]:
-    """Return an experiment's config and its state folded from the event log.
-
-    Credentials redacted from the stored config read ``<redacted>`` unless ``secrets``
-    (the config it was started with) gives them back.
-    """
-    store = open_store(store_uri)
-    config = load_experiment_config(store, experiment_id, secrets=secrets)
-    return config, ExperimentState.from_events(
-        read_events(store.child(experiment_prefix(experiment_id)))
-    )

@@ -43,15 +43,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cerebro_spark.backends import Backend, WorkerInfo
-from cerebro_spark.engine._config import MANAGERS, ElasticConfig, ExperimentConfig
-from cerebro_spark.engine._experiment import Stage, StageDirective, experiment_spec
+from cerebro_spark.driver._config import MANAGERS, ElasticConfig, ExperimentConfig
+from cerebro_spark.driver._device import check_spark_gpus, pool_device
+from cerebro_spark.driver._procedure import experiment_spec
+from cerebro_spark.driver._stage import Stage, StageDirective
+from cerebro_spark.engine._backend import ship_user_code
+from cerebro_spark.engine._pilot import pilot_profile
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.search import ExperimentSpec
 
 if TYPE_CHECKING:
     from cerebro_spark.cluster import ClusterManager, CostMeter
     from cerebro_spark.elastic import Outcome, Plan, PriceCatalog, Profile, TypeProfile
-    from cerebro_spark.engine._state import ExperimentState
 
 logger = logging.getLogger(__name__)
 
@@ -560,7 +563,6 @@ def load_plan_inputs(config: ExperimentConfig) -> tuple[Profile, PriceCatalog]:
             "elastic.profile: auto runs a pilot and records it under elastic.instance_type; "
             "set instance_type (an instance type of the price catalog)"
         )
-    from cerebro_spark.elastic._pilot import pilot_profile
 
     logger.info("running a pilot to profile %s (elastic.profile: auto)", config.name)
     pilot = config.replace(elastic=None)
@@ -829,8 +831,6 @@ def _factory(session: Any, workers: int) -> Callable[[ExperimentConfig], Backend
     from cerebro_spark.backends import SparkBackend
 
     def factory(config: ExperimentConfig) -> Backend:
-        from cerebro_spark.engine._api import ship_user_code
-        from cerebro_spark.engine._device import check_spark_gpus, pool_device
 
         check_spark_gpus(config, session)
         ship_user_code(session.sparkContext, config)  # spec modules beside the config
@@ -846,38 +846,3 @@ def _elastic_of(config: ExperimentConfig) -> ElasticConfig:
 
 
 # -- the table -----------------------------------------------------------------------------
-
-
-def cost_table(state: ExperimentState) -> str | None:
-    """Predicted vs actual seconds and dollars per stage and in total (``None``: not elastic)."""
-    if not state.stage_actuals:
-        return None
-    rows = [
-        f"{'stage':>5} {'workers':>9} {'seconds':>17} {'err':>7} {'dollars':>21} {'err':>7}",
-        f"{'':>5} {'plan/act':>9} {'plan/actual':>17} {'':>7} {'plan/actual':>21} {'':>7}",
-    ]
-    for index in sorted(state.stage_actuals):
-        a = state.stage_actuals[index]
-        rows.append(
-            f"{index:>5} {a['planned_workers']:>4}/{a['workers']:<4} "
-            f"{a['planned_seconds']:>8.1f}/{a['seconds']:<8.1f} "
-            f"{_err(a['seconds'], a['planned_seconds']):>7} "
-            f"{a['planned_usd']:>10.4f}/{a['usd']:<10.4f} {_err(a['usd'], a['planned_usd']):>7}"
-        )
-    summary = state.elastic_summary
-    if summary is not None:
-        rows.append(
-            f"{'total':>5} {'':>9} {summary['planned_seconds']:>8.1f}/{summary['seconds']:<8.1f} "
-            f"{_err(summary['seconds'], summary['planned_seconds']):>7} "
-            f"{summary['planned_usd']:>10.4f}/{summary['usd']:<10.4f} "
-            f"{_err(summary['usd'], summary['planned_usd']):>7}"
-        )
-        if summary.get("stopped"):
-            rows.append(f"stopped early: {summary['stopped']}")
-    return "\n".join(rows)
-
-
-def _err(actual: float, planned: float) -> str:
-    if planned == 0:
-        return "-"
-    return f"{100.0 * (actual - planned) / planned:+.1f}%"

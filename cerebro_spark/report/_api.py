@@ -8,8 +8,8 @@ import threading
 import time
 from pathlib import Path
 
-from cerebro_spark.engine import ExperimentConfig, experiment_prefix, load_state, read_events
-from cerebro_spark.engine._heap import paused_collector
+from cerebro_spark.driver import ExperimentConfig, experiment_prefix, load_state, read_events
+from cerebro_spark.driver._heap import paused_collector
 from cerebro_spark.report._data import ReportData, collect
 from cerebro_spark.report._html import render
 from cerebro_spark.store import Store, open_store
@@ -177,3 +177,8 @@ class ReportRefresher:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+    def final(self) -> None:
+        """The run's last refresh, in this thread, once any other has ended."""
+        self.wait()
+        refresh_report(self.store, self.experiment_id, self.config, final=True)

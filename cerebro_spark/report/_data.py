@@ -1,6 +1,6 @@
 """What the report shows, extracted from an experiment's event log (no plotting here).
 
-Everything comes from ``events.jsonl`` (see :mod:`cerebro_spark.engine._events`) and the
+Everything comes from ``events.jsonl`` (see :mod:`cerebro_spark.driver._events`) and the
 config: the units each worker ran and when (``unit_start`` / ``unit_end`` /
 ``unit_failed``), worker joins, losses and retirements, resizes and stage boundaries, the
 procedure's decision after every epoch, the plan beside what each stage cost, and the run's
@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from cerebro_spark.engine import ExperimentConfig, ExperimentState
+from cerebro_spark.driver import ExperimentConfig, ExperimentState
 
 UNIT_KINDS = ("train", "validate", "group", "failed", "unfinished")
 """How a unit bar is drawn: a plain train or validation unit, a rank of a group unit,
@@ -494,7 +494,7 @@ def collect(
     Args:
         experiment_id: The experiment's id.
         config: Its config, metric and mode resolved (as ``config.json`` holds it).
-        events: Its whole event log, in order (:func:`~cerebro_spark.engine.read_events`).
+        events: Its whole event log, in order (:func:`~cerebro_spark.driver.read_events`).
     """
     state = ExperimentState.from_events(events)
     times = [float(e["time"]) for e in events if "time" in e]

@@ -10,8 +10,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from cerebro_spark.engine import leaderboard_rows
-from cerebro_spark.engine._elastic import cost_table
+from cerebro_spark.driver import cost_table, leaderboard_rows
 from cerebro_spark.report._data import ReportData, WaitRow
 from cerebro_spark.report._figures import (
     STATUS_COLORS,

@@ -15,8 +15,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from cerebro_spark.engine import ExperimentConfig, TrialState, format_table, leaderboard_rows
-from cerebro_spark.engine._state import FAILED, improves
+from cerebro_spark.driver import ExperimentConfig, TrialState, format_table, leaderboard_rows
+from cerebro_spark.driver._state import FAILED, improves
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.metrics import default_metrics, metric_modes
 from cerebro_spark.report._data import DataWait, ReportData
@@ -113,7 +113,7 @@ def leaderboard_json(
 ) -> str:
     """The leaderboard as JSON: ``{"metric", "mode", "trials": [row, ...]}``.
 
-    Rows are :func:`~cerebro_spark.engine.leaderboard_rows` plus ``rank``, ``seconds``
+    Rows are :func:`~cerebro_spark.driver.leaderboard_rows` plus ``rank``, ``seconds``
     (the trial's unit seconds) and, for a billed run, ``usd`` (its share of the bill).
     Non-finite metrics are ``null``.
     """
@@ -181,7 +181,7 @@ def summary_text(data: ReportData, top: int = TOP_TRIALS) -> str:
 
     Each listed trial shows its best and last metric, its unit seconds and, for a billed
     run, its share of the bill (the run's whole bill is
-    :func:`~cerebro_spark.engine._elastic.cost_table`). The data wait
+    :func:`~cerebro_spark.driver.cost_table`). The data wait
     (:func:`data_wait_text`) follows the time, for logs whose units say.
     """
     state = data.state

@@ -192,7 +192,7 @@ def _logged(experiment: Store | None, key: str) -> str | None:
     checkpoint: the last ``unit_end`` that wrote it. Not an experiment (no event log), or
     a log that records no digest for it: ``None``.
     """
-    from cerebro_spark.engine._events import read_events  # here: the engine imports scoring
+    from cerebro_spark.driver._events import read_events  # here: the engine imports scoring
 
     if experiment is None:
         return None

@@ -1,6 +1,6 @@
 """Run any registered search procedure on the simulated workload in virtual time.
 
-The loop is the engine's round template (``cerebro_spark.engine._experiment``): each round
+The loop is the engine's round template (``cerebro_spark.driver._experiment``): each round
 the procedure's :meth:`~cerebro_spark.search.SearchProcedure.suggest` and
 :meth:`~cerebro_spark.search.SearchProcedure.resumed` are asked, every live trial trains one
 epoch on :meth:`~cerebro_spark.search.SearchProcedure.resources` workers, the round lasts

@@ -1,7 +1,7 @@
 """Trackers follow the event log from a background thread (:class:`TrackingThread`).
 
 The event log is the source of truth: a tracker sees every event the driver appends
-(:attr:`~cerebro_spark.engine.EventLog.listeners`) and turns it into calls to a tracking
+(:attr:`~cerebro_spark.driver.EventLog.listeners`) and turns it into calls to a tracking
 service. Those calls run on one background thread fed by a bounded queue, so a slow or
 unreachable service never slows the search: when the queue is full events are dropped
 (with a warning), a tracker that keeps failing is switched off (with a warning), and the
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from cerebro_spark.engine import EventLog, ExperimentConfig
+from cerebro_spark.driver import EventLog, ExperimentConfig
 from cerebro_spark.store import Store
 
 logger = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cerebro_spark.engine import ExperimentState, TrialState, best_trial, leaderboard_csv, rank
+from cerebro_spark.driver import ExperimentState, TrialState, best_trial, leaderboard_csv, rank
 from cerebro_spark.tracking._base import Tracker, TrackerUnavailable, TrackingContext
 
 logger = logging.getLogger(__name__)

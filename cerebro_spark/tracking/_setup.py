@@ -8,12 +8,12 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from cerebro_spark.engine import ExperimentConfig
+from cerebro_spark.driver import ExperimentConfig
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.tracking._base import Tracker, TrackingContext, TrackingThread
 
 if TYPE_CHECKING:
-    from cerebro_spark.engine import Experiment
+    from cerebro_spark.driver import Experiment
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def track_experiment(experiment: Experiment) -> Iterator[TrackingThread | None]:
     Raises:
         ConfigError: As :func:`make_trackers` (before anything runs).
     """
-    from cerebro_spark.engine import read_events
+    from cerebro_spark.driver import read_events
 
     config = experiment.config
     holder: dict[str, TrackingThread] = {}

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cerebro_spark.engine import ExperimentState
+from cerebro_spark.driver import ExperimentState
 from cerebro_spark.tracking._base import Tracker, TrackingContext
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TextIO
 
-from cerebro_spark.engine._progress import ProgressSnapshot, format_seconds
+from cerebro_spark.driver._progress import ProgressSnapshot, format_seconds
 
 PROGRESS_LOGGER = "cerebro_spark.progress"
 _BAR = 20

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from cerebro_spark.data._options import KindOptions
+from cerebro_spark.driver._config import load_yaml
 from cerebro_spark.engine import parse_config, run_experiment
-from cerebro_spark.engine._config import load_yaml
 from cerebro_spark.errors import ConfigError, DataError
 from cerebro_spark.search import Distribution, SearchSpace
 from cerebro_spark.store import Store, open_store

@@ -19,8 +19,8 @@ import pytest
 from cerebro_spark.data import prepare_with_spark, read_partition
 from cerebro_spark.data._names import read_dataset_name
 from cerebro_spark.data._prepare_cli import add_prepare_arguments, run_prepare
+from cerebro_spark.driver._dataset import resolve_dataset
 from cerebro_spark.engine import parse_config
-from cerebro_spark.engine._dataset import resolve_dataset
 from cerebro_spark.store import open_store
 
 pytestmark = pytest.mark.spark

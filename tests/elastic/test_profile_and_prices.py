@@ -150,7 +150,7 @@ def test_a_catalog_and_its_dataclass_share_their_defaults() -> None:
 def test_a_pilot_never_writes_a_speedup_the_profile_refuses(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from cerebro_spark.elastic._pilot import _speedup
+    from cerebro_spark.engine._pilot import _speedup
 
     assert _speedup(4, 1.0, 2.0) == 2.0  # 4 x 1 s of units in 2 s
     assert _speedup(2, 1.0, 0.8) == 2.0  # 2.5 measured: noise, written as 2

@@ -6,8 +6,8 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from cerebro_spark.driver._state import epoch_key
 from cerebro_spark.engine import ExperimentState, leaderboard_csv, read_events
-from cerebro_spark.engine._state import epoch_key
 from cerebro_spark.store import Store, open_store
 
 

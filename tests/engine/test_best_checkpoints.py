@@ -1,6 +1,6 @@
 """Best checkpoints kept and recorded by the engine; a search that produced nothing fails.
 
-The engine runs on a scripted backend (``tests/engine/test_group_failures.py``'s, whose
+The engine runs on a scripted backend (``tests/driver/test_group_failures.py``'s, whose
 "training" hashes the input checkpoint and reads it from the store, so a deleted checkpoint
 that is still needed fails the run) whose validation reports a scripted learning curve:
 param ``curve`` holds the accuracy after each epoch (``None``: NaN). No torch, no Spark.
@@ -32,8 +32,8 @@ from cerebro_spark.search import GridSearch
 from cerebro_spark.search._registry import PROCEDURES
 from cerebro_spark.store import open_store
 from cerebro_spark.units import UnitKind, UnitResult, UnitTask
+from tests.driver.test_group_failures import Outcome, ScriptedBackend
 from tests.engine.checkpoint_checks import check_checkpoints, experiment
-from tests.engine.test_group_failures import Outcome, ScriptedBackend
 
 CURVES = {"falls": [0.5, 0.9, 0.7], "rises": [0.6, 0.8, 0.85]}
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from cerebro_spark.driver._state import epoch_key, improves
 from cerebro_spark.engine import (
     ExperimentState,
     best_trial,
@@ -17,7 +18,6 @@ from cerebro_spark.engine import (
     leaderboard_rows,
     rank,
 )
-from cerebro_spark.engine._state import epoch_key, improves
 from cerebro_spark.errors import CerebroError, SearchFailedError
 
 CK = "experiments/e/checkpoints"

@@ -16,10 +16,10 @@ import pytest
 from cerebro_spark.backends import WorkerPool
 from cerebro_spark.data import load_source, prepare_dataset, read_partition
 from cerebro_spark.data._names import name_dataset
+from cerebro_spark.driver._config import PREPARATION_FIELDS, DataConfig, check_data_section
+from cerebro_spark.driver._dataset import resolve_dataset
 from cerebro_spark.engine import parse_config, read_events, run_experiment
 from cerebro_spark.engine._api import load_experiment_config
-from cerebro_spark.engine._config import PREPARATION_FIELDS, DataConfig, check_data_section
-from cerebro_spark.engine._dataset import resolve_dataset
 from cerebro_spark.errors import ConfigError, DataError
 from cerebro_spark.store import open_store
 from tests.backends import fake_transport

@@ -18,6 +18,7 @@ import pytest
 
 from cerebro_spark.backends import WorkerInfo, WorkerPool
 from cerebro_spark.cluster import Capabilities, ClusterManager, CostMeter, Executor
+from cerebro_spark.driver import cost_table
 from cerebro_spark.elastic import parse_catalog
 from cerebro_spark.engine import (
     ExperimentConfig,
@@ -27,12 +28,7 @@ from cerebro_spark.engine import (
     read_events,
     run_experiment,
 )
-from cerebro_spark.engine._elastic import (
-    ElasticController,
-    StagePlan,
-    cost_table,
-    victims_to_retire,
-)
+from cerebro_spark.engine._elastic import ElasticController, StagePlan, victims_to_retire
 from cerebro_spark.store import open_store
 from tests.backends import fake_transport
 from tests.backends.fake_transport import ThreadTransport

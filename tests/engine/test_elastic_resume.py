@@ -1,7 +1,7 @@
 """A resumed elastic run goes on elastic: its cluster again, resized as its plan says.
 
 No torch, no Spark: the WorkerPool over the in-memory fake transport and the fake cluster
-of ``test_elastic_controller``, put in place of :func:`~cerebro_spark.engine._elastic.elastic_run`.
+of ``test_elastic_controller``, put in place of ``elastic_run`` as ``run`` and ``resume`` see it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from cerebro_spark.backends import WorkerPool
 from cerebro_spark.engine import (
     ExperimentConfig,
-    _elastic,
+    _api,
     load_state,
     parse_config,
     read_events,
@@ -77,10 +77,10 @@ def test_resume_of_an_elastic_run_resizes_as_its_plan_says(
         yield factory, on_stage
 
     # The first driver dies at the boundary of stage 1 (round 1), before it resizes.
-    monkeypatch.setattr(_elastic, "elastic_run", lambda c: fake_elastic_run(c, die_at=1))
+    monkeypatch.setattr(_api, "elastic_run", lambda c: fake_elastic_run(c, die_at=1))
     with pytest.raises(Interrupted):
         run_experiment(cfg, experiment_id="e")
-    monkeypatch.setattr(_elastic, "elastic_run", fake_elastic_run)
+    monkeypatch.setattr(_api, "elastic_run", fake_elastic_run)
     resume_experiment(str(tmp_path), "e")
     assert len(entered) == 2  # the resume went through the elastic layer
     events = read_events(open_store(str(tmp_path)).child("experiments/e"))

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
+from cerebro_spark.driver._state import epoch_metrics
 from cerebro_spark.engine import ExperimentState
-from cerebro_spark.engine._state import epoch_metrics
 from cerebro_spark.errors import EventLogError
 from cerebro_spark.metrics import F1, Accuracy, Loss, MeanSquaredError, Precision, Recall
 from cerebro_spark.units import pack_states

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from cerebro_spark.driver._experiment import Experiment
 from cerebro_spark.engine import run_experiment
-from cerebro_spark.engine._experiment import Experiment
 from cerebro_spark.report import REPORT_NAME
 from cerebro_spark.report import _api as report_api
-from tests.engine.test_early_start import (
+from tests.driver.test_early_start import (
     EPOCHS,
     config,
     events_of,

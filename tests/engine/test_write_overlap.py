@@ -29,8 +29,8 @@ from cerebro_spark.report import load_report_data
 from cerebro_spark.store import open_store
 from cerebro_spark.units import UnitKind, UnitResult, UnitTask
 from tests.backends import fake_transport
-from tests.engine.test_early_start import EPOCHS, PARTITIONS, TRIALS, config, pool
-from tests.engine.test_group_failures import ScriptedBackend
+from tests.driver.test_early_start import EPOCHS, PARTITIONS, TRIALS, config, pool
+from tests.driver.test_group_failures import ScriptedBackend
 
 TRIALS_LOST = 8  # enough that some trial always has a unit for the lost worker
 

@@ -326,8 +326,8 @@ def test_api_refuses_a_config_changed_in_code(tmp_path):
 def test_undeclared_spec_is_not_checked_and_declared_one_is(tmp_path):
     """A spec without its own ``hyperparameters`` accepts any param; a declared one refuses
     others, in every branch of a choice of sub-spaces."""
+    from cerebro_spark.driver._preflight import check_hyperparameters
     from cerebro_spark.engine import load_config
-    from cerebro_spark.engine._preflight import check_hyperparameters
 
     (tmp_path / "myspecs.py").write_text(
         "from cerebro_spark.training import MLPSpec\n"

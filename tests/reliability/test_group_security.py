@@ -41,7 +41,7 @@ from cerebro_spark.units import GroupBrokenError, UnitResult, UnitTask, group_ta
 from tests.backends import contract, fake_transport
 from tests.backends.contract import make_dataset
 from tests.backends.fake_transport import ThreadTransport
-from tests.engine.test_group_failures import GroupedGrid, config, trained_once
+from tests.driver.test_group_failures import GroupedGrid, config, trained_once
 
 TRAINING = str(Path(__file__).resolve().parents[1] / "training")
 if TRAINING not in sys.path:

@@ -12,8 +12,8 @@ import math
 
 import pytest
 
+from cerebro_spark.driver._state import COMPLETED, FAILED
 from cerebro_spark.engine import load_state, parse_config, replay_experiment, run_experiment
-from cerebro_spark.engine._state import COMPLETED, FAILED
 from tests.reliability.conftest import strict_events, tiny_config, unit_ends
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]

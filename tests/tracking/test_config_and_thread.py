@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from cerebro_spark.driver._config import MlflowConfig, TrackingConfig
 from cerebro_spark.engine import EventLog, parse_config
-from cerebro_spark.engine._config import MlflowConfig, TrackingConfig
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.store import open_store
 from cerebro_spark.tracking import Tracker, TrackerUnavailable, TrackingThread, mlflow_settings

@@ -14,8 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cerebro_spark.engine import parse_config, read_events, resume_experiment, run_experiment
-from cerebro_spark.engine._api import default_backend
+from cerebro_spark.engine import (
+    default_backend,
+    parse_config,
+    read_events,
+    resume_experiment,
+    run_experiment,
+)
 from cerebro_spark.store import open_store
 from tests.tracking.conftest import free_port
 from tests.tracking.helpers import tiny_config

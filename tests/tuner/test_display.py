@@ -3,7 +3,7 @@
 import io
 import logging
 
-from cerebro_spark.engine._progress import Progress, ProgressSnapshot
+from cerebro_spark.driver._progress import Progress, ProgressSnapshot
 from cerebro_spark.tuner import ProgressDisplay
 from cerebro_spark.tuner._display import PROGRESS_LOGGER, render, showing_progress
 

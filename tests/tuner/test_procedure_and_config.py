@@ -4,8 +4,8 @@ import io
 
 import pytest
 
+from cerebro_spark.driver._config import load_yaml
 from cerebro_spark.engine import load_config, parse_config
-from cerebro_spark.engine._config import load_yaml
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.search import Choice, Grid, LogUniform
 from cerebro_spark.tuner import Procedure, Tuner

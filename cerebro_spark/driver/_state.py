@@ -39,8 +39,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from cerebro_spark.engine._events import EVENT_KINDS
-from cerebro_spark.engine._heap import paused_collector
+from cerebro_spark.driver._events import EVENT_KINDS
+from cerebro_spark.driver._heap import paused_collector
 from cerebro_spark.errors import EventLogError
 from cerebro_spark.metrics import BatchMean, Metric, State, merge_states
 from cerebro_spark.units import UnitKind, unpack_states
@@ -238,7 +238,7 @@ class ExperimentState:
 
         Args:
             events: The log's events in order; from
-                :func:`~cerebro_spark.engine.read_events`, errors name the log and line.
+                :func:`~cerebro_spark.driver.read_events`, errors name the log and line.
 
         Raises:
             EventLogError: An event is malformed or names an unknown trial (the message

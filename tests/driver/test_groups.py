@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from cerebro_spark.backends import Backend, LocalBackend
+from cerebro_spark.driver._experiment import logged_group_plans
 from cerebro_spark.engine import (
     EventLog,
     Experiment,
@@ -32,7 +33,6 @@ from cerebro_spark.engine import (
     resume_experiment,
     run_experiment,
 )
-from cerebro_spark.engine._experiment import logged_group_plans
 from cerebro_spark.search import GridSearch, SearchSpace
 from cerebro_spark.search._registry import PROCEDURES
 from cerebro_spark.store import open_store

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
+from cerebro_spark.driver._events import encode_event
 from cerebro_spark.engine import EventLog, read_events
-from cerebro_spark.engine._events import encode_event
 from cerebro_spark.errors import EventLogError, StoreFullError
 from cerebro_spark.store import open_store
 
@@ -125,7 +125,7 @@ def test_appends_to_an_object_store_are_written_at_the_next_flush(s3):
 
 def test_an_append_flushes_once_the_oldest_buffered_event_waited_long_enough(s3, monkeypatch):
     now = [1000.0]
-    monkeypatch.setattr("cerebro_spark.engine._events.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("cerebro_spark.driver._events.time.monotonic", lambda: now[0])
     log = EventLog(s3, flush_seconds=1.0)
     log.append("a")
     now[0] += 0.6

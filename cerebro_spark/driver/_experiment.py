@@ -16,7 +16,7 @@ round start the procedure says how many workers each live trial trains on
 ``round_start`` and the MOP scheduler forms groups of up to that many workers
 (:class:`~cerebro_spark.mop.MopScheduler`). A group is submitted with
 ``Backend.submit_group``; its ``k`` results are combined only when all ``k`` are in (one
-``unit_end`` per partition, see :mod:`~cerebro_spark.engine._events`), and a group that
+``unit_end`` per partition, see :mod:`~cerebro_spark.driver._events`), and a group that
 fails goes back to the queue whole (§5.6).
 Replays reproduce groups: the logged visit order, the same
 group sizes and the same workers form the same groups, and :func:`logged_group_plans`
@@ -45,30 +45,31 @@ import logging
 import queue
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from cerebro_spark._redact import redact, redact_uri
 from cerebro_spark.backends import Backend, Membership, UnitFuture, WorkerJob, next_worker_index
 from cerebro_spark.data import Manifest
-from cerebro_spark.engine._config import ExperimentConfig, worker_budget
-from cerebro_spark.engine._events import EventLog, read_events
-from cerebro_spark.engine._heap import frozen_heap
-from cerebro_spark.engine._leaderboard import (
+from cerebro_spark.driver._config import ExperimentConfig, worker_budget
+from cerebro_spark.driver._events import EventLog, read_events
+from cerebro_spark.driver._heap import frozen_heap
+from cerebro_spark.driver._leaderboard import (
     LEADERBOARD_NAME,
     best_trial,
     leaderboard_csv,
     rank,
     rank_key,
 )
-from cerebro_spark.engine._preflight import Preflight
-from cerebro_spark.engine._preflight import preflight as run_preflight
-from cerebro_spark.engine._progress import Progress
-from cerebro_spark.engine._state import (
+from cerebro_spark.driver._preflight import Preflight
+from cerebro_spark.driver._preflight import preflight as run_preflight
+from cerebro_spark.driver._procedure import SCHEDULER_STREAM, build_procedure, trial_seed
+from cerebro_spark.driver._progress import Progress
+from cerebro_spark.driver._stage import Stage, StageHook
+from cerebro_spark.driver._state import (
     COMPLETED,
     FAILED,
     PAUSED,
@@ -90,7 +91,7 @@ from cerebro_spark.errors import (
     TrialError,
     WorkerLostError,
 )
-from cerebro_spark.metrics import LOSS, Metric
+from cerebro_spark.metrics import Metric
 from cerebro_spark.mop import (
     Assignment,
     MopScheduler,
@@ -104,10 +105,7 @@ from cerebro_spark.mop import (
 from cerebro_spark.search import (
     Decision,
     EpochReport,
-    ExperimentSpec,
     SearchProcedure,
-    make_procedure,
-    procedure_options,
 )
 from cerebro_spark.search.space import SearchSpace
 from cerebro_spark.store import ExperimentLease, Store
@@ -121,9 +119,6 @@ from cerebro_spark.units import (
     group_tasks,
     pack_states,
 )
-
-if TYPE_CHECKING:  # the report imports the engine
-    from cerebro_spark.report import ReportRefresher
 
 logger = logging.getLogger(__name__)
 
@@ -147,55 +142,10 @@ MAX_GROUP_BREAKS = 3
 """Times a trial's group may break in a round with no worker lost (a rendezvous that
 keeps failing) before the trial trains one unit at a time for the rest of the round."""
 
-# Streams of randomness derived from the experiment seed (never global state).
-_PROCEDURE_STREAM, _SCHEDULER_STREAM, _TRIAL_STREAM = 0, 1, 2
-
 VisitOrders = Mapping[int, Mapping[str, list[int]]]
 """Visit orders to impose, by round then trial (``replay``)."""
 GroupPlans = Mapping[int, Mapping[str, Sequence[int]]]
 """Group sizes to impose along the visit orders, by round then trial (``replay``)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Stage:
-    """The round about to start, as the stage boundary shows it.
-
-    Attributes:
-        round: Its number (0-based); after the last round, the number the next would have.
-        trials: The live trials it trains, in id order (empty when ``final``).
-        resources: Workers each trial asked for (``SearchProcedure.resources``).
-        seconds: Experiment time (seconds since the first start).
-        final: The search has ended: no round follows (the hook's last call, before the
-            workers are stopped).
-    """
-
-    round: int
-    trials: tuple[str, ...]
-    resources: Mapping[str, int]
-    seconds: float = 0.0
-    final: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class StageDirective:
-    """What a stage hook tells the engine.
-
-    Attributes:
-        events: Events to log, ``(name, fields)``, in order (``stage_plan`` ...).
-        stop: Why the search must admit no more work (a budget would be overrun); the
-            round does not start, the live trials are stopped. ``None``: go on.
-    """
-
-    events: tuple[tuple[str, Mapping[str, Any]], ...] = ()
-    stop: str | None = None
-
-
-StageHook = Callable[[Stage, Backend], "StageDirective | None"]
-"""Called at each stage boundary with the next round and the backend, and once more after
-the last round (``Stage.final``). It may add or retire workers (and should wait until they
-are ready or gone); the round uses the membership that results. At the first boundary
-some initial workers may still be starting (``Backend.starting``; ``wait_started`` waits).
-Its directive's events are logged and its ``stop`` ends the search."""
 
 
 def experiment_prefix(experiment_id: str) -> str:
@@ -203,54 +153,20 @@ def experiment_prefix(experiment_id: str) -> str:
     return f"experiments/{experiment_id}"
 
 
-def build_procedure(config: ExperimentConfig, clock: Callable[[], float]) -> SearchProcedure:
-    """Build the search procedure a config names, as ``run`` does (one code path).
+class Reporter(Protocol):
+    """Pages kept beside a running experiment, read from its log (the report).
 
-    Its generator comes from the experiment seed; ``num_workers``, for procedures that
-    take it, defaults to the config's ``workers``. ``plan`` builds the procedure here too,
-    so it plans exactly what ``run`` will do.
+    The front door attaches one (:attr:`Experiment.reporter`); the driver only says when.
     """
-    rng = np.random.default_rng(np.random.SeedSequence([config.seed, _PROCEDURE_STREAM]))
-    options = dict(config.procedure_options)
-    # A run resolves metric and mode first (pre-flight); planning needs only the stages.
-    metric = config.metric if config.metric is not None else LOSS
-    mode = config.mode if config.mode is not None else "min"
-    if "num_workers" in procedure_options(config.procedure):
-        options.setdefault("num_workers", config.workers)
-    return make_procedure(
-        config.procedure,
-        space=SearchSpace.from_config(config.space),
-        epochs=config.epochs,
-        metric=metric,
-        mode=mode,
-        rng=rng,
-        clock=clock,
-        **options,
-    )
 
+    def request(self) -> None:
+        """Refresh from the log now (a round ended); must return at once."""
 
-def experiment_spec(config: ExperimentConfig) -> ExperimentSpec:
-    """The stage structure of the search a config runs (for the planner).
+    def wait(self) -> None:
+        """Return once no refresh is running (before the run returns or raises)."""
 
-    Raises:
-        ConfigError: The config is bad, or its procedure gives no stage structure.
-    """
-    procedure = build_procedure(config, lambda: 0.0)
-    spec = procedure.stage_spec()
-    if spec is None:
-        raise ConfigError(
-            f"search procedure {config.procedure!r} gives no stage structure to plan "
-            "(SearchProcedure.stage_spec)"
-        )
-    return dataclasses.replace(spec, procedure=config.procedure)
-
-
-def trial_seed(experiment_seed: int, trial_id: str) -> int:
-    """Derive a trial's seed from the experiment seed and its id."""
-    sequence = np.random.SeedSequence(
-        [experiment_seed, _TRIAL_STREAM, zlib.crc32(trial_id.encode())]
-    )
-    return int(sequence.generate_state(1, np.uint32)[0])
+    def final(self) -> None:
+        """The last refresh, once the run's events are all written."""
 
 
 class Experiment:
@@ -273,6 +189,10 @@ class Experiment:
         lease: The experiment's lease, held by the caller (``run``, ``resume``): while
             given, every event and every checkpoint deletion first checks it is still
             held, so a driver another one took over from writes and deletes nothing.
+
+    Attributes:
+        reporter: Refreshed at round ends and once at the end (``None``: no pages);
+            the front door attaches the report here (:mod:`cerebro_spark.engine`).
     """
 
     def __init__(
@@ -322,7 +242,7 @@ class Experiment:
         self._retries: dict[tuple[Unit, int], int] = {}
         self._group_attempts = 0
         self._group_breaks: dict[str, int] = {}
-        self._reporter: ReportRefresher | None = None  # made at the first round end
+        self.reporter: Reporter | None = None
         self._report_due = False  # a round ended: refresh once the next round is under way
 
     # -- events ---------------------------------------------------------------------------
@@ -471,9 +391,8 @@ class Experiment:
         )
         self.log.flush()
         self._wait_for_report()
-        from cerebro_spark.report import refresh_report  # here: the report imports the engine
-
-        refresh_report(self.store, self.experiment_id, self.config, final=True)
+        if self.reporter is not None:
+            self.reporter.final()
         self._check_outcome(ranked)
         return ranked
 
@@ -763,7 +682,7 @@ class Experiment:
 
     def _round_rng(self, number: int) -> np.random.Generator:
         return np.random.default_rng(
-            np.random.SeedSequence([self.config.seed, _SCHEDULER_STREAM, number])
+            np.random.SeedSequence([self.config.seed, SCHEDULER_STREAM, number])
         )
 
     # -- one round ------------------------------------------------------------------------
@@ -1220,7 +1139,7 @@ class Experiment:
 
         The checkpoint a trial has when its epoch's validation is in is the one trained
         through that epoch: it becomes the best if the epoch improves on the best so far
-        (:func:`~cerebro_spark.engine._state.improves`); the best before it is then
+        (:func:`~cerebro_spark.driver._state.improves`); the best before it is then
         deleted once the event is logged, unless a trial still needs it.
         """
         if improves(metrics, trial.best_metrics or None, self.metric, self.mode):
@@ -1389,16 +1308,13 @@ class Experiment:
         if not self._report_due:
             return
         self._report_due = False
-        if self._reporter is None:
-            from cerebro_spark.report import ReportRefresher  # here: it imports the engine
-
-            self._reporter = ReportRefresher(self.store, self.experiment_id, self.config)
-        self._reporter.request()  # in a thread: the workers do not wait for the page
+        if self.reporter is not None:
+            self.reporter.request()  # returns at once: the workers do not wait for pages
 
     def _wait_for_report(self) -> None:
         """Wait for a report refresh still running from a round end."""
-        if self._reporter is not None:
-            self._reporter.wait()
+        if self.reporter is not None:
+            self.reporter.wait()
 
     def _write_leaderboard(self) -> None:
         text = leaderboard_csv(self.state.trials.values(), self.metric, self.mode)

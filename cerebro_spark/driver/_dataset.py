@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from cerebro_spark.data import Manifest, load_source, prepare_dataset, read_manifest, read_table
 from cerebro_spark.data._names import find_dataset
-from cerebro_spark.engine._config import ExperimentConfig, check_data_section
+from cerebro_spark.driver._config import ExperimentConfig, check_data_section
 from cerebro_spark.errors import DataError
 from cerebro_spark.store import Store
 

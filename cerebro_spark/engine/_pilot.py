@@ -39,10 +39,11 @@ from typing import Any
 import numpy as np
 
 from cerebro_spark.backends import Backend, WorkerJob
+from cerebro_spark.driver._config import ExperimentConfig
+from cerebro_spark.driver._dataset import resolve_dataset
 from cerebro_spark.elastic._cynthia import GroupModel, bandwidth_from
 from cerebro_spark.elastic._profile import Profile, Scaling
-from cerebro_spark.engine import ExperimentConfig, default_backend
-from cerebro_spark.engine._dataset import resolve_dataset
+from cerebro_spark.engine._backend import default_backend
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.search import SearchSpace
 from cerebro_spark.store import Store, open_store

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from cerebro_spark.driver._experiment import _group_failure, group_plans_from_events
 from cerebro_spark.engine import ExperimentState
-from cerebro_spark.engine._experiment import _group_failure, group_plans_from_events
 from cerebro_spark.errors import StoreError, TrialError, WorkerLostError
 from cerebro_spark.units import GroupBrokenError, UnitKind
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from cerebro_spark.engine._experiment import Experiment
-from cerebro_spark.engine._leaderboard import best_trial, rank, rank_key
-from cerebro_spark.engine._preflight import preflight
-from cerebro_spark.engine._state import ExperimentState, TrialState
+from cerebro_spark.driver._experiment import Experiment
+from cerebro_spark.driver._leaderboard import best_trial, rank, rank_key
+from cerebro_spark.driver._preflight import preflight
+from cerebro_spark.driver._state import ExperimentState, TrialState
 from cerebro_spark.mop import WorkAwareRule
 from cerebro_spark.store import open_store
 

@@ -25,8 +25,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cerebro_spark.driver import experiment_spec, load_config
 from cerebro_spark.elastic._planner import plan_deadline
 from cerebro_spark.elastic._specs import procedure_spec
+from cerebro_spark.engine._elastic import planned_spec
+from cerebro_spark.engine._pilot import pilot_profile
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.search import ExperimentSpec
 
@@ -108,7 +111,6 @@ def spec_from_args(args: argparse.Namespace) -> tuple[ExperimentSpec, int | None
     if args.config is not None:
         if args.procedure is not None:
             raise ConfigError("give a config or --procedure, not both")
-        from cerebro_spark.engine import experiment_spec, load_config
 
         config = load_config(args.config)
         if args.workers is not None:
@@ -157,7 +159,6 @@ def _elastic_defaults(args: argparse.Namespace) -> Any:
     """
     if args.config is None:
         return None
-    from cerebro_spark.engine import load_config
 
     config = load_config(args.config)
     elastic = config.elastic
@@ -204,8 +205,6 @@ def run_plan(args: argparse.Namespace) -> int:
             f"config's data.partitions is {partitions}: profile this config again"
         )
     if config is not None and config.elastic is not None:
-        from cerebro_spark.engine._elastic import planned_spec
-
         spec = planned_spec(config.replace(workers=args.workers or config.workers), profile)
     try:
         result = plan(
@@ -299,9 +298,6 @@ def add_profile_command(subparsers: Any) -> argparse.ArgumentParser:
 def run_profile(args: argparse.Namespace) -> int:
     """The ``profile`` command."""
     import dataclasses
-
-    from cerebro_spark.elastic._pilot import pilot_profile
-    from cerebro_spark.engine import load_config
 
     config = load_config(args.config)
     if args.master is not None:

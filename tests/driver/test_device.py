@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cerebro_spark.driver._device import check_device, check_spark_gpus, local_gpus, pool_device
 from cerebro_spark.engine import parse_config
-from cerebro_spark.engine._device import check_device, check_spark_gpus, local_gpus, pool_device
 from cerebro_spark.errors import ConfigError
 
 pytestmark = pytest.mark.torch

@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
+from cerebro_spark.driver._config import load_yaml
 from cerebro_spark.engine import load_config, parse_config
-from cerebro_spark.engine._config import load_yaml
 from cerebro_spark.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

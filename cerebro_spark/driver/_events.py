@@ -46,7 +46,7 @@ Event kinds and their fields:
   and ``metric_sums``, and every rank the group's checkpoint (written by rank 0) and two
   more fields: ``group`` (an id unique to the attempt) and ``group_partitions`` (the
   partitions by rank). The ``k`` ``unit_end`` events are written after all ``k`` results
-  are in and count only together (see :mod:`cerebro_spark.engine._state`).
+  are in and count only together (see :mod:`cerebro_spark.driver._state`).
 * ``trial_failed``: ``trial``, ``error``
 * ``trial_epoch``: ``round``, ``trial``, ``epoch``, ``metrics``, ``checkpoint``,
   ``checkpoint_sha256`` (the checkpoint trained through this epoch, which the metrics
@@ -87,7 +87,7 @@ with :class:`~cerebro_spark.errors.EventLogError` naming the file and the line. 
 of a kind this version does not know (:data:`EVENT_KINDS`; a later version may add
 kinds) are skipped by the fold with a warning; a known kind that lacks a field, or that
 names a trial no ``trial_added`` event added, is refused (see
-:meth:`cerebro_spark.engine.ExperimentState.from_events`).
+:meth:`cerebro_spark.driver.ExperimentState.from_events`).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from cerebro_spark.engine._heap import paused_collector
+from cerebro_spark.driver._heap import paused_collector
 from cerebro_spark.errors import EventLogError
 from cerebro_spark.store import FileSystemStore, Store
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cerebro_spark.engine._config import ExperimentConfig
+from cerebro_spark.driver._config import ExperimentConfig
 from cerebro_spark.errors import ConfigError
 
 _SPARK_GPU_AMOUNT = "spark.task.resource.gpu.amount"

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from cerebro_spark.driver._heap import frozen_heap, paused_collector
 from cerebro_spark.engine import EventLog, ExperimentState, read_events
-from cerebro_spark.engine._heap import frozen_heap, paused_collector
 from cerebro_spark.store import open_store
 
 

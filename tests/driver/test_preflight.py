@@ -13,13 +13,13 @@ import pytest
 import yaml
 
 from cerebro_spark.data import DatasetInfo
-from cerebro_spark.engine import parse_config, run_experiment
-from cerebro_spark.engine._preflight import (
+from cerebro_spark.driver._preflight import (
     family_params,
     models_in,
     preflight,
     resolve_objective,
 )
+from cerebro_spark.engine import parse_config, run_experiment
 from cerebro_spark.errors import ConfigError, TrialError
 from cerebro_spark.metrics import Accuracy, Loss
 from cerebro_spark.store import open_store

@@ -1,6 +1,6 @@
 """The leaderboard: one row per trial, best first.
 
-Trials are ranked by their **best** epoch (:func:`~cerebro_spark.engine._state.epoch_key`:
+Trials are ranked by their **best** epoch (:func:`~cerebro_spark.driver._state.epoch_key`:
 the metric, then the lower loss), then by trial id. Trials that did not fail and reported
 a finite value of the metric come first; then those that did not (yet); failed trials come
 last, with their error. A row shows the best and the last value of the metric, the epoch
@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from cerebro_spark.engine._state import FAILED, LOSS, TrialState, epoch_key
+from cerebro_spark.driver._state import FAILED, LOSS, TrialState, epoch_key
 
 LEADERBOARD_NAME = "leaderboard.csv"
 _TABLE_METRICS = 3

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from cerebro_spark.backends import Backend, WorkerPool
+from cerebro_spark.driver._experiment import Experiment
 from cerebro_spark.engine import (
     EventLog,
     ExperimentConfig,
@@ -29,7 +30,6 @@ from cerebro_spark.engine import (
     resume_experiment,
     run_experiment,
 )
-from cerebro_spark.engine._experiment import Experiment
 from cerebro_spark.errors import CerebroError, DataError
 from cerebro_spark.mop import MopScheduler
 from cerebro_spark.search import GridSearch
@@ -92,7 +92,7 @@ def assert_trained_once(events: list[dict[str, Any]]) -> None:
 def test_a_worker_ready_while_units_run_takes_a_unit_before_any_ends(
     tmp_path: Path, script: fake_transport.Script, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import cerebro_spark.engine._experiment as experiment
+    import cerebro_spark.driver._experiment as experiment
 
     # Nothing but a unit's end, or the look for workers still starting, wakes the driver.
     monkeypatch.setattr(experiment, "_WAIT_SECONDS", 60.0)

@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from cerebro_spark.data import DatasetInfo, Manifest
-from cerebro_spark.engine._config import ExperimentConfig
-from cerebro_spark.engine._dataset import resolve_dataset
-from cerebro_spark.engine._device import check_device
+from cerebro_spark.driver._config import ExperimentConfig
+from cerebro_spark.driver._dataset import resolve_dataset
+from cerebro_spark.driver._device import check_device
 from cerebro_spark.errors import CerebroError, ConfigError, TrialError
 from cerebro_spark.search.space import SearchSpace
 from cerebro_spark.store import Store
@@ -114,7 +114,7 @@ def check_search(config: ExperimentConfig) -> None:
     check_device(config)
     SearchSpace.from_config(config.space)
     check_hyperparameters(config)
-    from cerebro_spark.engine._experiment import build_procedure  # imports this module
+    from cerebro_spark.driver._procedure import build_procedure
 
     try:
         build_procedure(config, lambda: 0.0)

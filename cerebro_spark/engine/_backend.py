@@ -1,0 +1,54 @@
+"""The backend a config names, with the user's spec modules shipped to it."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from cerebro_spark.backends import Backend
+from cerebro_spark.driver._config import ExperimentConfig
+from cerebro_spark.driver._device import check_spark_gpus, local_gpus, pool_device
+from cerebro_spark.driver._preflight import models_in
+from cerebro_spark.errors import ConfigError
+from cerebro_spark.training import user_code_files
+
+logger = logging.getLogger(__name__)
+
+
+def default_backend(config: ExperimentConfig) -> Backend:
+    """Build the backend a config names."""
+    if config.backend == "local":
+        from cerebro_spark.backends import LocalBackend
+
+        return LocalBackend(config.workers, gpus=local_gpus(config), device=pool_device(config))
+    if config.backend == "spark":
+        from cerebro_spark.backends import SparkBackend
+        from cerebro_spark.spark_session import spark_session
+
+        session = spark_session(
+            config.spark.master, f"cerebro-spark {config.name}", config.spark.conf
+        )
+        check_spark_gpus(config, session)
+        ship_user_code(session.sparkContext, config)
+        return SparkBackend(config.workers, spark=session, device=pool_device(config))
+    raise ConfigError(f"backend must be 'local' or 'spark', got {config.backend!r}")
+
+
+def ship_user_code(context: Any, config: ExperimentConfig) -> None:
+    """Ship the config's spec modules found beside it or in the working directory.
+
+    Spark executors may run on other machines: ``SparkContext.addPyFile`` puts each
+    module (a package as a zip) on their Python path
+    (:func:`~cerebro_spark.training.user_code_files`). Installed specs are not shipped.
+
+    Args:
+        context: The application's ``SparkContext``.
+        config: The experiment (its ``model`` and the space's ``model`` values).
+    """
+    specs = [*models_in(config.space), *([config.model] if config.model else [])]
+    for file in user_code_files(specs):
+        try:
+            context.addPyFile(str(file))
+            logger.info("shipped spec module %s to the Spark executors", file)
+        except Exception as error:  # already added (a notebook re-run): keep the first
+            logger.warning("could not ship %s to the executors: %s", file, error)
