@@ -54,10 +54,10 @@ from typing import Any
 import cerebro_spark.report  # noqa: F401  # imported before timing: a one-off, not per unit
 from cerebro_spark.backends import Backend, Membership, WorkerChange, WorkerInfo, WorkerJob
 from cerebro_spark.data import read_manifest
-from cerebro_spark.engine import ExperimentConfig, ExperimentResult, parse_config, read_events
-from cerebro_spark.driver._experiment import Experiment, experiment_prefix
+from cerebro_spark.driver import Experiment, experiment_prefix
 from cerebro_spark.driver._preflight import preflight
 from cerebro_spark.driver._state import ExperimentState
+from cerebro_spark.engine import ExperimentConfig, ExperimentResult, parse_config, read_events
 from cerebro_spark.mop import CNN_MFLOPS, GPU_TFLOPS
 from cerebro_spark.store import Store, open_store
 from cerebro_spark.units import UnitKind, UnitResult, UnitTask

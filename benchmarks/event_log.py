@@ -30,8 +30,8 @@ from typing import Any
 
 from mop_execution import moto_store
 
-from cerebro_spark.engine import EventLog
 from cerebro_spark.driver._events import encode_event
+from cerebro_spark.engine import EventLog
 from cerebro_spark.store import FileSystemStore, Store, open_store
 
 UNIT_END: dict[str, Any] = {

@@ -55,9 +55,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cerebro_spark.engine import default_backend, parse_config, read_events
-from cerebro_spark.driver._experiment import Experiment, experiment_prefix
+from cerebro_spark.driver import Experiment, experiment_prefix
 from cerebro_spark.driver._preflight import preflight
+from cerebro_spark.engine import default_backend, parse_config, read_events
 from cerebro_spark.simulate import (
     UnitOverheads,
     measure_overheads,

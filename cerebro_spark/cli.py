@@ -41,7 +41,7 @@ def _split_experiment(reference: str, store: str | None) -> tuple[str, str]:
 
 def _experiment_started(store_uri: str, experiment_id: str) -> bool:
     """Whether ``run`` already wrote the experiment's config (so ``resume`` can go on)."""
-    from cerebro_spark.driver._experiment import CONFIG_NAME, experiment_prefix
+    from cerebro_spark.driver._layout import CONFIG_NAME, experiment_prefix
     from cerebro_spark.store import open_store
 
     return open_store(store_uri).exists(f"{experiment_prefix(experiment_id)}/{CONFIG_NAME}")

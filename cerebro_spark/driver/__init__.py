@@ -11,14 +11,9 @@ them, and the report, the trackers and scoring read what this floor writes.
 from cerebro_spark.driver._config import DataConfig, ExperimentConfig, load_config, parse_config
 from cerebro_spark.driver._costs import cost_table
 from cerebro_spark.driver._events import EVENT_KINDS, EventList, EventLog, read_events
-from cerebro_spark.driver._experiment import (
-    BEST_CHECKPOINT_NAME,
-    CONFIG_NAME,
-    Experiment,
-    Reporter,
-    experiment_prefix,
-    logged_group_plans,
-)
+from cerebro_spark.driver._experiment import Experiment, Reporter
+from cerebro_spark.driver._group_plans import logged_group_plans
+from cerebro_spark.driver._layout import BEST_CHECKPOINT_NAME, CONFIG_NAME, experiment_prefix
 from cerebro_spark.driver._leaderboard import (
     best_trial,
     format_table,

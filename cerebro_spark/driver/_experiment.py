@@ -43,20 +43,19 @@ import hashlib
 import itertools
 import logging
 import queue
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future
 from typing import Any, Protocol
 
 import numpy as np
 
 from cerebro_spark._redact import redact, redact_uri
-from cerebro_spark.backends import Backend, Membership, UnitFuture, WorkerJob, next_worker_index
+from cerebro_spark.backends import Backend, WorkerJob, next_worker_index
 from cerebro_spark.data import Manifest
 from cerebro_spark.driver._config import ExperimentConfig, worker_budget
-from cerebro_spark.driver._events import EventLog, read_events
+from cerebro_spark.driver._events import EventLog
 from cerebro_spark.driver._heap import frozen_heap
+from cerebro_spark.driver._layout import BEST_CHECKPOINT_NAME, experiment_prefix
 from cerebro_spark.driver._leaderboard import (
     LEADERBOARD_NAME,
     best_trial,
@@ -64,10 +63,20 @@ from cerebro_spark.driver._leaderboard import (
     rank,
     rank_key,
 )
+from cerebro_spark.driver._membership import RoundMembership, membership_events
 from cerebro_spark.driver._preflight import Preflight
 from cerebro_spark.driver._preflight import preflight as run_preflight
 from cerebro_spark.driver._procedure import SCHEDULER_STREAM, build_procedure, trial_seed
 from cerebro_spark.driver._progress import Progress
+from cerebro_spark.driver._running import (
+    Freed,
+    Running,
+    drain,
+    group_failure,
+    unit_end_fields,
+    unit_task,
+    unit_where,
+)
 from cerebro_spark.driver._stage import Stage, StageHook
 from cerebro_spark.driver._state import (
     COMPLETED,
@@ -112,18 +121,14 @@ from cerebro_spark.store import ExperimentLease, Store
 from cerebro_spark.training import load_spec
 from cerebro_spark.training._metrics import family_metrics
 from cerebro_spark.units import (
-    GroupBrokenError,
     UnitKind,
     UnitResult,
     UnitTask,
     group_tasks,
-    pack_states,
 )
 
 logger = logging.getLogger(__name__)
 
-CONFIG_NAME = "config.json"
-BEST_CHECKPOINT_NAME = "best.pt"
 _WAIT_SECONDS = 0.5
 # How long the driver waits for a worker's report before it counts as idle and flushes the
 # event log. On an object store a flush is a PUT (tens of ms): flushing whenever no report
@@ -146,11 +151,6 @@ VisitOrders = Mapping[int, Mapping[str, list[int]]]
 """Visit orders to impose, by round then trial (``replay``)."""
 GroupPlans = Mapping[int, Mapping[str, Sequence[int]]]
 """Group sizes to impose along the visit orders, by round then trial (``replay``)."""
-
-
-def experiment_prefix(experiment_id: str) -> str:
-    """Return the store prefix of an experiment."""
-    return f"experiments/{experiment_id}"
 
 
 class Reporter(Protocol):
@@ -231,11 +231,11 @@ class Experiment:
         self.procedure = self._make_procedure()
         self.progress = Progress(epochs=config.epochs)
         self.manifest: Manifest | None = None
-        self._running: dict[int, _Running] = {}  # by submission number
+        self._running: dict[int, Running] = {}  # by submission number
         self._submissions = itertools.count()
         self._top: str | None = None  # the best trial so far (progress), once known
         self._top_known = False
-        self._departing: set[str] = set()
+        self._membership = RoundMembership()  # the round's schedule, kept to the log
         self._freed_at: dict[int, float] = {}  # by submission: when its worker was freed
         self._unit_seconds: dict[tuple[str, UnitKind], float] = {}
         self._unit_counts: dict[tuple[str, UnitKind], int] = {}
@@ -353,7 +353,7 @@ class Experiment:
                 placement=placement,
                 first_worker=next_worker_index(self.state.workers),
             )  # returns once a worker is ready: the others join the rounds as they are
-            self._sync_membership(backend, None)
+            self._sync_membership(backend)
             while self._next_round(backend):
                 self._run_round(backend)
                 self._end_round()
@@ -374,7 +374,7 @@ class Experiment:
                     )
         finally:
             backend.close()
-        self._sync_membership(backend, None)  # the workers the close stopped
+        self._sync_membership(backend)  # the workers the close stopped
         self._sweep_checkpoints()
         ranked = rank(self.state.trials.values(), self.metric, self.mode)
         best = best_trial(ranked)
@@ -583,12 +583,12 @@ class Experiment:
         Returns:
             Why the search must stop, if the hook says so.
         """
-        self._sync_membership(backend, None)
+        self._sync_membership(backend)
         if self.on_stage is None:
             return None
         self.log.flush()  # a resize acts on the cluster: the log is current first
         directive = self.on_stage(stage, backend)
-        self._sync_membership(backend, None)
+        self._sync_membership(backend)
         if directive is None:
             return None
         for event, fields in directive.events:
@@ -610,8 +610,8 @@ class Experiment:
         self.log.flush()  # idle: the log is made current while the driver waits
         while backend.starting():
             time.sleep(_WAIT_SECONDS)
-            self._sync_membership(backend, None)
-        self._sync_membership(backend, None)
+            self._sync_membership(backend)
+        self._sync_membership(backend)
 
     def _stop_search(self, reason: str) -> None:
         """End the search before its next round: every live trial is stopped."""
@@ -722,9 +722,9 @@ class Experiment:
             self._maybe_finish_epoch(trial_id)
         running = self._running = {}
         self._freed_at = {}
-        # all ranks reported, or (_Freed) a unit's worker free while it writes the checkpoint
-        finished: queue.SimpleQueue[_Running | _Freed] = queue.SimpleQueue()
-        self._departing = set()
+        # all ranks reported, or (Freed) a unit's worker free while it writes the checkpoint
+        finished: queue.SimpleQueue[Running | Freed] = queue.SimpleQueue()
+        self._membership = RoundMembership(scheduler)
         while not scheduler.finished:
             requeued = False
             for assignment in scheduler.assign():
@@ -743,39 +743,40 @@ class Experiment:
                     continue  # workers are starting, or the sync brought some
                 self.log.flush()  # idle: the log is made current while the driver waits
                 time.sleep(_WAIT_SECONDS)
-                self._sync_membership(backend, scheduler)
+                self._sync_membership(backend)
                 continue
             # returns at once if a report is queued; one due any moment is handled before
             # the log is flushed
-            ready = _drain(finished, _SETTLE_SECONDS)
+            ready = drain(finished, _SETTLE_SECONDS)
             if not ready:
                 self.log.flush()  # idle until a worker reports: make the log current
                 # A worker takes its first unit once it is ready, not once a unit ends:
                 # while some start, the driver looks often; one ready before it looked
                 # is taken in now (counted first, so none falls between the two).
                 starting = backend.starting()
-                if self._sync_membership(backend, scheduler):
+                if self._sync_membership(backend):
                     continue
-                ready = _drain(finished, _STARTING_POLL_SECONDS if starting else _WAIT_SECONDS)
-            freed = [r.running for r in ready if isinstance(r, _Freed)]
+                ready = drain(finished, _STARTING_POLL_SECONDS if starting else _WAIT_SECONDS)
+            freed = [r.running for r in ready if isinstance(r, Freed)]
             ended = sorted(  # in submission order, as they were started
-                (r for r in ready if isinstance(r, _Running)), key=lambda r: r.number
+                (r for r in ready if isinstance(r, Running)), key=lambda r: r.number
             )
-            self._sync_membership(backend, scheduler)  # the workers of `ended` still count
+            self._sync_membership(backend)  # the workers of `ended` still count
             for item in ended:
                 del running[item.number]
                 if item.assignment.size == 1:
                     self._handle(item, scheduler)
                 else:
                     self._handle_group(item, scheduler)
-                self._depart(item.assignment.workers, scheduler)
+                self._membership.depart(item.assignment.workers)
             for item in freed:  # its checkpoint being written, its worker takes other work
                 if item.number in running:
                     self._freed_at[item.number] = time.time()  # unit_end says when
                     scheduler.free_worker(item.assignment.worker, item.assignment.unit)
-                    self._depart(item.assignment.workers, scheduler)  # unless it left
+                    self._membership.depart(item.assignment.workers)  # unless it left
             self.progress.maybe_log()
         self.progress.maybe_log(force=True)
+        self._membership = RoundMembership()  # between rounds: no schedule to keep
 
     def _check_stalled(self, backend: Backend, scheduler: MopScheduler) -> None:
         """Nothing runs and no ready worker can take a unit: wait, or fail.
@@ -787,14 +788,14 @@ class Experiment:
             CerebroError: No worker is starting and no live worker can take a unit.
         """
         starting = backend.starting()  # before the sync: a worker ready since is in it
-        self._sync_membership(backend, scheduler)
+        self._sync_membership(backend)
         if not scheduler.stalled:
             return
         if starting:
             self.log.flush()  # idle: the log is made current while the driver waits
             logger.debug("no ready worker can take a unit; %d workers are starting", starting)
             time.sleep(_WAIT_SECONDS)
-            self._sync_membership(backend, scheduler)
+            self._sync_membership(backend)
             return
         unheld = sorted(scheduler.unheld_partitions)
         missing = (
@@ -810,50 +811,18 @@ class Experiment:
 
     def _task(self, assignment: Assignment) -> UnitTask:
         """The task of an assignment (rank 0's, for a group)."""
-        unit = assignment.unit
-        trial = self.state.trials[unit.trial]
-        params = {k: v for k, v in trial.params.items() if k != "model"}
-        checkpoint_out = None
-        if unit.kind is UnitKind.TRAIN:
-            checkpoint_out = (
-                f"{self.prefix}/checkpoints/{trial.trial_id}/"
-                f"e{trial.epochs:04d}-s{assignment.step:04d}.pt"
-            )
-        return UnitTask(
-            kind=unit.kind,
-            trial_id=trial.trial_id,
-            spec=trial.spec,
-            params=params,
-            trial_seed=trial.seed,
-            epoch=trial.epochs,
-            partition=unit.partition,
-            step=assignment.step,
-            epoch_units=self.manifest.num_partitions if self.manifest else 1,
-            checkpoint_in=trial.checkpoint,
-            checkpoint_out=checkpoint_out,
-            checkpoint_in_sha256=trial.checkpoint_sha256 if trial.checkpoint else None,
-        )
+        trial = self.state.trials[assignment.unit.trial]
+        units = self.manifest.num_partitions if self.manifest else 1
+        return unit_task(assignment, trial, self.prefix, units)
 
     def _where(self, assignment: Assignment, index: int, group: str | None) -> dict[str, Any]:
         """The fields that place rank ``index`` of an assignment in the event log."""
-        unit = assignment.unit
-        where: dict[str, Any] = {
-            "round": self.state.round,
-            "trial": unit.trial,
-            "epoch": self.state.trials[unit.trial].epochs,
-            "kind": unit.kind.value,
-            "partition": assignment.partitions[index],
-            "step": assignment.step + index,
-            "worker": assignment.workers[index],
-        }
-        if group is not None:
-            where["group"] = group
-            where["group_partitions"] = list(assignment.partitions)
-        return where
+        epoch = self.state.trials[assignment.unit.trial].epochs
+        return unit_where(assignment, index, group, self.state.round, epoch)
 
     def _submit(
         self, backend: Backend, assignment: Assignment, scheduler: MopScheduler
-    ) -> _Running | None:
+    ) -> Running | None:
         """Start an assignment on the backend; None if it went back to the queue."""
         task = self._task(assignment)
         group: str | None = None
@@ -871,7 +840,7 @@ class Experiment:
             if all(w in live for w in assignment.workers):
                 raise
             scheduler.fail(assignment.unit)
-            self._sync_membership(backend, scheduler)
+            self._sync_membership(backend)
             unexplained = [
                 w for w in assignment.workers if w not in live and w in scheduler.workers
             ]
@@ -883,7 +852,7 @@ class Experiment:
             return None
         for index in range(assignment.size):
             self.log.append("unit_start", **self._where(assignment, index, group))
-        return _Running(assignment, futures, group, next(self._submissions))
+        return Running(assignment, futures, group, next(self._submissions))
 
     def _group_id(self, assignment: Assignment) -> str:
         """A group id unique to this attempt, also across resumed driver sessions."""
@@ -894,7 +863,7 @@ class Experiment:
             f"d{self.state.sessions}-a{self._group_attempts}"
         )
 
-    def _handle(self, item: _Running, scheduler: MopScheduler) -> None:
+    def _handle(self, item: Running, scheduler: MopScheduler) -> None:
         assignment = item.assignment
         unit = assignment.unit
         where = self._where(assignment, 0, None)
@@ -920,20 +889,8 @@ class Experiment:
             self._fail_trial(unit.trial, error, scheduler)
             return
         previous = self.state.trials[unit.trial].checkpoint
-        self._emit(
-            "unit_end",
-            **where,
-            seconds=round(result.seconds, 6),
-            io_seconds=round(result.io_seconds, 6),
-            rows=result.rows,
-            metric_sums=dict(result.metric_sums),
-            checkpoint=result.task.checkpoint_out,
-            checkpoint_bytes=result.checkpoint_bytes,
-            checkpoint_sha256=result.checkpoint_sha256,
-            **_traffic(result),
-            **_states(result),
-            **_trained_at(self._freed_at.pop(item.number, None)),
-        )
+        freed_at = self._freed_at.pop(item.number, None)
+        self._emit("unit_end", **where, **unit_end_fields(result, freed_at=freed_at))
         scheduler.complete(unit, worker=assignment.worker)
         self.progress.unit_done()
         self._measure(unit, result.seconds)
@@ -942,14 +899,14 @@ class Experiment:
         else:
             self._maybe_finish_epoch(unit.trial)
 
-    def _handle_group(self, item: _Running, scheduler: MopScheduler) -> None:
+    def _handle_group(self, item: Running, scheduler: MopScheduler) -> None:
         """Combine the ranks of a group unit once all are in (Cerebro §5.6-§5.7).
 
         All ranks succeeded: one ``unit_end`` per partition, then the whole group
         completes. Otherwise the group failed as a whole: a ``TrialError`` on any rank
         fails the trial; a lost worker or a broken group (``GroupBrokenError``, whose
         worker lives on) and I/O errors put the group back in the queue. Workers leave
-        the schedule only when the backend reported them gone (:meth:`_depart`).
+        the schedule only when the backend reported them gone (:meth:`RoundMembership.depart`).
         """
         assignment = item.assignment
         trial_id = assignment.unit.trial
@@ -959,7 +916,7 @@ class Experiment:
             results = [item.futures[w].result() for w in assignment.workers]
             self._finish_group(item, results, scheduler)
             return
-        reason = _group_failure(failed.values())
+        reason = group_failure(failed.values())
         corrupt = None
         if reason != "trial_error":  # a corrupt read on one rank breaks the others' group
             corrupt = self._corrupt_checkpoint_in(trial_id, failed.values())
@@ -985,25 +942,15 @@ class Experiment:
             self._group_broke(trial_id, scheduler, failed.values())
 
     def _finish_group(
-        self, item: _Running, results: list[UnitResult], scheduler: MopScheduler
+        self, item: Running, results: list[UnitResult], scheduler: MopScheduler
     ) -> None:
         assignment = item.assignment
         trial_id = assignment.unit.trial
         previous = self.state.trials[trial_id].checkpoint
         lead = results[0]  # rank 0 wrote the checkpoint
         for index, result in enumerate(results):
-            self._emit(
-                "unit_end",
-                **self._where(assignment, index, item.group),
-                seconds=round(result.seconds, 6),
-                io_seconds=round(result.io_seconds, 6),
-                rows=result.rows,
-                metric_sums=dict(result.metric_sums),
-                checkpoint=lead.task.checkpoint_out,
-                checkpoint_bytes=lead.checkpoint_bytes,
-                checkpoint_sha256=lead.checkpoint_sha256,
-                **_traffic(result),
-            )
+            where = self._where(assignment, index, item.group)
+            self._emit("unit_end", **where, **unit_end_fields(result, lead=lead))
         scheduler.complete(assignment.unit, worker=assignment.worker)
         wall = max(result.seconds for result in results)
         for unit in assignment.units:
@@ -1194,76 +1141,17 @@ class Experiment:
 
     # -- workers --------------------------------------------------------------------------
 
-    def _sync_membership(self, backend: Backend, scheduler: MopScheduler | None) -> bool:
-        """Log the backend's membership changes and tell the scheduler (Cerebro §5.6).
-
-        A worker that left (lost, retiring, retired) leaves the schedule at once when it
-        runs nothing; otherwise when its unit -- or its group's last rank -- has been
-        handled (:meth:`_depart`): until then its assignment stays in Q', so a group's
-        surviving ranks, still busy on the backend, get no other work.
+    def _sync_membership(self, backend: Backend) -> bool:
+        """Log the backend's membership changes; the round's schedule follows each.
 
         Returns:
             Whether there was any change.
         """
         changes = backend.changes()
-        for change in changes:
-            info = change.worker
-            worker = info.worker_id
-            where = {"host": info.host, "executor_id": info.executor_id, "device": info.device}
-            if change.kind is Membership.JOINED:
-                self._emit("worker_joined", worker=worker, **where)
-            elif change.kind is Membership.READY:
-                self._emit(
-                    "worker_ready",
-                    worker=worker,
-                    partitions=sorted(info.partitions),
-                    bytes_read=info.bytes_read,
-                    **where,
-                )
-                if scheduler is not None and worker in scheduler.workers:
-                    scheduler.set_partitions(worker, info.partitions)
-                elif scheduler is not None:
-                    scheduler.add_worker(worker, info.partitions)
-            elif change.kind is Membership.PARTITIONS:
-                self._emit("worker_partitions", worker=worker, partitions=sorted(info.partitions))
-                if scheduler is not None and worker in scheduler.workers:
-                    scheduler.set_partitions(worker, info.partitions)
-            else:
-                running = scheduler.running.get(worker) if scheduler is not None else None
-                fields: dict[str, Any] = {"worker": worker, "bytes_read": info.bytes_read}
-                if change.kind is Membership.LOST:
-                    unit = None if running is None else running.unit_of(worker)
-                    fields["reason"] = change.reason
-                    fields["unit"] = (
-                        None if unit is None else [unit.trial, unit.kind.value, unit.partition]
-                    )
-                self._emit(f"worker_{change.kind.value}", **fields)
-                if change.kind is Membership.LOST:
-                    logger.warning("worker %s was lost: %s", worker, change.reason)
-                self._leave(worker, scheduler)
+        for event, fields in membership_events(changes, self._membership.unit_of):
+            self._emit(event, **fields)
+            self._membership.follow(event, fields)
         return bool(changes)
-
-    def _leave(self, worker: str, scheduler: MopScheduler | None) -> None:
-        if scheduler is None or worker not in scheduler.workers:
-            return
-        self._departing.add(worker)
-        self._depart([worker], scheduler)
-
-    def _depart(self, workers: Iterable[str], scheduler: MopScheduler) -> None:
-        """Remove the workers that left from the schedule once they run nothing there.
-
-        A worker that runs an assignment stays (busy: it gets no other work) until that
-        assignment is handled or frees it. A unit whose checkpoint it was still writing
-        does not hold it: that unit stays in Q' and is failed or completed by its result.
-        """
-        if not self._departing:
-            return
-        running = scheduler.running
-        for worker in workers:
-            if worker in self._departing and worker not in running:
-                self._departing.discard(worker)
-                if worker in scheduler.workers:
-                    scheduler.remove_worker(worker)
 
     # -- decisions ------------------------------------------------------------------------
 
@@ -1321,179 +1209,6 @@ class Experiment:
         self.store.put(LEADERBOARD_NAME, text.encode())
 
 
-@dataclasses.dataclass(frozen=True)
-class _Running:
-    """An assignment submitted to the backend: one future per worker (rank)."""
-
-    assignment: Assignment
-    futures: Mapping[str, Future[UnitResult]]
-    group: str | None = None
-    number: int = 0
-    """Submission number (the order the driver handles finished assignments in)."""
-
-    def done(self) -> bool:
-        """Whether every rank has reported."""
-        return all(future.done() for future in self.futures.values())
-
-    def watch(self, finished: queue.SimpleQueue[_Running | _Freed]) -> None:
-        """Put this assignment on ``finished`` once every rank has reported.
-
-        The driver then waits on one queue instead of polling every running future. An
-        ordinary unit whose worker is freed before its result (a :class:`UnitFuture`:
-        its checkpoint being written) puts a :class:`_Freed` there first.
-        """
-        if len(self.futures) == 1:  # an ordinary unit: no count to keep
-            (future,) = self.futures.values()
-            if isinstance(future, UnitFuture):
-                future.freed.add_done_callback(
-                    lambda _: None if future.done() else finished.put(_Freed(self))
-                )
-            future.add_done_callback(lambda _: finished.put(self))
-            return
-        left = [len(self.futures)]
-        lock = threading.Lock()
-
-        def reported(_: Future[UnitResult]) -> None:
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                finished.put(self)
-
-        for future in self.futures.values():
-            future.add_done_callback(reported)
-
-
-def _trained_at(freed_at: float | None) -> dict[str, float]:
-    """``unit_end``'s ``trained_at``: when the worker was freed, if before the unit's end."""
-    return {} if freed_at is None else {"trained_at": round(freed_at, 6)}
-
-
-@dataclasses.dataclass(frozen=True)
-class _Freed:
-    """The worker of a running ordinary unit is free: only its checkpoint write is left."""
-
-    running: _Running
-
-
-def _drain(
-    finished: queue.SimpleQueue[_Running | _Freed], wait_s: float
-) -> list[_Running | _Freed]:
-    """Every finished assignment on the queue, waiting up to ``wait_s`` for the first.
-
-    If none finished by then, it is empty.
-    """
-    try:
-        ready = [finished.get(timeout=wait_s)]  # at once if one is queued
-    except queue.Empty:
-        return []
-    while True:
-        try:
-            ready.append(finished.get_nowait())
-        except queue.Empty:
-            return ready
-
-
 def _short(key: str, folder: str) -> str:
     """A checkpoint key relative to the experiment's checkpoint folder, for logs."""
     return key[len(folder) :] if key.startswith(folder) else key
-
-
-def _traffic(result: UnitResult) -> dict[str, float]:
-    """A unit's checkpoint traffic and data wait for its ``unit_end`` event.
-
-    Readers default each to 0 (older logs lack them).
-    ``checkpoint_bytes_read``/``checkpoint_bytes_written``: bytes this rank moved from and
-    to the store; ``checkpoint_cache_hits``: checkpoints its worker's cache answered;
-    ``data_wait_seconds``: the part of ``seconds`` its loop waited for batches.
-    """
-    return {
-        "checkpoint_bytes_read": result.checkpoint_bytes_read,
-        "checkpoint_bytes_written": result.checkpoint_bytes_written,
-        "checkpoint_cache_hits": result.checkpoint_cache_hits,
-        "data_wait_seconds": round(result.data_wait_seconds, 6),
-    }
-
-
-def _states(result: UnitResult) -> dict[str, Any]:
-    """The ``metric_states`` field of a validation unit's ``unit_end``.
-
-    None for training units (their running metrics are in ``metric_sums``), nor for
-    results without states (older workers: the epoch's metrics fall back to the sums).
-    Packed: metrics that share a state name the first of them (:func:`pack_states`).
-    """
-    if result.task.kind is UnitKind.VALIDATE and result.metric_states:
-        return {"metric_states": pack_states(result.metric_states)}
-    return {}
-
-
-def _group_failure(errors: Iterable[BaseException]) -> str:
-    """Why a group unit failed, from its ranks' errors (the ``unit_failed`` reason).
-
-    A trial error on any rank is the trial's fault; otherwise a lost worker, a broken
-    group (``GroupBrokenError``: the reporting worker lives on) or an I/O error send the
-    group back to the queue. Anything else is a bug and is raised.
-    """
-    errors = list(errors)
-    if any(isinstance(e, TrialError) for e in errors):
-        return "trial_error"
-    if any(isinstance(e, WorkerLostError) and not isinstance(e, GroupBrokenError) for e in errors):
-        return "worker_lost"
-    if any(isinstance(e, GroupBrokenError) for e in errors):
-        return "group_broken"
-    if any(isinstance(e, StoreError) for e in errors):
-        return "io_error"
-    raise errors[0]
-
-
-def group_plans_from_events(events: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, list[int]]]:
-    """Return the groups each trial actually trained in, by round (Cerebro §5.7).
-
-    From the ``unit_end`` events of train units: a complete group (all its
-    ``group_partitions`` logged) covers its steps, an ordinary unit one step; partial
-    groups (a driver killed while logging them) and failed attempts are ignored, and
-    where a step was logged twice the later entry wins. Each trial's plan is the sizes of
-    its groups along its visit order; only trials that trained at least one group in a
-    round are listed (the others trained one unit at a time).
-
-    Args:
-        events: An experiment's event log.
-
-    Returns:
-        Round to trial to its group sizes, for ``Experiment(group_plans=...)``.
-    """
-    starts: dict[int, dict[str, dict[int, int]]] = {}
-    open_groups: dict[str, dict[int, Mapping[str, Any]]] = {}
-    for event in events:
-        if event["event"] != "unit_end" or event["kind"] != UnitKind.TRAIN.value:
-            continue
-        by_step = starts.setdefault(event["round"], {}).setdefault(event["trial"], {})
-        group = event.get("group")
-        if group is None:
-            by_step[event["step"]] = 1
-            continue
-        ends = open_groups.setdefault(group, {})
-        ends[event["step"]] = event
-        if len(ends) == len(event["group_partitions"]):
-            del open_groups[group]
-            by_step[min(ends)] = len(ends)
-    plans: dict[int, dict[str, list[int]]] = {}
-    for round_, trials in sorted(starts.items()):
-        for trial, by_step in sorted(trials.items()):
-            sizes: list[int] = []
-            position = 0
-            while position in by_step:
-                sizes.append(by_step[position])
-                position += by_step[position]
-            if any(size > 1 for size in sizes):
-                plans.setdefault(round_, {})[trial] = sizes
-    return plans
-
-
-def logged_group_plans(store: Store, experiment_id: str) -> dict[int, dict[str, list[int]]]:
-    """Return the groups an experiment's trials trained in, by round then trial.
-
-    See :func:`group_plans_from_events`; impose them on a replay together with the
-    logged visit orders (``Experiment(visit_orders=..., group_plans=...)``).
-    """
-    return group_plans_from_events(read_events(store.child(experiment_prefix(experiment_id))))

@@ -11,7 +11,7 @@ import json
 from cerebro_spark._redact import REDACTED, restore_redacted
 from cerebro_spark.driver._config import ExperimentConfig, check_name, parse_config
 from cerebro_spark.driver._events import read_events
-from cerebro_spark.driver._experiment import CONFIG_NAME, experiment_prefix
+from cerebro_spark.driver._layout import CONFIG_NAME, experiment_prefix
 from cerebro_spark.driver._state import ExperimentState
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.store import Store, open_store

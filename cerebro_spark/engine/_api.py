@@ -21,14 +21,9 @@ from cerebro_spark.driver._config import (
     validate_config,
 )
 from cerebro_spark.driver._events import read_events
-from cerebro_spark.driver._experiment import (
-    BEST_CHECKPOINT_NAME,
-    Experiment,
-    GroupPlans,
-    VisitOrders,
-    experiment_prefix,
-    logged_group_plans,
-)
+from cerebro_spark.driver._experiment import Experiment, GroupPlans, VisitOrders
+from cerebro_spark.driver._group_plans import logged_group_plans
+from cerebro_spark.driver._layout import BEST_CHECKPOINT_NAME, experiment_prefix
 from cerebro_spark.driver._leaderboard import best_trial
 from cerebro_spark.driver._preflight import preflight
 from cerebro_spark.driver._stage import StageHook

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from cerebro_spark.driver._experiment import _group_failure, group_plans_from_events
+from cerebro_spark.driver._group_plans import group_plans_from_events
+from cerebro_spark.driver._running import group_failure
 from cerebro_spark.engine import ExperimentState
 from cerebro_spark.errors import StoreError, TrialError, WorkerLostError
 from cerebro_spark.units import GroupBrokenError, UnitKind
@@ -138,9 +139,9 @@ def test_group_plans_from_events_rebuild_the_groups_each_trial_trained_in() -> N
 def test_group_failure_reasons() -> None:
     lost = WorkerLostError("w1 died")
     broken = GroupBrokenError("on worker w0: lost its peers")
-    assert _group_failure([broken, TrialError("boom")]) == "trial_error"
-    assert _group_failure([broken, lost]) == "worker_lost"
-    assert _group_failure([broken, broken]) == "group_broken"
-    assert _group_failure([StoreError("s3 down"), StoreError("s3 down")]) == "io_error"
+    assert group_failure([broken, TrialError("boom")]) == "trial_error"
+    assert group_failure([broken, lost]) == "worker_lost"
+    assert group_failure([broken, broken]) == "group_broken"
+    assert group_failure([StoreError("s3 down"), StoreError("s3 down")]) == "io_error"
     with pytest.raises(KeyError, match="bug"):
-        _group_failure([KeyError("bug")])
+        group_failure([KeyError("bug")])

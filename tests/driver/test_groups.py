@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from cerebro_spark.backends import Backend, LocalBackend
-from cerebro_spark.driver._experiment import logged_group_plans
+from cerebro_spark.driver import logged_group_plans
 from cerebro_spark.engine import (
     EventLog,
     Experiment,
