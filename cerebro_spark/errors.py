@@ -89,6 +89,17 @@ class EventLogError(CerebroError, ValueError):
     """An event log holds what no crash can leave (the message names the line)."""
 
 
+class ProcedureContractError(CerebroError, RuntimeError):
+    """A search procedure's answer breaks a rule of the epoch template (a bug in its code).
+
+    Raised by :class:`cerebro_spark.search.EpochTemplate` for the driver, the simulator and
+    the contract tests alike: a resumed trial that is not paused, ``resources()`` that is
+    not an integer >= 1, a decision that is not a ``Decision``, a reused trial id, a
+    finished procedure that suggests or resumes. The message names the procedure, the
+    trial and the value.
+    """
+
+
 class SearchFailedError(CerebroError, RuntimeError):
     """A search produced nothing: every trial failed, or none reported a finite metric.
 

@@ -25,6 +25,7 @@ from cerebro_spark.search._registry import (
 from cerebro_spark.search._seer import SEER, SeerPlan, seer_plan
 from cerebro_spark.search._sha import SuccessiveHalving
 from cerebro_spark.search._stages import Cohort, ExperimentSpec, StageSpec
+from cerebro_spark.search._template import EpochTemplate, RoundOpening, TrialStatus
 from cerebro_spark.search.space import (
     Choice,
     Distribution,
@@ -48,6 +49,7 @@ __all__ = [
     "Decision",
     "Distribution",
     "EpochReport",
+    "EpochTemplate",
     "ExperimentSpec",
     "Grid",
     "GridSearch",
@@ -58,6 +60,7 @@ __all__ = [
     "Mode",
     "Quantized",
     "RandomSearch",
+    "RoundOpening",
     "SearchProcedure",
     "SearchSpace",
     "SeerPlan",
@@ -65,6 +68,7 @@ __all__ = [
     "SuccessiveHalving",
     "TPESearch",
     "TrialSpec",
+    "TrialStatus",
     "Uniform",
     "check_procedure_options",
     "make_procedure",
