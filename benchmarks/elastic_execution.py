@@ -48,8 +48,8 @@ def search_config(search: str, store: str) -> dict[str, Any]:
     if search == "seer":
         config["name"] = "bench-seer"
         config["epochs"] = 8
-        # SEER's deadline is the run's; its budget is in worker-seconds of training.
-        config["procedure"] = {"name": "seer", "deadline": 45, "budget": 80, "eta": 2,
+        # SEER's deadline is the run's; its worker_seconds are its resources.
+        config["procedure"] = {"name": "seer", "deadline": 45, "worker_seconds": 80, "eta": 2,
                                "v": 2, "epoch_seconds": 0.65}  # fmt: skip
         config["elastic"]["deadline"] = 45
     else:

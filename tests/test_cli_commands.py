@@ -8,7 +8,7 @@ from cerebro_spark.cli import main
 def test_plan_reproduces_the_seer_worked_example(capsys):
     """SEER §3.4: T = 10, B = 80, eta = v = 2 gives N = [8, 4], P = [1, 2] (stages only)."""
     code = main(
-        ["plan", "--procedure", "seer", "--deadline", "10", "--option", "budget=80",
+        ["plan", "--procedure", "seer", "--deadline", "10", "--option", "worker_seconds=80",
          "--eta", "2", "--option", "v=2", "--workers", "4", "--max-epochs", "100",
          "--format", "json"]
     )  # fmt: skip
@@ -19,7 +19,7 @@ def test_plan_reproduces_the_seer_worked_example(capsys):
 
 
 def test_plan_infeasible_is_a_clear_error(capsys, caplog):
-    argv = ["plan", "--procedure", "seer", "--deadline", "0.5", "--option", "budget=80",
+    argv = ["plan", "--procedure", "seer", "--deadline", "0.5", "--option", "worker_seconds=80",
             "--max-epochs", "10"]  # fmt: skip
     assert main(argv) == 2
     assert "T > t_min" in caplog.text

@@ -19,6 +19,8 @@ import yaml
 
 from cerebro_spark.data._options import KindOptions
 from cerebro_spark.errors import ConfigError, DataError
+from cerebro_spark.search import PROCEDURES
+from cerebro_spark.search._registry import upgrade_options
 
 VisitOrder = Literal["seeded", "dynamic"]
 Rule = Literal["randomized", "work-aware"]
@@ -378,6 +380,10 @@ def parse_config(raw: Any, *, stored: bool = False) -> ExperimentConfig:
     procedure_name = procedure.pop("name", None)
     if not isinstance(procedure_name, str) or not procedure_name:
         raise ConfigError("procedure.name must be a procedure name such as 'grid' or 'random'")
+    if procedure_name in PROCEDURES:  # an unknown name is refused where it is built
+        # Renamed options (SEER's budget -> worker_seconds) under their new names; a
+        # stored config of an earlier version is upgraded without a warning.
+        procedure = upgrade_options(procedure_name, procedure, warn=not stored)
     config = ExperimentConfig(
         name=top.take_name(),
         data=_parse_data(data_raw, stored=stored),

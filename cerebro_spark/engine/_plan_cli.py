@@ -69,7 +69,7 @@ def add_plan_command(subparsers: Any) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="another procedure option, VALUE as JSON (e.g. budget=120 for SEER)",
+        help="another procedure option, VALUE as JSON (e.g. worker_seconds=120 for SEER)",
     )
     parser.add_argument("--profile", help="profile YAML (cerebro-spark profile, or by hand)")
     parser.add_argument("--prices", help="price catalog YAML (conf/prices/aws-us-east-1.yaml)")

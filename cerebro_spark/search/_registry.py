@@ -4,12 +4,17 @@ Every registered class takes the search space as its first argument and the keyw
 ``epochs``, ``metric``, ``mode``, ``rng`` and ``clock``; its other keyword arguments are the
 procedure's *options*, passed through :func:`make_procedure`'s ``**options``. To add a
 procedure, add it to :data:`PROCEDURES`.
+
+A class may rename an option and keep reading the old name: its ``renamed_options``
+(``{old: new}``, e.g. SEER's ``budget`` -> ``worker_seconds``) is applied by
+:func:`upgrade_options`, which logs a warning naming the new key and refuses both given.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -38,6 +43,60 @@ PROCEDURES: dict[str, type[SearchProcedure] | str] = {
 
 _COMMON = frozenset({"self", "space", "epochs", "metric", "mode", "rng", "clock"})
 
+logger = logging.getLogger(__name__)
+
+
+def renamed_options(name: str) -> Mapping[str, str]:
+    """Return ``{old name: new name}`` of the options procedure ``name`` renamed.
+
+    Raises:
+        ConfigError: ``name`` is not registered.
+    """
+    renamed: Mapping[str, str] = getattr(_lookup(name), "renamed_options", {})
+    return renamed
+
+
+def upgrade_options(
+    name: str, options: Mapping[str, Any], *, where: str = "procedure", warn: bool = True
+) -> dict[str, Any]:
+    """Return ``options`` with every renamed option under its new name.
+
+    Args:
+        name: A registered procedure.
+        options: Its options as given (a config's ``procedure:`` section, ``--option``).
+        where: How the message names the section (``procedure`` -> ``procedure.budget``).
+        warn: Log a warning naming the new key for each old one (``False``: a stored
+            config written by an earlier version, which the user does not edit).
+
+    Raises:
+        ConfigError: Unknown name, or an option given under both its old and new names
+            (the message names both).
+    """
+    renamed = renamed_options(name)
+    for old, new in renamed.items():
+        if old in options and new in options:
+            raise ConfigError(
+                f"{where}.{old} and {where}.{new} are both given: {name}'s {old!r} is the "
+                f"old name of {new!r} (got {options[old]!r} and {options[new]!r}); keep "
+                f"only {where}.{new}"
+            )
+    out: dict[str, Any] = {}
+    for key, value in options.items():  # the given order (a space's order matters)
+        renamed_to = renamed.get(key)
+        if renamed_to is not None and warn:
+            logger.warning(
+                "%s.%s is the old name of %s's option %r: read as %s.%s: %r; rename it",
+                where,
+                key,
+                name,
+                renamed_to,
+                where,
+                renamed_to,
+                value,
+            )
+        out[renamed_to or key] = value
+    return out
+
 
 def procedure_options(name: str) -> dict[str, bool]:
     """Return the options procedure ``name`` accepts, each mapped to whether it is required.
@@ -57,10 +116,13 @@ def procedure_options(name: str) -> dict[str, bool]:
 def check_procedure_options(name: str, options: Mapping[str, Any]) -> None:
     """Check ``options`` against what procedure ``name`` accepts.
 
+    An option's old name (:func:`upgrade_options`) counts as its new one.
+
     Raises:
         ConfigError: Unknown name, or an unknown or missing option (the message lists the
             accepted ones).
     """
+    options = upgrade_options(name, options, warn=False)
     accepted = procedure_options(name)
     listing = ", ".join(sorted(accepted)) or "none"
     unknown = sorted(set(options) - set(accepted))
@@ -98,10 +160,15 @@ def make_procedure(
         clock: Monotonic clock in seconds.
         **options: The procedure's own options, e.g. ``num_trials`` for ``"random"``.
 
+    An option given under its old name is read under its new one, with a warning
+    (:func:`upgrade_options`).
+
     Raises:
         ConfigError: Unknown name, unknown or missing option (the message lists the
-            accepted ones), or an argument the procedure rejects.
+            accepted ones), an option given under its old and new names, or an argument
+            the procedure rejects.
     """
+    options = upgrade_options(name, options)
     check_procedure_options(name, options)
     cls: Any = _lookup(name)
     procedure: SearchProcedure = cls(

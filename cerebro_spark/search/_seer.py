@@ -1,14 +1,17 @@
 """SEER: sequential elimination with elastic resources (SEER §3, Alg. 1-3).
 
 SEER (Misra et al., SoCC 2021) runs brackets of successive halving side by side under a
-deadline ``T`` and a budget ``B``: bracket ``i`` starts ``N[i]`` trials that each train
-on ``P[i]`` workers; all brackets share the stage boundaries; stage ``k`` lasts
-``t1 * eta**(k-1)``. :func:`seer_plan` computes the plan (Alg. 2 and 3, pure, also used by
-the ``plan`` command); :class:`SEER` executes it (Alg. 1) on Cerebro's round template.
+deadline ``T`` and a resource budget ``B`` (the option ``worker_seconds``): bracket ``i``
+starts ``N[i]`` trials that each train on ``P[i]`` workers; all brackets share the stage
+boundaries; stage ``k`` lasts ``t1 * eta**(k-1)``. :func:`seer_plan` computes the plan
+(Alg. 2 and 3, pure, also used by the ``plan`` command); :class:`SEER` executes it (Alg. 1)
+on Cerebro's round template.
 
 Units: the plan is unit-free as long as ``deadline`` and ``t_min`` share a time unit and
-``budget`` is in workers times that unit (the paper uses minutes and GPU-minutes). The
-procedure uses seconds of experiment time and **worker-seconds**.
+``worker_seconds`` is in workers times that unit (the paper uses minutes and GPU-minutes).
+The procedure uses seconds of experiment time and **worker-seconds**. The option was
+called ``budget`` before; a config's ``budget`` now means dollars only (``elastic.budget``),
+so the old name is read as ``worker_seconds`` with a warning (:data:`SEER.renamed_options`).
 
 Execution on the round template (:class:`SEER`):
 
@@ -56,7 +59,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -130,7 +133,7 @@ class SeerPlan:
 
     Attributes:
         deadline: ``T``.
-        budget: ``B`` (resource-time).
+        worker_seconds: ``B`` (resource-time: worker-seconds for the procedure).
         eta: Elimination factor.
         v: Parallelism growth factor.
         p_min: Fewest resources per trial.
@@ -149,7 +152,7 @@ class SeerPlan:
     """
 
     deadline: float
-    budget: float
+    worker_seconds: float
     eta: float
     v: float
     p_min: int
@@ -173,7 +176,7 @@ class SeerPlan:
 
     @property
     def cost(self) -> float:
-        """Resource-time the plan spends (at most ``budget``, SEER Fact 1)."""
+        """Resource-time the plan spends (at most ``worker_seconds``, SEER Fact 1)."""
         return sum(stage.cost for stage in self.stages)
 
     @property
@@ -186,7 +189,7 @@ class SeerPlan:
         return {
             "procedure": "seer",
             "deadline": self.deadline,
-            "budget": self.budget,
+            "worker_seconds": self.worker_seconds,
             "eta": self.eta,
             "v": self.v,
             "p_min": self.p_min,
@@ -262,7 +265,7 @@ def _whole(value: float) -> int:
 
 def seer_plan(
     deadline: float,
-    budget: float,
+    worker_seconds: float,
     *,
     eta: float = 2,
     v: float = 2,
@@ -278,7 +281,7 @@ def seer_plan(
 
     Args:
         deadline: ``T``, in any time unit.
-        budget: ``B``, in resources times that unit.
+        worker_seconds: ``B``, in resources times that unit.
         eta: Elimination factor, ``> 1`` (the paper's default is 4; ours is 2).
         v: Parallelism growth factor, ``>= 1``.
         p_min: Fewest resources per trial, an integer ``>= 1``.
@@ -289,11 +292,11 @@ def seer_plan(
             over ``epoch_seconds``, at least 1).
 
     Raises:
-        ConfigError: A bad argument, or a deadline or budget too small for one stage
-            (the message gives the numbers).
+        ConfigError: A bad argument, or a deadline or ``worker_seconds`` too small for one
+            stage (the message gives the numbers).
     """
     deadline = check_number("deadline", deadline)
-    budget = check_number("budget", budget)
+    budget = check_number("worker_seconds", worker_seconds)
     eta = check_number("eta", eta, minimum=1.0)
     v = check_number("v", v, minimum=1.0, strict=False)
     p_min = positive_int("p_min", p_min)
@@ -307,8 +310,8 @@ def seer_plan(
     r_star, k = _r_star(deadline, budget, eta, p_min, t_min)
     if k == 0:
         raise ConfigError(
-            f"SEER plan infeasible: deadline T={deadline:g} and budget B={budget:g} leave no "
-            f"stage; Alg. 2 needs R* > 1, i.e. T > t_min = {t_min:g} and "
+            f"SEER plan infeasible: deadline T={deadline:g} and worker_seconds B={budget:g} "
+            f"leave no stage; Alg. 2 needs R* > 1, i.e. T > t_min = {t_min:g} and "
             f"B > p_min * t_min = {p_min * t_min:g}"
         )
     t1 = t_min * r_star * eta ** -(k - 1)
@@ -336,7 +339,7 @@ def seer_plan(
         )
     return SeerPlan(
         deadline=deadline,
-        budget=budget,
+        worker_seconds=budget,
         eta=eta,
         v=v,
         p_min=p_min,
@@ -359,7 +362,7 @@ class SEER(SearchProcedure):
     """SEER's brackets of successive halving on the round template (SEER Alg. 1).
 
     The execution rules are in the module docstring; the plan is
-    ``seer_plan(deadline, budget, ...)``, kept as :attr:`plan`.
+    ``seer_plan(deadline, worker_seconds, ...)``, kept as :attr:`plan`.
 
     Args:
         space: The search space the trials are sampled from.
@@ -370,10 +373,11 @@ class SEER(SearchProcedure):
         clock: Experiment clock in seconds; stage ends and the deadline count from its
             value when the procedure is built.
         deadline: ``T``, seconds of experiment time.
-        num_workers: Workers of the cluster: the default budget is
-            ``num_workers * deadline`` (the budget of a fixed cluster, SEER Table 2) and
+        num_workers: Workers of the cluster: the default ``worker_seconds`` is
+            ``num_workers * deadline`` (the resources of a fixed cluster, SEER Table 2) and
             the default ``p_max`` is ``num_workers``.
-        budget: ``B``, in worker-seconds (default ``num_workers * deadline``).
+        worker_seconds: ``B``, SEER's resource budget in worker-seconds (default
+            ``num_workers * deadline``); formerly ``budget``, a name now kept for dollars.
         eta: Elimination factor, ``> 1``.
         v: Parallelism growth factor, ``>= 1``.
         p_min: Fewest workers per trial.
@@ -386,6 +390,10 @@ class SEER(SearchProcedure):
         ConfigError: An argument breaks its rule or the plan is infeasible.
     """
 
+    renamed_options: ClassVar[Mapping[str, str]] = {"budget": "worker_seconds"}
+    """Old option names still read, each as its new name (with a warning):
+    :func:`~cerebro_spark.search.make_procedure` and config loading apply them."""
+
     def __init__(
         self,
         space: SearchSpace,
@@ -397,7 +405,7 @@ class SEER(SearchProcedure):
         clock: Clock = time.monotonic,
         deadline: float,
         num_workers: int,
-        budget: float | None = None,
+        worker_seconds: float | None = None,
         eta: float = 2,
         v: float = 2,
         p_min: int = 1,
@@ -413,7 +421,7 @@ class SEER(SearchProcedure):
         deadline = check_number("deadline", deadline)
         self.plan = seer_plan(
             deadline,
-            self.num_workers * deadline if budget is None else budget,
+            self.num_workers * deadline if worker_seconds is None else worker_seconds,
             eta=eta,
             v=v,
             p_min=p_min,

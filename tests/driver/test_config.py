@@ -165,3 +165,39 @@ def test_device_defaults_to_auto_but_a_stored_local_run_without_it_stays_on_the_
     assert parse_config(minimal(), stored=True).device == "cpu"
     assert parse_config(minimal(backend="spark"), stored=True).device == "auto"
     assert parse_config(minimal(device="auto"), stored=True).device == "auto"
+
+
+def seer_config(**options):
+    return minimal(procedure={"name": "seer", "deadline": 60, **options})
+
+
+def test_seers_old_budget_loads_as_worker_seconds_with_a_warning(caplog):
+    with caplog.at_level("WARNING"):
+        config = parse_config(seer_config(budget=120, eta=2))
+    assert config.procedure_options == {"deadline": 60, "worker_seconds": 120, "eta": 2}
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("read as procedure.worker_seconds: 120; rename it" in m for m in warned)
+    # Written back under the new name: loading it again warns no more.
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert parse_config(config.to_dict()) == config
+    assert not [r for r in caplog.records if "old name" in r.getMessage()]
+
+
+def test_a_stored_config_with_seers_old_budget_is_upgraded_without_a_warning(caplog):
+    with caplog.at_level("WARNING"):
+        config = parse_config(seer_config(budget=120), stored=True)
+    assert config.procedure_options["worker_seconds"] == 120
+    assert not [r for r in caplog.records if "old name" in r.getMessage()]
+
+
+def test_seers_budget_and_worker_seconds_together_are_refused_naming_both():
+    with pytest.raises(ConfigError) as error:
+        parse_config(seer_config(budget=120, worker_seconds=100))
+    assert "procedure.budget and procedure.worker_seconds are both given" in str(error.value)
+
+
+def test_the_seer_demo_config_uses_worker_seconds():
+    config = load_config(ROOT / "conf/experiments/digits-seer.yaml")
+    assert "budget" not in config.procedure_options
+    assert config.procedure_options["worker_seconds"] == 120

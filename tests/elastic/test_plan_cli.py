@@ -44,7 +44,7 @@ def test_seer_from_flags_shows_its_stages_without_a_profile(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """SEER §3.4: T = 10, B = 80 gives N = [8, 4], P = [1, 2] over three stages."""
-    out = plan_json(["--procedure", "seer", "--deadline", "10", "--option", "budget=80",
+    out = plan_json(["--procedure", "seer", "--deadline", "10", "--option", "worker_seconds=80",
                      "--workers", "4", "--max-epochs", "100"], capsys)  # fmt: skip
     assert out["feasible"] is None
     cohorts = [[(c["trials"], c["resources"]) for c in s["cohorts"]] for s in out["stages"]]
@@ -112,7 +112,7 @@ def test_a_budget_the_static_plan_misses_is_met_elastically(
 def test_a_config_is_planned_with_the_procedure_run_would_build(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """digits-seer.yaml: SEER's defaults (t_min = epoch_seconds, budget...) come from the
+    """digits-seer.yaml: SEER's defaults (t_min = epoch_seconds, worker_seconds...) come from the
     procedure class, as in ``run``: the plan shows the trials the run would start, and is
     planned for SEER's own deadline (60 s)."""
     from cerebro_spark.engine import experiment_spec, load_config

@@ -32,7 +32,16 @@ def script() -> Iterator[fake_transport.Script]:
     [
         ({"name": "sha", "num_trials": 8, "eta": 2}, 4),
         ({"name": "hyperband", "eta": 2, "min_epochs": 1}, 4),
-        ({"name": "seer", "deadline": 600, "budget": 1200, "eta": 2, "epoch_seconds": 2.0}, 12),
+        (
+            {
+                "name": "seer",
+                "deadline": 600,
+                "worker_seconds": 1200,
+                "eta": 2,
+                "epoch_seconds": 2.0,
+            },
+            12,
+        ),
         ({"name": "grid"}, 3),
     ],
     ids=["sha", "hyperband", "seer", "grid"],

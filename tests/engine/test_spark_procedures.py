@@ -38,7 +38,7 @@ def config(store, procedure, epochs):
     ("procedure", "epochs"),
     [
         ({"name": "asha", "num_trials": 6, "eta": 3}, 3),
-        ({"name": "seer", "deadline": 40, "budget": 80, "epoch_seconds": 1.0}, 4),
+        ({"name": "seer", "deadline": 40, "worker_seconds": 80, "epoch_seconds": 1.0}, 4),
     ],
     ids=["asha", "seer"],
 )

@@ -110,3 +110,32 @@ def test_bad_option_values_are_config_errors() -> None:
         make_procedure(
             "grid", space=SPACE, epochs=1, metric="m", mode="up", rng=np.random.default_rng(0)
         )
+
+
+def test_seers_old_budget_is_read_as_worker_seconds_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``budget`` means dollars only: SEER's resource budget is ``worker_seconds``."""
+    new = make("seer", deadline=10.0, num_workers=16, worker_seconds=80.0)
+    with caplog.at_level("WARNING", logger="cerebro_spark.search._registry"):
+        old = make("seer", deadline=10.0, num_workers=16, budget=80.0)
+    assert old.plan == new.plan and old.plan.worker_seconds == 80.0  # type: ignore[attr-defined]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1
+    assert "procedure.budget is the old name of seer's option 'worker_seconds'" in warned[0]
+    assert "read as procedure.worker_seconds: 80.0" in warned[0]
+    assert "worker_seconds" in procedure_options("seer")
+    assert "budget" not in procedure_options("seer")
+
+
+def test_seers_budget_and_worker_seconds_together_are_refused_naming_both() -> None:
+    with pytest.raises(ConfigError) as error:
+        make("seer", deadline=10.0, num_workers=16, budget=80.0, worker_seconds=40.0)
+    message = str(error.value)
+    assert "procedure.budget and procedure.worker_seconds are both given" in message
+    assert "got 80.0 and 40.0" in message
+
+
+def test_an_unrenamed_option_of_another_procedure_is_still_refused() -> None:
+    with pytest.raises(ConfigError, match="has no option 'budget'"):
+        make("random", num_trials=2, budget=3)

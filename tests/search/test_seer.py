@@ -117,8 +117,13 @@ def test_plan_epochs_per_stage() -> None:
 @pytest.mark.parametrize(
     ("deadline", "budget", "kwargs", "pattern"),
     [
-        (1.0, 80.0, {}, r"infeasible: deadline T=1 and budget B=80 .* T > t_min = 1"),
-        (10.0, 1.0, {}, r"infeasible: deadline T=10 and budget B=1 .* B > p_min \* t_min = 1"),
+        (1.0, 80.0, {}, r"infeasible: deadline T=1 and worker_seconds B=80 .* T > t_min = 1"),
+        (
+            10.0,
+            1.0,
+            {},
+            r"infeasible: deadline T=10 and worker_seconds B=1 .* B > p_min \* t_min = 1",
+        ),
         (10.0, 3.0, {"p_min": 4}, r"B > p_min \* t_min = 4"),
         (0.0, 80.0, {}, r"deadline must be a finite number > 0, got 0"),
         (10.0, 80.0, {"eta": 1}, r"eta must be a finite number > 1, got 1"),
@@ -192,7 +197,7 @@ class TestSeerParallelContract(ProcedureContract):
             clock=clock,
             deadline=300.0,
             num_workers=8,
-            budget=1200.0,
+            worker_seconds=1200.0,
             eta=3,
             t_min=2.0,
             epoch_seconds=0.5,
@@ -208,7 +213,7 @@ def seer(clock: FakeClock, **kwargs: Any) -> SEER:
     kwargs.setdefault("mode", "max")
     kwargs.setdefault("rng", np.random.default_rng(0))
     kwargs.setdefault("deadline", 10.0)
-    kwargs.setdefault("budget", 80.0)
+    kwargs.setdefault("worker_seconds", 80.0)
     kwargs.setdefault("num_workers", 16)
     return SEER(SPACE, clock=clock, **kwargs)
 
@@ -312,7 +317,7 @@ def test_pacing_makes_slow_members_wait() -> None:
 
 def test_last_stage_stops_everything() -> None:
     clock = FakeClock()
-    proc = seer(clock, deadline=4.0, budget=4.0, num_workers=2)
+    proc = seer(clock, deadline=4.0, worker_seconds=4.0, num_workers=2)
     # R*: on (1, 2] R <= 4 and R <= 4 -> 2; on (2, 4] 1.5 R <= 4 but 2R <= 4 -> 2 is not
     # above 2: R* = 2, K = 1, t1 = 2, B0 = 2, q* = 1: P = [1, 2], B = [2, 2],
     # N = [floor(2 / 2), floor(2 / 4)] = [1, 0]
@@ -350,8 +355,8 @@ def test_epochs_cap_limits_every_trial() -> None:
 
 
 def test_plan_follows_the_options() -> None:
-    proc = seer(FakeClock(), deadline=10.0, budget=None, num_workers=8)
-    assert proc.plan.budget == 80.0  # num_workers * deadline
+    proc = seer(FakeClock(), deadline=10.0, worker_seconds=None, num_workers=8)
+    assert proc.plan.worker_seconds == 80.0  # num_workers * deadline
     assert proc.plan.p_max == 8
     assert proc.plan.t_min == 1.0  # epoch_seconds
     assert (proc.plan.N, proc.plan.P) == ((8, 4), (1, 2))
@@ -360,7 +365,7 @@ def test_plan_follows_the_options() -> None:
 def test_state_from_another_plan_is_refused() -> None:
     state = seer(FakeClock()).state_dict()
     with pytest.raises(ConfigError, match="cannot resume SEER: the state has plan"):
-        seer(FakeClock(), budget=200.0).load_state_dict(state)
+        seer(FakeClock(), worker_seconds=200.0).load_state_dict(state)
 
 
 def test_registered_as_seer() -> None:

@@ -44,10 +44,12 @@ def test_hyperband_is_a_multi_job_side_by_side_or_in_sequence() -> None:
 
 
 def test_seer_gives_its_brackets_resources_and_epochs() -> None:
-    s = spec("seer", epochs=100, deadline=10, budget=80, num_workers=4, epoch_seconds=1.0)
+    s = spec("seer", epochs=100, deadline=10, worker_seconds=80, num_workers=4, epoch_seconds=1.0)
     # SEER §3.4: N = [8, 4], P = [1, 2]; stage k lasts 10/7 * 2**(k-1).
     assert shape(s) == [[(8, 1, 1), (4, 2, 2)], [(4, 2, 1), (2, 5, 2)], [(2, 5, 1), (1, 11, 2)]]
-    capped = spec("seer", epochs=4, deadline=10, budget=80, num_workers=4, epoch_seconds=1.0)
+    capped = spec(
+        "seer", epochs=4, deadline=10, worker_seconds=80, num_workers=4, epoch_seconds=1.0
+    )
     assert max(sum(c.epochs for st in capped.stages for c in st.cohorts[i : i + 1])
                for i in range(2)) <= 4  # fmt: skip
 
