@@ -39,7 +39,6 @@ membership the round then uses.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import logging
 import queue
@@ -52,10 +51,11 @@ import numpy as np
 from cerebro_spark._redact import redact, redact_uri
 from cerebro_spark.backends import Backend, WorkerJob, next_worker_index
 from cerebro_spark.data import Manifest
+from cerebro_spark.driver._checkpoints import CheckpointKeeper
 from cerebro_spark.driver._config import ExperimentConfig, worker_budget
 from cerebro_spark.driver._events import EventLog
 from cerebro_spark.driver._heap import frozen_heap
-from cerebro_spark.driver._layout import BEST_CHECKPOINT_NAME, experiment_prefix
+from cerebro_spark.driver._layout import experiment_prefix
 from cerebro_spark.driver._leaderboard import (
     LEADERBOARD_NAME,
     best_trial,
@@ -92,7 +92,6 @@ from cerebro_spark.driver._state import (
 )
 from cerebro_spark.errors import (
     CerebroError,
-    CheckpointCorruptError,
     ConfigError,
     SearchFailedError,
     StoreError,
@@ -225,6 +224,9 @@ class Experiment:
         self.log = EventLog(self.store)
         self.log.before_write = self._check_lease  # buffered events: still the holder?
         self.state = ExperimentState.from_events(self.log.read())
+        self.checkpoints = CheckpointKeeper(
+            store, self.prefix, self.state, self.log, self._check_lease
+        )
         self._time_before = self.state.experiment_seconds
         self._session_started = time.monotonic()
         self.space = SearchSpace.from_config(config.space)
@@ -375,11 +377,11 @@ class Experiment:
         finally:
             backend.close()
         self._sync_membership(backend)  # the workers the close stopped
-        self._sweep_checkpoints()
+        self.checkpoints.sweep()
         ranked = rank(self.state.trials.values(), self.metric, self.mode)
         best = best_trial(ranked)
         self._write_leaderboard()
-        best_key, best_sha256 = self._write_best_checkpoint(best)
+        best_key, best_sha256 = self.checkpoints.write_best(best, self.store, self.metric)
         self._emit(
             "experiment_end",
             best_trial=best.trial_id if best else None,
@@ -440,76 +442,6 @@ class Experiment:
                 first.error,
                 url,
             )
-
-    def _write_best_checkpoint(self, best: TrialState | None) -> tuple[str | None, str | None]:
-        """Copy the best epoch of the best trial to ``best.pt``; return its key and SHA-256.
-
-        The bytes are checked against the SHA-256 the log recorded for them. A trial
-        folded from a log written before best checkpoints were kept may have lost its
-        best epoch's checkpoint: its latest is copied then, with a warning.
-        """
-        if best is None:
-            logger.warning(
-                "no trial reported a finite %s: %s not written",
-                self.metric,
-                BEST_CHECKPOINT_NAME,
-            )
-            return None, None
-        key, sha256 = best.best_checkpoint, best.best_checkpoint_sha256
-        if key is None:
-            key, sha256 = best.checkpoint, best.checkpoint_sha256
-            logger.warning(
-                "the checkpoint of trial %s's best epoch %s was not kept (its log predates "
-                "best checkpoints); %s is its latest, epoch %d",
-                best.trial_id,
-                best.best_epoch,
-                BEST_CHECKPOINT_NAME,
-                best.epochs,
-            )
-        if key is None:
-            return None, None
-        data = self.root.get(key)
-        actual = hashlib.sha256(data).hexdigest()
-        if sha256 is not None and actual != sha256:
-            raise CheckpointCorruptError(self.root.url(key), sha256, actual, len(data))
-        self.store.put(BEST_CHECKPOINT_NAME, data)
-        logger.info(
-            "%s: trial %s, epoch %s (%s %s), from %s",
-            BEST_CHECKPOINT_NAME,
-            best.trial_id,
-            best.best_epoch,
-            self.metric,
-            best.best_metrics.get(self.metric),
-            key,
-        )
-        return key, actual
-
-    def _sweep_checkpoints(self) -> None:
-        """Delete every checkpoint no trial needs and log the ones kept.
-
-        Checkpoints are deleted as they are superseded (:meth:`_drop_checkpoint`); this
-        sweep also removes those a killed driver left behind (a unit written but never
-        logged, a superseded one not yet deleted).
-        """
-        folder = f"{self.prefix}/checkpoints/"
-        self.log.flush()  # what the state says must be durable before deleting by it
-        self._check_lease()  # only the lease holder deletes checkpoints
-        for key in self.root.list(folder):
-            if not self.state.needs_checkpoint(key):
-                logger.debug("deleting checkpoint %s: no trial needs it", key)
-                self.root.delete(key)
-        kept = []
-        for trial in sorted(self.state.trials.values(), key=lambda t: t.trial_id):
-            roles: dict[str, list[str]] = {}
-            best = f"best, epoch {trial.best_epoch}"
-            for checkpoint, role in ((trial.checkpoint, "latest"), (trial.best_checkpoint, best)):
-                if checkpoint is not None:
-                    roles.setdefault(checkpoint, []).append(role)
-            if roles:
-                files = (f"{_short(k, folder)} ({' and '.join(r)})" for k, r in roles.items())
-                kept.append(f"{trial.trial_id}: {', '.join(files)}")
-        where = self.root.url(folder.rstrip("/"))
-        logger.info("checkpoints kept in %s: %s", where, "; ".join(kept) or "none")
 
     def _logged_placement(self) -> list[list[int]] | None:
         """The partitions of each worker taking units at the end of the log, if any."""
@@ -875,7 +807,7 @@ class Experiment:
             scheduler.fail(unit, worker=assignment.worker)
             return
         except StoreError as error:
-            corrupt = self._corrupt_checkpoint_in(unit.trial, [error])
+            corrupt = self.checkpoints.verify(unit.trial, [error])
             if corrupt is not None:
                 self._emit("unit_failed", **where, reason="checkpoint_corrupt", error=str(error))
                 self._fail_trial(unit.trial, corrupt, scheduler)
@@ -895,7 +827,7 @@ class Experiment:
         self.progress.unit_done()
         self._measure(unit, result.seconds)
         if unit.kind is UnitKind.TRAIN:
-            self._drop_checkpoint(previous, unit.trial)
+            self.checkpoints.drop(previous, unit.trial)
         else:
             self._maybe_finish_epoch(unit.trial)
 
@@ -919,7 +851,7 @@ class Experiment:
         reason = group_failure(failed.values())
         corrupt = None
         if reason != "trial_error":  # a corrupt read on one rank breaks the others' group
-            corrupt = self._corrupt_checkpoint_in(trial_id, failed.values())
+            corrupt = self.checkpoints.verify(trial_id, failed.values())
             reason = "checkpoint_corrupt" if corrupt is not None else reason
         for index, worker in enumerate(assignment.workers):
             error = failed.get(worker)
@@ -956,7 +888,7 @@ class Experiment:
         for unit in assignment.units:
             self.progress.unit_done()
             self._measure(unit, wall / assignment.size)  # the trial's wall time per unit
-        self._drop_checkpoint(previous, trial_id)
+        self.checkpoints.drop(previous, trial_id)
 
     def _group_broke(
         self, trial_id: str, scheduler: MopScheduler, errors: Iterable[BaseException]
@@ -988,64 +920,11 @@ class Experiment:
             ) from error
         logger.warning("retrying %s after an I/O error: %s", unit, error)
 
-    def _corrupt_checkpoint_in(
-        self, trial_id: str, errors: Iterable[BaseException]
-    ) -> CheckpointCorruptError | None:
-        """The driver's own check of a trial's latest checkpoint after a worker found it corrupt.
-
-        A worker that reads checkpoint bytes other than those the log recorded raises
-        :class:`CheckpointCorruptError`, which the backend rebuilds on the driver. The
-        driver then reads the checkpoint and compares its SHA-256 itself: bytes that
-        differ make the trial fail with
-        ``"checkpoint corrupt: <url> ..."`` (rolling back to an earlier checkpoint would
-        repeat training the log already counts, and the earlier ones are deleted once
-        superseded). Bytes that match (the fault was in transit) or a store the driver
-        cannot read either give ``None``: the unit is retried like after any I/O error.
-        """
-        if not any(isinstance(e, CheckpointCorruptError) for e in errors):
-            return None
-        trial = self.state.trials[trial_id]
-        key, expected = trial.checkpoint, trial.checkpoint_sha256
-        if key is None or expected is None:
-            return None
-        try:
-            data = self.root.get(key)
-        except (OSError, StoreError) as error:
-            logger.warning("cannot re-read checkpoint %s to verify it: %s", key, error)
-            return None
-        actual = hashlib.sha256(data).hexdigest()
-        if actual == expected:
-            logger.warning("checkpoint %s verifies on the driver; retrying the unit", key)
-            return None
-        return CheckpointCorruptError(self.root.url(key), expected, actual, len(data))
-
     def _fail_trial(self, trial_id: str, error: CerebroError, scheduler: MopScheduler) -> None:
         scheduler.remove_trial(trial_id)
         self._emit("trial_failed", trial=trial_id, error=str(error))
         self.procedure.on_trial_failed(trial_id)
         logger.error("trial %s failed: %s", trial_id, error)
-
-    def _drop_checkpoint(self, key: str | None, trial_id: str) -> None:
-        """Delete a checkpoint trial ``trial_id`` no longer needs, unless another trial does.
-
-        Each trial keeps its latest checkpoint (Cerebro §5.6: training continues from it)
-        and the one trained through its best epoch. A checkpoint is shared when a trial was
-        cloned from another (PBT's ``clone_from``): it is deleted only once no trial's
-        latest or best is it.
-        """
-        if key is None or not key.startswith(f"{self.prefix}/checkpoints/"):
-            return
-        if self.state.needs_checkpoint(key):
-            return
-
-        def delete() -> None:  # once the events that moved past it are durable
-            if self.state.needs_checkpoint(key):  # a later event needs it again
-                return
-            self._check_lease()  # only the lease holder deletes checkpoints
-            logger.debug("deleting checkpoint %s (trial %s moved past it)", key, trial_id)
-            self.root.delete(key)
-
-        self.log.after_flush(delete)
 
     def _maybe_finish_epoch(self, trial_id: str) -> None:
         """Emit a trial's epoch metrics once all its validation units are in."""
@@ -1067,7 +946,7 @@ class Experiment:
             checkpoint_sha256=trial.checkpoint_sha256,
             **self._best_fields(trial, metrics),
         )
-        self._drop_checkpoint(previous_best, trial_id)  # once logged: no longer the best
+        self.checkpoints.drop(previous_best, trial_id)  # once logged: no longer the best
         self._update_best(trial_id)
 
     def _family(self, spec: str) -> Mapping[str, Metric]:
@@ -1207,8 +1086,3 @@ class Experiment:
     def _write_leaderboard(self) -> None:
         text = leaderboard_csv(self.state.trials.values(), self.metric, self.mode)
         self.store.put(LEADERBOARD_NAME, text.encode())
-
-
-def _short(key: str, folder: str) -> str:
-    """A checkpoint key relative to the experiment's checkpoint folder, for logs."""
-    return key[len(folder) :] if key.startswith(folder) else key
