@@ -11,34 +11,47 @@ Use it from a test module in this folder::
 
 ``make`` must build the procedure from its two arguments alone (same arguments, same
 procedure). The suite drives it with :class:`FakeLoop`, a synchronous stand-in for the
-engine: each round it asks ``suggest()`` and ``resumed()`` (:meth:`FakeLoop.open_round`),
-then trains every live trial one epoch and asks for its decision
-(:meth:`FakeLoop.close_round`). The injected clock advances ``epoch_seconds`` per
-trial-epoch; metrics are a seeded function of the trial's params and epoch. The loop itself
-checks the per-call rules (fresh unique ids, JSON params, known ``clone_from``,
-``resumed()`` only names paused trials, decisions are :class:`Decision` members, a
-finished procedure adds and resumes nothing, no stall) and records a trace; the tests
-compare traces.
+engine: each round it asks ``suggest()`` and ``resumed()``, then each live trial's
+``resources()`` (:meth:`FakeLoop.open_round`), then trains every live trial one epoch and
+asks for its decision (:meth:`FakeLoop.close_round`). The injected clock advances
+``epoch_seconds`` per trial-epoch; metrics are a seeded function of the trial's params and
+epoch. The loop asks through the epoch template the driver and the simulator use
+(:class:`~cerebro_spark.search.EpochTemplate`), whose per-call rules (fresh unique ids, JSON
+params, known ``clone_from``, ``resumed()`` names only paused trials, ``resources()`` an
+integer >= 1, decisions are :class:`~cerebro_spark.search.Decision` members, a finished
+procedure adds and resumes nothing) it reports as :class:`ContractViolation`; a stall is a
+violation too. It records a trace; the tests compare traces.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
 import json
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
-from cerebro_spark.errors import ConfigError
-from cerebro_spark.search import Clock, Decision, EpochReport, SearchProcedure
+from cerebro_spark.errors import ConfigError, ProcedureContractError
+from cerebro_spark.search import Clock, EpochReport, EpochTemplate, SearchProcedure
 
 
 class ContractViolation(AssertionError):
     """The procedure broke a rule of the search-procedure contract."""
+
+
+@contextlib.contextmanager
+def _violations() -> Iterator[None]:
+    """Report the epoch template's refusal of a procedure's answer as a contract violation."""
+    try:
+        yield
+    except ProcedureContractError as error:
+        raise ContractViolation(str(error)) from error
 
 
 @dataclasses.dataclass
@@ -80,6 +93,7 @@ class FakeLoop:
         epoch_seconds: float = 1.0,
     ) -> None:
         self.procedure = procedure
+        self.template = EpochTemplate(procedure)
         self.clock = clock
         self.seed = seed
         self.metric = metric
@@ -95,7 +109,7 @@ class FakeLoop:
 
     def bookkeeping(self) -> dict[str, Any]:
         """Everything but the procedure and clock, as the engine would checkpoint it."""
-        keys = ("rounds", "params", "live", "paused", "stopped", "trace")
+        keys = ("rounds", "params", "live", "paused", "stopped", "failed", "trace")
         return copy.deepcopy({k: getattr(self, k) for k in keys})
 
     def restore(self, bookkeeping: dict[str, Any]) -> None:
@@ -113,39 +127,33 @@ class FakeLoop:
 
     def open_round(self) -> None:
         """First half of a round: ask for new and resumed trials (the engine then saves)."""
-        proc = self.procedure
-        was_finished = proc.is_finished()
-        specs = proc.suggest()
-        if not isinstance(specs, list):
-            raise ContractViolation(f"suggest() must return a list, got {type(specs)}")
-        if was_finished and specs:
-            raise ContractViolation(f"finished procedure suggested {specs}")
+        with _violations():
+            opening = self.template.open_round(self.statuses())
         new = []
-        for spec in specs:
-            if spec.trial_id in self.params:
-                raise ContractViolation(f"suggest() returned known trial id {spec.trial_id!r}")
-            if spec.clone_from is not None and spec.clone_from not in self.params:
-                raise ContractViolation(f"{spec.trial_id} clones unknown trial {spec.clone_from!r}")
+        for spec in opening.added:
             params = dict(spec.params)
-            if json.loads(json.dumps(params)) != params:
-                raise ContractViolation(f"{spec.trial_id} params are not JSON values: {params}")
             self.params[spec.trial_id] = params
             self.live[spec.trial_id] = 0
             new.append((spec.trial_id, json.dumps(params, sort_keys=True), spec.clone_from))
-        resumed = proc.resumed()
-        if was_finished and resumed:
-            raise ContractViolation(f"finished procedure resumed {resumed}")
-        for trial_id in resumed:
-            if trial_id not in self.paused:
-                state = "failed" if trial_id in self.failed else "not paused"
-                raise ContractViolation(f"resumed() named {trial_id!r}, which is {state}")
+        for trial_id in opening.resumed:
             self.live[trial_id] = self.paused.pop(trial_id)
-        self.trace.append(("round", self.rounds, new, list(resumed)))
-        if not self.live and not proc.is_finished():
+        self.trace.append(("round", self.rounds, new, list(opening.resumed)))
+        if opening.stalled:
             raise ContractViolation(
                 f"stalled in round {self.rounds}: nothing live, nothing suggested or resumed, "
                 f"and is_finished() is False (paused: {sorted(self.paused)})"
             )
+        with _violations():  # asked where the driver asks: the round's start, before it saves
+            resources = {t: self.template.resources(t) for t in self.live}
+        self.trace.append(("resources", self.rounds, resources))
+
+    def statuses(self) -> dict[str, str]:
+        """Every known trial's status, as the template reads them."""
+        statuses = dict.fromkeys(self.params, "stopped")
+        statuses.update(dict.fromkeys(self.live, "running"))
+        statuses.update(dict.fromkeys(self.paused, "paused"))
+        statuses.update(dict.fromkeys(self.failed, "failed"))
+        return statuses
 
     def close_round(self) -> None:
         """Second half: train every live trial one epoch and ask for each one's fate."""
@@ -159,13 +167,13 @@ class FakeLoop:
                 self.trace.append(("failed", self.rounds, trial_id, epoch))
                 continue
             metrics = fake_metrics(self.params[trial_id], epoch, self.seed, self.metric)
-            decision = self.procedure.on_epoch_end(EpochReport(trial_id, epoch, metrics))
-            if not isinstance(decision, Decision):
-                raise ContractViolation(f"on_epoch_end returned {decision!r}, not a Decision")
+            report = EpochReport(trial_id, epoch, metrics)
+            with _violations():
+                decision, status = self.template.close_epoch(report)
             del self.live[trial_id]
-            if decision is Decision.CONTINUE:
+            if status == "running":
                 self.live[trial_id] = epoch
-            elif decision is Decision.PAUSE:
+            elif status == "paused":
                 self.paused[trial_id] = epoch
             else:
                 self.stopped[trial_id] = epoch

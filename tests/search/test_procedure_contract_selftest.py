@@ -95,6 +95,31 @@ class IgnoresFailures(RandomSearch):
         pass  # the failed trial keeps its place for ever
 
 
+class ResumesStopped(RandomSearch):
+    def resumed(self) -> list[str]:
+        return sorted(self._stopped)[:1]  # the engine once trained a stopped trial again
+
+
+class ResumesFailed(RandomSearch):
+    def on_trial_failed(self, trial_id: str) -> None:
+        super().on_trial_failed(trial_id)
+        self.failed = trial_id
+
+    def resumed(self) -> list[str]:
+        failed = getattr(self, "failed", None)
+        return [failed] if failed is not None else []  # the engine once ignored it
+
+
+class AsksNoWorkers(RandomSearch):
+    def resources(self, trial_id: str) -> int:
+        return 0  # the simulator once clamped it to 1
+
+
+class AsksHalfWorkers(RandomSearch):
+    def resources(self, trial_id: str) -> int:
+        return 1.5  # type: ignore[return-value]
+
+
 def contract_for(cls: type[RandomSearch]) -> ProcedureContract:
     class Contract(ProcedureContract):
         max_rounds = 30
@@ -127,6 +152,14 @@ FAILURES = [
     (ReturnsStrings, "test_runs_to_completion", "returned 'continue', not a Decision"),
     (FinishedButSuggests, "test_runs_to_completion", "a finished procedure suggested trials"),
     (IgnoresFailures, "test_a_failed_trial_leaves_the_search_without_stalling_it", "stalled"),
+    (ResumesStopped, "test_runs_to_completion", "resumed trial 't0000', which is stopped"),
+    (
+        ResumesFailed,
+        "test_a_failed_trial_leaves_the_search_without_stalling_it",
+        "resumed trial 't0001', which is failed; resumed\\(\\) names only paused trials",
+    ),
+    (AsksNoWorkers, "test_runs_to_completion", "asked for resources=0 for trial t0000"),
+    (AsksHalfWorkers, "test_runs_to_completion", "asked for resources=1.5 for trial t0000"),
 ]
 
 
