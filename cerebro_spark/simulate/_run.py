@@ -1,11 +1,12 @@
 """Run any registered search procedure on the simulated workload in virtual time.
 
-The loop is the engine's round template (``cerebro_spark.driver._experiment``): each round
-the procedure's :meth:`~cerebro_spark.search.SearchProcedure.suggest` and
+The loop is the engine's epoch template (:class:`~cerebro_spark.search.EpochTemplate`, the
+one the driver uses, with the same rules and errors): each round the procedure's
+:meth:`~cerebro_spark.search.SearchProcedure.suggest` and
 :meth:`~cerebro_spark.search.SearchProcedure.resumed` are asked, every live trial trains one
-epoch on :meth:`~cerebro_spark.search.SearchProcedure.resources` workers, the round lasts
-the list-scheduled makespan of those epochs (:mod:`cerebro_spark.simulate._cluster`), and
-then each live trial's report goes to
+epoch on :meth:`~cerebro_spark.search.SearchProcedure.resources` workers (at most the
+cluster's), the round lasts the list-scheduled makespan of those epochs
+(:mod:`cerebro_spark.simulate._cluster`), and then each live trial's report goes to
 :meth:`~cerebro_spark.search.SearchProcedure.on_epoch_end`. Time is a
 :class:`~cerebro_spark.simulate.VirtualClock` injected into the procedure. The run ends at
 the deadline (a round that would end later is cut there: only epochs finished by then
@@ -26,7 +27,14 @@ from typing import Any
 import numpy as np
 
 from cerebro_spark.errors import ConfigError
-from cerebro_spark.search import Decision, EpochReport, make_procedure, procedure_options
+from cerebro_spark.search import (
+    Decision,
+    EpochReport,
+    EpochTemplate,
+    TrialStatus,
+    make_procedure,
+    procedure_options,
+)
 from cerebro_spark.search._hypersched import check_number, check_scaling
 from cerebro_spark.simulate._cluster import EpochJob, VirtualClock, epoch_seconds, schedule_round
 from cerebro_spark.simulate._workload import SIMULATED_SPACE, Curve, ParametricWorkload
@@ -164,6 +172,8 @@ def run_simulation(
 
     Raises:
         ConfigError: Unknown procedure or a bad option.
+        ProcedureContractError: The procedure broke a rule of the epoch template (resumed
+            a trial that is not paused, asked for resources that are not an integer >= 1).
     """
     workload = ParametricWorkload(seed=seed, steps_per_epoch=settings.steps_per_epoch)
     clock = VirtualClock()
@@ -177,32 +187,34 @@ def run_simulation(
         clock=clock,
         **_options(procedure, settings, options),
     )
+    template = EpochTemplate(proc, name=procedure, epochs=settings.epochs)
     curves: dict[str, Curve] = {}
     steps: dict[str, int] = {}
     epochs: dict[str, int] = {}
     workers: dict[str, int] = {}
-    live: list[str] = []
-    paused: set[str] = set()
+    status: dict[str, TrialStatus] = {}  # every trial started
+    live: list[str] = []  # in the order the round's epochs are list-scheduled
     best, best_trial = -math.inf, None
     rounds = trial_epochs = 0
     reason = "deadline"
     while clock.now < settings.deadline:
-        for spec in proc.suggest():
+        opening = template.open_round(status)
+        for spec in opening.added:
             curves[spec.trial_id] = workload.curve(spec.params)
             steps[spec.trial_id] = steps.get(spec.clone_from, 0) if spec.clone_from else 0
             epochs[spec.trial_id] = 0
+            status[spec.trial_id] = "running"
             live.append(spec.trial_id)
-        for trial_id in proc.resumed():
-            if trial_id not in paused:
-                raise ValueError(f"{procedure} resumed {trial_id!r}, which is not paused")
-            paused.remove(trial_id)
+        for trial_id in opening.resumed:
+            status[trial_id] = "running"
             live.append(trial_id)
         if not live:
-            reason = "finished" if proc.is_finished() else "stalled"
+            reason = "stalled" if opening.stalled else "finished"
             break
         jobs = []
         for trial_id in live:
-            k = min(max(int(proc.resources(trial_id)), 1), settings.num_workers)
+            # a trial on more workers than the cluster has trains on all of them
+            k = min(template.resources(trial_id), settings.num_workers)
             seconds = epoch_seconds(
                 settings.epoch_seconds,
                 k,
@@ -231,11 +243,9 @@ def run_simulation(
             score = scores[trial_id]
             metrics = {METRIC: score, "loss": 1.0 - score}
             report = EpochReport(trial_id, epochs[trial_id], metrics, settings.epoch_seconds)
-            decision = proc.on_epoch_end(report)
+            decision, status[trial_id] = template.close_epoch(report)
             if decision is not Decision.CONTINUE:
                 live.remove(trial_id)
-                if decision is Decision.PAUSE:
-                    paused.add(trial_id)
     return SimulationResult(
         procedure=procedure,
         seed=seed,

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from cerebro_spark.errors import ConfigError
+from cerebro_spark.errors import ConfigError, ProcedureContractError
+from cerebro_spark.search import PROCEDURES, RandomSearch
 from cerebro_spark.simulate import (
     SimulationSettings,
     compare_procedures,
@@ -117,3 +118,69 @@ def test_deadline_procedures_beat_asha_on_a_tight_deadline() -> None:
     asha, hypersched, seer = compare_procedures(["asha", "hypersched", "seer"], settings, seeds=10)
     assert hypersched.mean > asha.mean
     assert seer.mean > asha.mean
+
+
+# -- the epoch template's rules (search/_template.py), as the driver applies them
+
+
+class AsksForWorkers(RandomSearch):
+    workers = 0
+
+    def resources(self, trial_id: str) -> int:
+        return self.workers
+
+
+class ResumesStopped(RandomSearch):
+    def resumed(self) -> list[str]:
+        return sorted(self._stopped)[:1]
+
+
+class NeverFinishes(RandomSearch):
+    def is_finished(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("workers", [0, -1, True, 2.0])
+def test_resources_that_are_no_integer_of_at_least_one_are_refused_not_clamped(
+    monkeypatch: pytest.MonkeyPatch, workers: object
+) -> None:
+    monkeypatch.setattr(AsksForWorkers, "workers", workers)
+    monkeypatch.setitem(PROCEDURES, "asks", AsksForWorkers)
+    settings = SimulationSettings(deadline=10.0, num_workers=2, epochs=3)
+    with pytest.raises(ProcedureContractError) as error:
+        run_simulation("asks", settings, seed=0, options={"num_trials": 1})
+    assert str(error.value) == (
+        f"search procedure 'asks' asked for resources={workers!r} for trial t0000; "
+        "resources must be an integer >= 1 (workers)"
+    )
+
+
+def test_a_trial_asking_for_more_workers_than_the_cluster_trains_on_all_of_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(AsksForWorkers, "workers", 8)
+    monkeypatch.setitem(PROCEDURES, "asks", AsksForWorkers)
+    settings = SimulationSettings(deadline=100.0, num_workers=2, epochs=4)
+    result = run_simulation("asks", settings, seed=0, options={"num_trials": 1})
+    assert (result.reason, result.trial_epochs, result.end) == ("finished", 4, 2.0)
+
+
+def test_resuming_a_trial_that_is_not_paused_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(PROCEDURES, "resumes-stopped", ResumesStopped)
+    settings = SimulationSettings(deadline=100.0, num_workers=2, epochs=2)
+    with pytest.raises(ProcedureContractError) as error:
+        options = {"num_trials": 4, "max_concurrent": 2}  # stops t0000 while t0002 waits
+        run_simulation("resumes-stopped", settings, seed=0, options=options)
+    assert str(error.value) == (
+        "search procedure 'resumes-stopped' resumed trial 't0000', which is completed; "
+        "resumed() names only paused trials"
+    )
+
+
+def test_a_procedure_with_nothing_to_train_that_is_not_finished_stalls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(PROCEDURES, "never-finishes", NeverFinishes)
+    settings = SimulationSettings(deadline=100.0, num_workers=2, epochs=3)
+    result = run_simulation("never-finishes", settings, seed=0, options={"num_trials": 2})
+    assert (result.reason, result.end, result.trial_epochs) == ("stalled", 3.0, 6)
