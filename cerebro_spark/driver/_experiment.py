@@ -39,11 +39,9 @@ membership the round then uses.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
-import queue
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -68,21 +66,12 @@ from cerebro_spark.driver._preflight import Preflight
 from cerebro_spark.driver._preflight import preflight as run_preflight
 from cerebro_spark.driver._procedure import SCHEDULER_STREAM, build_procedure, trial_seed
 from cerebro_spark.driver._progress import Progress
-from cerebro_spark.driver._running import (
-    Freed,
-    Running,
-    drain,
-    group_failure,
-    unit_end_fields,
-    unit_task,
-    unit_where,
-)
+from cerebro_spark.driver._rounds import WAIT_SECONDS, RoundCounters, RoundHooks, RoundRunner
 from cerebro_spark.driver._stage import Stage, StageHook
 from cerebro_spark.driver._state import (
     COMPLETED,
     FAILED,
     PAUSED,
-    READY,
     RUNNING,
     STOPPED,
     ExperimentState,
@@ -94,14 +83,9 @@ from cerebro_spark.errors import (
     CerebroError,
     ConfigError,
     SearchFailedError,
-    StoreError,
-    StoreFullError,
-    TrialError,
-    WorkerLostError,
 )
 from cerebro_spark.metrics import Metric
 from cerebro_spark.mop import (
-    Assignment,
     MopScheduler,
     RandomizedRule,
     SchedulingRule,
@@ -121,30 +105,9 @@ from cerebro_spark.training import load_spec
 from cerebro_spark.training._metrics import family_metrics
 from cerebro_spark.units import (
     UnitKind,
-    UnitResult,
-    UnitTask,
-    group_tasks,
 )
 
 logger = logging.getLogger(__name__)
-
-_WAIT_SECONDS = 0.5
-# How long the driver waits for a worker's report before it counts as idle and flushes the
-# event log. On an object store a flush is a PUT (tens of ms): flushing whenever no report
-# was queued would put one in the driver's loop per unit while workers keep finishing.
-# Busy, the log still lags by at most EventLog.flush_seconds.
-_SETTLE_SECONDS = 0.05
-_STARTING_POLL_SECONDS = 0.05
-"""How often the driver looks for workers that became ready while units run and some are
-still starting (a unit of a small model takes a fraction of a second: the first units
-start while the other workers load, and each joins as soon as it is ready)."""
-MAX_UNIT_RETRIES = 3
-"""Times a unit is retried after I/O errors before the experiment gives up."""
-GROUP_TIMEOUT_S = 60.0
-"""Seconds a rank of a group unit waits for its peers (``GroupSpec.timeout_s``)."""
-MAX_GROUP_BREAKS = 3
-"""Times a trial's group may break in a round with no worker lost (a rendezvous that
-keeps failing) before the trial trains one unit at a time for the rest of the round."""
 
 VisitOrders = Mapping[int, Mapping[str, list[int]]]
 """Visit orders to impose, by round then trial (``replay``)."""
@@ -233,17 +196,12 @@ class Experiment:
         self.procedure = self._make_procedure()
         self.progress = Progress(epochs=config.epochs)
         self.manifest: Manifest | None = None
-        self._running: dict[int, Running] = {}  # by submission number
-        self._submissions = itertools.count()
         self._top: str | None = None  # the best trial so far (progress), once known
         self._top_known = False
         self._membership = RoundMembership()  # the round's schedule, kept to the log
-        self._freed_at: dict[int, float] = {}  # by submission: when its worker was freed
         self._unit_seconds: dict[tuple[str, UnitKind], float] = {}
         self._unit_counts: dict[tuple[str, UnitKind], int] = {}
-        self._retries: dict[tuple[Unit, int], int] = {}
-        self._group_attempts = 0
-        self._group_breaks: dict[str, int] = {}
+        self._counters = RoundCounters()  # of this driver session, across its rounds
         self.reporter: Reporter | None = None
         self._report_due = False  # a round ended: refresh once the next round is under way
 
@@ -541,7 +499,7 @@ class Experiment:
         )
         self.log.flush()  # idle: the log is made current while the driver waits
         while backend.starting():
-            time.sleep(_WAIT_SECONDS)
+            time.sleep(WAIT_SECONDS)
             self._sync_membership(backend)
         self._sync_membership(backend)
 
@@ -647,278 +605,32 @@ class Experiment:
             group_sizes=sizes,
             group_plans=plans or None,
         )
-        self._group_breaks = {}
         epoch = max((state.trials[t].epochs for t in live), default=0)
         self.progress.start_round(state.round, 2 * len(live) * len(partitions), len(done), epoch)
         for trial_id in live:
             self._maybe_finish_epoch(trial_id)
-        running = self._running = {}
-        self._freed_at = {}
-        # all ranks reported, or (Freed) a unit's worker free while it writes the checkpoint
-        finished: queue.SimpleQueue[Running | Freed] = queue.SimpleQueue()
         self._membership = RoundMembership(scheduler)
-        while not scheduler.finished:
-            requeued = False
-            for assignment in scheduler.assign():
-                started = self._submit(backend, assignment, scheduler)
-                if started is None:
-                    requeued = True
-                else:
-                    running[started.number] = started
-                    started.watch(finished)
-            self._request_report()  # the round's first units are out (or none can be)
-            if not running:
-                if requeued:
-                    continue  # a worker left since the last sync: assign again now
-                if scheduler.stalled:
-                    self._check_stalled(backend, scheduler)
-                    continue  # workers are starting, or the sync brought some
-                self.log.flush()  # idle: the log is made current while the driver waits
-                time.sleep(_WAIT_SECONDS)
-                self._sync_membership(backend)
-                continue
-            # returns at once if a report is queued; one due any moment is handled before
-            # the log is flushed
-            ready = drain(finished, _SETTLE_SECONDS)
-            if not ready:
-                self.log.flush()  # idle until a worker reports: make the log current
-                # A worker takes its first unit once it is ready, not once a unit ends:
-                # while some start, the driver looks often; one ready before it looked
-                # is taken in now (counted first, so none falls between the two).
-                starting = backend.starting()
-                if self._sync_membership(backend):
-                    continue
-                ready = drain(finished, _STARTING_POLL_SECONDS if starting else _WAIT_SECONDS)
-            freed = [r.running for r in ready if isinstance(r, Freed)]
-            ended = sorted(  # in submission order, as they were started
-                (r for r in ready if isinstance(r, Running)), key=lambda r: r.number
-            )
-            self._sync_membership(backend)  # the workers of `ended` still count
-            for item in ended:
-                del running[item.number]
-                if item.assignment.size == 1:
-                    self._handle(item, scheduler)
-                else:
-                    self._handle_group(item, scheduler)
-                self._membership.depart(item.assignment.workers)
-            for item in freed:  # its checkpoint being written, its worker takes other work
-                if item.number in running:
-                    self._freed_at[item.number] = time.time()  # unit_end says when
-                    scheduler.free_worker(item.assignment.worker, item.assignment.unit)
-                    self._membership.depart(item.assignment.workers)  # unless it left
-            self.progress.maybe_log()
-        self.progress.maybe_log(force=True)
+        RoundRunner(
+            scheduler,
+            backend,
+            state=state,
+            log=self.log,
+            progress=self.progress,
+            checkpoints=self.checkpoints,
+            membership=self._membership,
+            counters=self._counters,
+            hooks=RoundHooks(
+                emit=self._emit,
+                sync=self._sync_membership,
+                units_out=self._request_report,
+                unit_done=self._measure,
+                validation_in=self._maybe_finish_epoch,
+                fail_trial=self._fail_trial,
+            ),
+            prefix=self.prefix,
+            epoch_units=self.manifest.num_partitions,
+        ).run()
         self._membership = RoundMembership()  # between rounds: no schedule to keep
-
-    def _check_stalled(self, backend: Backend, scheduler: MopScheduler) -> None:
-        """Nothing runs and no ready worker can take a unit: wait, or fail.
-
-        It waits for the workers still starting (or takes in those the last changes
-        brought); with none, it fails naming what is missing.
-
-        Raises:
-            CerebroError: No worker is starting and no live worker can take a unit.
-        """
-        starting = backend.starting()  # before the sync: a worker ready since is in it
-        self._sync_membership(backend)
-        if not scheduler.stalled:
-            return
-        if starting:
-            self.log.flush()  # idle: the log is made current while the driver waits
-            logger.debug("no ready worker can take a unit; %d workers are starting", starting)
-            time.sleep(_WAIT_SECONDS)
-            self._sync_membership(backend)
-            return
-        unheld = sorted(scheduler.unheld_partitions)
-        missing = (
-            f"partitions {unheld} are held by no worker (their workers were lost or failed "
-            "to load them: see the worker_lost events and the driver log)"
-            if unheld
-            else "no ready worker can take any of the remaining units"
-        )
-        raise CerebroError(
-            f"no live worker holds the partitions the remaining units need: {missing}; "
-            f"workers: {dict(sorted(scheduler.workers.items()))}"
-        )
-
-    def _task(self, assignment: Assignment) -> UnitTask:
-        """The task of an assignment (rank 0's, for a group)."""
-        trial = self.state.trials[assignment.unit.trial]
-        units = self.manifest.num_partitions if self.manifest else 1
-        return unit_task(assignment, trial, self.prefix, units)
-
-    def _where(self, assignment: Assignment, index: int, group: str | None) -> dict[str, Any]:
-        """The fields that place rank ``index`` of an assignment in the event log."""
-        epoch = self.state.trials[assignment.unit.trial].epochs
-        return unit_where(assignment, index, group, self.state.round, epoch)
-
-    def _submit(
-        self, backend: Backend, assignment: Assignment, scheduler: MopScheduler
-    ) -> Running | None:
-        """Start an assignment on the backend; None if it went back to the queue."""
-        task = self._task(assignment)
-        group: str | None = None
-        try:
-            if assignment.size == 1:
-                futures = {assignment.worker: backend.submit(assignment.worker, task)}
-            else:
-                group = self._group_id(assignment)
-                tasks = group_tasks(task, assignment.partitions, group, timeout_s=GROUP_TIMEOUT_S)
-                futures = backend.submit_group(dict(zip(assignment.workers, tasks, strict=True)))
-        except ValueError:
-            # A worker died or is retiring since the last sync (the backend refuses it):
-            # queue the work again and learn who left; anything else is a bug.
-            live = backend.workers()
-            if all(w in live for w in assignment.workers):
-                raise
-            scheduler.fail(assignment.unit)
-            self._sync_membership(backend)
-            unexplained = [
-                w for w in assignment.workers if w not in live and w in scheduler.workers
-            ]
-            if unexplained:  # else the scheduler would hand them work forever
-                raise CerebroError(
-                    f"the backend refused workers {unexplained} but reported no membership "
-                    "change for them (Backend.changes)"
-                ) from None
-            return None
-        for index in range(assignment.size):
-            self.log.append("unit_start", **self._where(assignment, index, group))
-        return Running(assignment, futures, group, next(self._submissions))
-
-    def _group_id(self, assignment: Assignment) -> str:
-        """A group id unique to this attempt, also across resumed driver sessions."""
-        self._group_attempts += 1
-        trial = self.state.trials[assignment.unit.trial]
-        return (
-            f"{trial.trial_id}-e{trial.epochs}-s{assignment.step}-"
-            f"d{self.state.sessions}-a{self._group_attempts}"
-        )
-
-    def _handle(self, item: Running, scheduler: MopScheduler) -> None:
-        assignment = item.assignment
-        unit = assignment.unit
-        where = self._where(assignment, 0, None)
-        future = item.futures[assignment.worker]
-        try:
-            result = future.result()
-        except WorkerLostError as error:
-            self._emit("unit_failed", **where, reason="worker_lost", error=str(error))
-            scheduler.fail(unit, worker=assignment.worker)
-            return
-        except StoreError as error:
-            corrupt = self.checkpoints.verify(unit.trial, [error])
-            if corrupt is not None:
-                self._emit("unit_failed", **where, reason="checkpoint_corrupt", error=str(error))
-                self._fail_trial(unit.trial, corrupt, scheduler)
-                return
-            self._emit("unit_failed", **where, reason="io_error", error=str(error))
-            self._count_retry(unit, error)
-            scheduler.fail(unit, worker=assignment.worker)
-            return
-        except TrialError as error:
-            self._emit("unit_failed", **where, reason="trial_error", error=str(error))
-            self._fail_trial(unit.trial, error, scheduler)
-            return
-        previous = self.state.trials[unit.trial].checkpoint
-        freed_at = self._freed_at.pop(item.number, None)
-        self._emit("unit_end", **where, **unit_end_fields(result, freed_at=freed_at))
-        scheduler.complete(unit, worker=assignment.worker)
-        self.progress.unit_done()
-        self._measure(unit, result.seconds)
-        if unit.kind is UnitKind.TRAIN:
-            self.checkpoints.drop(previous, unit.trial)
-        else:
-            self._maybe_finish_epoch(unit.trial)
-
-    def _handle_group(self, item: Running, scheduler: MopScheduler) -> None:
-        """Combine the ranks of a group unit once all are in (Cerebro §5.6-§5.7).
-
-        All ranks succeeded: one ``unit_end`` per partition, then the whole group
-        completes. Otherwise the group failed as a whole: a ``TrialError`` on any rank
-        fails the trial; a lost worker or a broken group (``GroupBrokenError``, whose
-        worker lives on) and I/O errors put the group back in the queue. Workers leave
-        the schedule only when the backend reported them gone (:meth:`RoundMembership.depart`).
-        """
-        assignment = item.assignment
-        trial_id = assignment.unit.trial
-        errors = {w: f.exception() for w, f in item.futures.items()}
-        failed = {w: e for w, e in errors.items() if e is not None}
-        if not failed:
-            results = [item.futures[w].result() for w in assignment.workers]
-            self._finish_group(item, results, scheduler)
-            return
-        reason = group_failure(failed.values())
-        corrupt = None
-        if reason != "trial_error":  # a corrupt read on one rank breaks the others' group
-            corrupt = self.checkpoints.verify(trial_id, failed.values())
-            reason = "checkpoint_corrupt" if corrupt is not None else reason
-        for index, worker in enumerate(assignment.workers):
-            error = failed.get(worker)
-            text = str(error) if error is not None else f"another rank failed ({reason})"
-            where = self._where(assignment, index, item.group)
-            self._emit("unit_failed", **where, reason=reason, error=text)
-        if reason == "trial_error":
-            first = next(e for e in failed.values() if isinstance(e, TrialError))
-            self._fail_trial(trial_id, first, scheduler)
-        elif corrupt is not None:
-            self._fail_trial(trial_id, corrupt, scheduler)
-        else:
-            if reason == "io_error":
-                first_io = next(e for e in failed.values() if isinstance(e, StoreError))
-                self._count_retry(assignment.unit, first_io)
-            scheduler.fail(assignment.unit)
-        workers = self.state.workers
-        lost = [w for w in assignment.workers if w not in workers or workers[w].status != READY]
-        if reason == "group_broken" and not lost:
-            self._group_broke(trial_id, scheduler, failed.values())
-
-    def _finish_group(
-        self, item: Running, results: list[UnitResult], scheduler: MopScheduler
-    ) -> None:
-        assignment = item.assignment
-        trial_id = assignment.unit.trial
-        previous = self.state.trials[trial_id].checkpoint
-        lead = results[0]  # rank 0 wrote the checkpoint
-        for index, result in enumerate(results):
-            where = self._where(assignment, index, item.group)
-            self._emit("unit_end", **where, **unit_end_fields(result, lead=lead))
-        scheduler.complete(assignment.unit, worker=assignment.worker)
-        wall = max(result.seconds for result in results)
-        for unit in assignment.units:
-            self.progress.unit_done()
-            self._measure(unit, wall / assignment.size)  # the trial's wall time per unit
-        self.checkpoints.drop(previous, trial_id)
-
-    def _group_broke(
-        self, trial_id: str, scheduler: MopScheduler, errors: Iterable[BaseException]
-    ) -> None:
-        breaks = self._group_breaks.get(trial_id, 0) + 1
-        self._group_breaks[trial_id] = breaks
-        if breaks < MAX_GROUP_BREAKS:
-            return
-        logger.warning(
-            "the group of trial %s broke %d times with no worker lost (last: %s); it trains "
-            "one unit at a time for the rest of round %d",
-            trial_id,
-            breaks,
-            next(iter(errors), None),
-            self.state.round,
-        )
-        scheduler.set_group_size(trial_id, 1)
-
-    def _count_retry(self, unit: Unit, error: StoreError) -> None:
-        if isinstance(error, StoreFullError) or f"{StoreFullError.__name__}:" in str(error):
-            # A worker's disk is full: no retry frees space. The run ends here, its log
-            # whole (the unit's failure is logged), and 'resume' goes on once it is freed.
-            raise StoreFullError(f"unit {unit} could not write its checkpoint: {error}") from error
-        key = (unit, self.state.trials[unit.trial].epochs)
-        self._retries[key] = self._retries.get(key, 0) + 1
-        if self._retries[key] > MAX_UNIT_RETRIES:
-            raise CerebroError(
-                f"unit {unit} failed {self._retries[key]} times with I/O errors; last: {error}"
-            ) from error
-        logger.warning("retrying %s after an I/O error: %s", unit, error)
 
     def _fail_trial(self, trial_id: str, error: CerebroError, scheduler: MopScheduler) -> None:
         scheduler.remove_trial(trial_id)

@@ -21,6 +21,7 @@ import pytest
 
 from cerebro_spark.backends import Backend, WorkerPool
 from cerebro_spark.driver._experiment import Experiment
+from cerebro_spark.driver._rounds import RoundRunner
 from cerebro_spark.engine import (
     EventLog,
     ExperimentConfig,
@@ -31,7 +32,6 @@ from cerebro_spark.engine import (
     run_experiment,
 )
 from cerebro_spark.errors import CerebroError, DataError
-from cerebro_spark.mop import MopScheduler
 from cerebro_spark.search import GridSearch
 from cerebro_spark.search._registry import PROCEDURES
 from cerebro_spark.store import open_store
@@ -92,10 +92,10 @@ def assert_trained_once(events: list[dict[str, Any]]) -> None:
 def test_a_worker_ready_while_units_run_takes_a_unit_before_any_ends(
     tmp_path: Path, script: fake_transport.Script, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import cerebro_spark.driver._experiment as experiment
+    import cerebro_spark.driver._rounds as rounds
 
     # Nothing but a unit's end, or the look for workers still starting, wakes the driver.
-    monkeypatch.setattr(experiment, "_WAIT_SECONDS", 60.0)
+    monkeypatch.setattr(rounds, "WAIT_SECONDS", 60.0)
     loading = script.load_gates["w1"] = script.gate("w1-load")
     units = script.gate("units")  # no unit ends before w1 took one
     cfg = config(tmp_path)
@@ -129,14 +129,14 @@ def stalls(monkeypatch: pytest.MonkeyPatch, script: fake_transport.Script) -> li
     """Hold w1's first load until the round stalls on w0 alone (each stall is counted)."""
     gate = script.load_gates["w1"] = script.gate("w1-load")
     seen: list[int] = []
-    original = Experiment._check_stalled
+    original = RoundRunner._check_stalled
 
-    def check(self: Experiment, backend: Backend, scheduler: MopScheduler) -> None:
-        seen.append(backend.starting())
-        original(self, backend, scheduler)  # w1 is still loading: this must wait, not raise
+    def check(self: RoundRunner) -> None:
+        seen.append(self.backend.starting())
+        original(self)  # w1 is still loading: this must wait, not raise
         gate.set()
 
-    monkeypatch.setattr(Experiment, "_check_stalled", check)
+    monkeypatch.setattr(RoundRunner, "_check_stalled", check)
     return seen
 
 

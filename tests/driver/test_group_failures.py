@@ -25,7 +25,7 @@ import pytest
 
 from cerebro_spark.backends import Backend, Membership, WorkerChange, WorkerInfo, WorkerJob
 from cerebro_spark.data import read_manifest
-from cerebro_spark.driver._experiment import MAX_GROUP_BREAKS
+from cerebro_spark.driver._rounds import MAX_GROUP_BREAKS
 from cerebro_spark.engine import ExperimentConfig, parse_config, read_events, run_experiment
 from cerebro_spark.errors import CerebroError, StoreError, TrialError, WorkerLostError
 from cerebro_spark.search import GridSearch, SearchSpace
