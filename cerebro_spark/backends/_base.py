@@ -30,6 +30,11 @@ relies on (``tests/backends/contract.py`` is the shared suite):
 * :meth:`Backend.retire` takes a worker out of service gracefully: it takes no new unit,
   finishes the one in flight, its sole-copy partitions are re-homed (and loaded) on the
   workers that remain, then it ends normally. A retire is not a loss: no unit fails.
+* :meth:`Backend.add_worker` starts one more worker and returns its id once it has loaded
+  its partitions (replicas of those held by the fewest, unless it is told which); it is
+  reported by :meth:`Backend.changes` like any other (``JOINED``, ``READY``). A backend
+  that cannot add workers keeps the default, which raises :class:`NotImplementedError`
+  naming the backend (the elastic layer then reports the resize as failed).
 * :meth:`Backend.changes` reports every membership change, oldest first, each once.
 * :attr:`WorkerInfo.bytes_read` counts every byte a worker read for partitions, so that
   "each partition is read once" can be checked.
@@ -223,6 +228,28 @@ class Backend(abc.ABC):
             ValueError: No such live worker, or no other worker would remain to hold its
                 sole-copy partitions.
         """
+
+    def add_worker(self, partitions: Collection[int] | None = None) -> str:
+        """Start one more worker; return its id once it has loaded its partitions.
+
+        The default is for a backend that cannot add workers: it raises.
+
+        Args:
+            partitions: Load exactly these partition indices; ``None`` lets the backend
+                choose replicas of the partitions held by the fewest workers (all of them
+                when no worker is left).
+
+        Raises:
+            NotImplementedError: This backend cannot add workers (the message names it).
+            ValueError: A partition index is outside the dataset's.
+            RuntimeError: The backend is not started, or is closed.
+            WorkerLostError: The worker was lost before it was ready.
+        """
+        del partitions
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot add workers (Backend.add_worker); an elastic run "
+            "needs a backend that can, such as a WorkerPool"
+        )
 
     @abc.abstractmethod
     def submit(self, worker_id: str, task: UnitTask) -> Future[UnitResult]:

@@ -482,6 +482,42 @@ class WorkerPool(Backend):
         self._retire_step(handle)
         return retired
 
+    def add_worker(self, partitions: Collection[int] | None = None) -> str:
+        """Start one more worker; return its id once it has loaded its partitions (``_base``).
+
+        The new worker holds **replicas**: by default ``ceil(P / m)`` partitions (``m`` =
+        live workers including it) chosen when it registers among those with the fewest
+        holders, preferring partitions whose holders hold the most; with no live worker
+        left, all ``P``.
+
+        Args:
+            partitions: Load exactly these partition indices instead.
+
+        Raises:
+            ValueError: An index is outside ``range(num_partitions)``.
+            RuntimeError: The pool is not started or is closed.
+            WorkerLostError: The worker was lost before it was ready.
+            TimeoutError: It did not register within ``start_timeout_s``.
+        """
+        with self._lock:
+            if self._closed.is_set():
+                raise RuntimeError(f"{type(self).__name__} is closed; create a new one")
+            if self._job is None:
+                raise RuntimeError("add_worker needs a started pool: call start first")
+            chosen = None if partitions is None else sorted(set(partitions))
+            bad = [p for p in chosen or () if not 0 <= p < self._num_partitions]
+            if bad:
+                raise ValueError(
+                    f"partitions {bad} are outside range(num_partitions={self._num_partitions})"
+                )
+            handle = self._spawn_locked(chosen)
+        try:
+            self._await_ready([handle])
+        except BaseException:
+            self._leave(handle, "it was not ready in time", cause="start")
+            raise
+        return handle.worker_id
+
     def close(self) -> None:
         """Stop every worker and the control server (idempotent).
 
@@ -541,42 +577,6 @@ class WorkerPool(Backend):
             logger.info("%s stopped %d workers", name, len(handles))
 
     # -- beyond the seam -----------------------------------------------------------------
-
-    def add_worker(self, partitions: Collection[int] | None = None) -> str:
-        """Start one more worker and return its id once it has loaded its partitions.
-
-        The new worker holds **replicas**: by default ``ceil(P / m)`` partitions (``m`` =
-        live workers including it) chosen when it registers among those with the fewest
-        holders, preferring partitions whose holders hold the most; with no live worker
-        left, all ``P``.
-
-        Args:
-            partitions: Load exactly these partition indices instead.
-
-        Raises:
-            ValueError: An index is outside ``range(num_partitions)``.
-            RuntimeError: The pool is not started or is closed.
-            WorkerLostError: The worker was lost before it was ready.
-            TimeoutError: It did not register within ``start_timeout_s``.
-        """
-        with self._lock:
-            if self._closed.is_set():
-                raise RuntimeError(f"{type(self).__name__} is closed; create a new one")
-            if self._job is None:
-                raise RuntimeError("add_worker needs a started pool: call start first")
-            chosen = None if partitions is None else sorted(set(partitions))
-            bad = [p for p in chosen or () if not 0 <= p < self._num_partitions]
-            if bad:
-                raise ValueError(
-                    f"partitions {bad} are outside range(num_partitions={self._num_partitions})"
-                )
-            handle = self._spawn_locked(chosen)
-        try:
-            self._await_ready([handle])
-        except BaseException:
-            self._leave(handle, "it was not ready in time", cause="start")
-            raise
-        return handle.worker_id
 
     def kill_worker(
         self, worker_id: str, timeout_s: float = 60.0, *, executor: bool = False

@@ -481,14 +481,14 @@ class ElasticController:
         """Start workers until ``target`` serve, after a shrink the platform chose.
 
         If it released executors whose workers had not retired (they were lost and
-        re-homed), the retired workers' executors are idle: new workers start there.
+        re-homed), the retired workers' executors are idle: new workers start there. A
+        backend that cannot add workers raises (``Backend.add_worker``): the resize failed.
         """
-        add = getattr(backend, "add_worker", None)
         deadline = time.monotonic() + self.resize_timeout
-        while add is not None and len(backend.workers()) + backend.starting() < target:
+        while len(backend.workers()) + backend.starting() < target:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"could not bring the workers back to {target}")
-            add()
+            backend.add_worker()
 
     def _wait_for_workers(self, backend: Backend, target: int) -> None:
         deadline = time.monotonic() + self.resize_timeout

@@ -463,6 +463,43 @@ class BackendContract(abc.ABC):
         with pytest.raises(ValueError, match="no such live worker"):
             backend.retire("w1")
 
+    def test_an_added_worker_loads_replicas_and_units_replay_bit_identically(
+        self, started: Callable[..., Backend], dataset: Dataset
+    ) -> None:
+        """``add_worker`` (one slot more than ``started(1)``: Spark's shared session)."""
+        unstarted = self.make_backend(1)
+        with pytest.raises(RuntimeError, match="start"):
+            unstarted.add_worker()
+        unstarted.close()
+        backend = started(1)
+        backend.changes()
+        assert backend.add_worker() == "w1"
+        replicas = backend.workers()["w1"].partitions
+        assert len(replicas) == NUM_PARTITIONS // 2 and replicas < set(range(NUM_PARTITIONS))
+        assert backend.workers()["w1"].bytes_read == dataset.bytes_of(replicas)
+        assert [(c.kind, c.worker.worker_id) for c in backend.changes()] == [
+            (Membership.JOINED, "w1"),
+            (Membership.READY, "w1"),
+        ]
+        partition = min(replicas)
+        on_w0 = result(backend.submit("w0", train_task("t", partition, out="added/a.pt")))
+        on_w1 = result(backend.submit("w1", train_task("t", partition, out="added/b.pt")))
+        assert on_w0.checkpoint_sha256 == on_w1.checkpoint_sha256
+        with pytest.raises(ValueError, match=r"\[7\]"):
+            backend.add_worker([7])
+        assert set(backend.workers()) == {"w0", "w1"}
+        # With every worker lost, an added worker loads every partition.
+        for worker_id in ("w0", "w1"):
+            self.kill_worker(backend, worker_id)
+        wait_until(lambda: backend.workers() == {}, "every worker's loss")
+        assert backend.add_worker() == "w2"
+        info = backend.workers()["w2"]
+        assert info.partitions == set(range(NUM_PARTITIONS))
+        assert info.bytes_read == dataset.bytes_of(set(range(NUM_PARTITIONS)))
+        backend.close()
+        with pytest.raises(RuntimeError, match="closed"):
+            backend.add_worker()
+
     def test_close_is_idempotent_and_stops_every_worker(
         self, started: Callable[[int], Backend]
     ) -> None:

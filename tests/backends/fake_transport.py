@@ -5,18 +5,21 @@ authenticated control channel; :class:`FakeWorker` reads its partitions' files f
 (so ``bytes_read`` and the dataset URI are checked) but "trains" by hashing: a train
 unit's checkpoint is the SHA-256 of its input checkpoint and the partitions it covers, so
 digests show whether every trial trained on the right partitions in the right order. A
-unit's params script what else it does (the keys of :meth:`FakeWorker.run`).
+unit's params script what else it does (the keys of :meth:`FakeWorker.run`), and so may a
+test's :attr:`Script.hook` (what a unit cannot say in its params: a failure for some
+attempt of a group, a death while writing).
 
 Tests reset the module's :data:`SCRIPT` (the ``script`` fixture of the test modules).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import time
 from collections.abc import Callable, Collection
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 from cerebro_spark.backends import TaskInfo, Transport, WorkerJob, WorkerSpec, serve
@@ -29,6 +32,10 @@ RENDEZVOUS_PORT = 45678
 
 class Died(BaseException):
     """Raised in a fake worker to end its thread as a crash would."""
+
+
+Hook = Callable[[str, UnitTask, str], None]
+"""``hook(worker id, task, stage)``: see :attr:`Script.hook`."""
 
 
 class Script:
@@ -45,6 +52,11 @@ class Script:
         self.no_register: set[str] = set()  # worker ids that never start serving
         self.write_s = 0.0  # seconds every checkpoint write takes
         self.written: list[tuple[str, str]] = []  # (worker id, checkpoint key) as written
+        self.hook: Hook | None = None
+        """Called in the worker as a unit's pass starts (stage ``"pass"``: after rank 0
+        announced its port and the unit's gate opened) and as its checkpoint write starts
+        (``"write"``); it may sleep, raise an exception (the unit fails with it) or raise
+        :class:`Died` (the worker dies)."""
         self.lock = threading.Lock()
 
     def gate(self, name: str) -> threading.Event:
@@ -141,6 +153,8 @@ class FakeWorker:
             while not SCRIPT.gate(str(gate)).wait(0.05):
                 if self.worker_id in SCRIPT.killed:
                     raise Died(self.worker_id)
+        if SCRIPT.hook is not None:
+            SCRIPT.hook(self.worker_id, task, "pass")
         if script.get("die") == self.worker_id or self.worker_id in SCRIPT.killed:
             raise Died(self.worker_id)
         failure = dict(script.get("fail", {})).get(self.worker_id)
@@ -163,6 +177,8 @@ class FakeWorker:
         return None
 
     def _write(self, task: UnitTask, blob: bytes) -> None:
+        if SCRIPT.hook is not None:
+            SCRIPT.hook(self.worker_id, task, "write")
         gate = task.params.get("write_gate")
         if gate is not None:
             while not SCRIPT.gate(str(gate)).wait(0.05):
@@ -178,13 +194,18 @@ class FakeWorker:
         with SCRIPT.lock:
             SCRIPT.written.append((self.worker_id, task.checkpoint_out))
 
+    def metric_sums(self, task: UnitTask) -> dict[str, float]:
+        """The row-weighted metric sums a unit reports (of its 10 rows); override to script."""
+        del task
+        return {"loss": 5.0, "accuracy": 9.0}
+
     def _result(self, task: UnitTask, blob: bytes | None) -> UnitResult:
         return UnitResult(
             task=task,
             worker_id=self.worker_id,
             rows=10,
             seconds=0.001,
-            metric_sums={"loss": 5.0, "accuracy": 9.0},
+            metric_sums=self.metric_sums(task),
             checkpoint_bytes=32 if blob else 0,
             checkpoint_sha256=hashlib.sha256(blob).hexdigest() if blob else None,
         )
@@ -211,23 +232,36 @@ class ThreadTransport(Transport):
 
     def __init__(self, make_worker: Callable[[str, WorkerJob, str], Any] | None = None) -> None:
         self.make_worker = make_worker or FakeWorker
+        self.ended: dict[str, Future[str]] = {}
 
     def launch(self, spec: WorkerSpec) -> Future[str]:
         ended: Future[str] = Future()
+        self.ended[spec.worker_id] = ended
 
         def body() -> None:
             while spec.worker_id in SCRIPT.no_register:  # as a task that never gets a slot
                 if spec.worker_id in SCRIPT.killed:
-                    ended.set_result("killed before it served")
+                    with contextlib.suppress(InvalidStateError):
+                        ended.set_result("killed before it served")
                     return
                 time.sleep(0.05)
             try:
-                ended.set_result(serve(spec, TaskInfo(), self.make_worker))
+                outcome = serve(spec, TaskInfo(), self.make_worker)
             except BaseException as exc:
-                ended.set_exception(exc)
+                with contextlib.suppress(InvalidStateError):  # killed: it ended then
+                    ended.set_exception(exc)
+            else:
+                with contextlib.suppress(InvalidStateError):
+                    ended.set_result(outcome)
 
         threading.Thread(target=body, name=f"fake-{spec.worker_id}", daemon=True).start()
         return ended
 
     def kill(self, worker_id: str) -> None:
-        SCRIPT.killed.add(worker_id)  # a busy fake worker dies at its next look
+        """End the worker at once, as SIGKILL ends a process: its end is reported now (an
+        idle worker too); a busy fake worker's thread stops at its next look."""
+        SCRIPT.killed.add(worker_id)
+        ended = self.ended.get(worker_id)
+        if ended is not None:
+            with contextlib.suppress(InvalidStateError):
+                ended.set_result("killed")

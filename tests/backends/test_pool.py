@@ -18,7 +18,14 @@ from typing import Any
 
 import pytest
 
-from cerebro_spark.backends import Membership, UnitFuture, WorkerChange, WorkerJob, WorkerPool
+from cerebro_spark.backends import (
+    Backend,
+    Membership,
+    UnitFuture,
+    WorkerChange,
+    WorkerJob,
+    WorkerPool,
+)
 from cerebro_spark.backends._control import connect
 from cerebro_spark.errors import ConfigError, DataError, StoreError, TrialError, WorkerLostError
 from cerebro_spark.store import open_store
@@ -506,6 +513,16 @@ def test_close_stops_idle_workers_and_fails_busy_ones(
     pool.close()
     with pytest.raises(RuntimeError, match="closed"):
         pool.add_worker()
+
+
+def test_a_backend_that_cannot_add_workers_says_so_by_name() -> None:
+    """``Backend.add_worker``'s default, for a backend that cannot add workers, names it."""
+    pool = WorkerPool(ThreadTransport(), 1)
+    with pytest.raises(NotImplementedError, match="WorkerPool cannot add workers"):
+        Backend.add_worker(pool)
+    with pytest.raises(RuntimeError, match="call start first"):
+        pool.add_worker()
+    pool.close()
 
 
 def test_a_failed_rehome_load_is_reported_as_a_membership_change(

@@ -29,7 +29,6 @@ from cerebro_spark.errors import ConfigError, DataError, WorkerLostError
 from cerebro_spark.store import Store, open_store
 from tests.backends.contract import (
     GATED,
-    NUM_PARTITIONS,
     RESULT_TIMEOUT_S,
     BackendContract,
     Dataset,
@@ -251,26 +250,6 @@ def test_a_retried_task_of_a_lost_worker_is_refused_and_exits(
     assert channel.recv()["op"] == "refuse"
     channel.close()
     assert backend.stats().refused == 2
-
-
-def test_joining_workers_load_replicas_and_units_replay_bit_identically(
-    backends: Callable[..., SparkBackend], dataset: Dataset
-) -> None:
-    backend = backends(2)
-    assert backend.add_worker() == "w2"
-    assert partitions_of(backend) == {"w0": {0, 2}, "w1": {1, 3}, "w2": {0, 1}}
-    assert backend.workers()["w2"].bytes_read == dataset.bytes_of({0, 1})
-    on_w0 = result(backend.submit("w0", train_task("t", 0, out="a.pt")))
-    on_w2 = result(backend.submit("w2", train_task("t", 0, out="b.pt")))
-    assert on_w0.checkpoint_sha256 == on_w2.checkpoint_sha256
-    with pytest.raises(ValueError, match=r"partitions \[7\] are outside"):
-        backend.add_worker([7])
-    # With every worker lost, a joining worker loads every partition.
-    for worker_id in ("w0", "w1", "w2"):
-        backend.kill_worker(worker_id)
-    assert backend.workers() == {}
-    assert backend.add_worker() == "w3"
-    assert partitions_of(backend) == {"w3": set(range(NUM_PARTITIONS))}
 
 
 def test_when_no_worker_can_load_start_fails_with_the_error(

@@ -2,19 +2,19 @@
 
 The failures a real backend produces only by chance (a rendezvous that breaks while every
 worker lives, an I/O error on one rank, a worker that dies between a sync and a submit, a
-peer that reports long after its partner died) are scripted here with a small in-process
-backend: it keeps the ``Backend`` contract (refuses busy, dead and non-holding workers
-with ``ValueError``, reports membership changes) and computes each unit's "checkpoint" as
-a digest of its input checkpoint and the partitions it covers, so the final digests show
-whether every trial trained on exactly the right groups in the right order. Real training
+peer that reports long after its partner died) are scripted here on the real WorkerPool
+over the in-memory fake transport (``tests/backends/fake_transport.py``): each worker is a
+thread that computes each unit's "checkpoint" as a digest of its input checkpoint and the
+partitions it covers, so the final digests show whether every trial trained on exactly the
+right groups in the right order; a :data:`Script` says what a unit does. Real training
 with group units on ``LocalBackend`` is in ``test_groups.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
@@ -23,21 +23,22 @@ from typing import Any
 
 import pytest
 
-from cerebro_spark.backends import Backend, Membership, WorkerChange, WorkerInfo, WorkerJob
-from cerebro_spark.data import read_manifest
+from cerebro_spark.backends import WorkerPool
 from cerebro_spark.driver._rounds import MAX_GROUP_BREAKS
 from cerebro_spark.engine import ExperimentConfig, parse_config, read_events, run_experiment
-from cerebro_spark.errors import CerebroError, StoreError, TrialError, WorkerLostError
+from cerebro_spark.errors import CerebroError, StoreError, TrialError
 from cerebro_spark.search import GridSearch, SearchSpace
 from cerebro_spark.search._registry import PROCEDURES
-from cerebro_spark.store import Store, open_store
-from cerebro_spark.units import GroupBrokenError, UnitKind, UnitResult, UnitTask, check_group
+from cerebro_spark.store import open_store
+from cerebro_spark.units import GroupBrokenError, UnitResult, UnitTask
+from tests.backends import fake_transport
+from tests.backends.fake_transport import Died, ThreadTransport
 
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """What a scripted unit does: fail with ``error`` after ``delay`` seconds, and
-    whether its worker dies (leaves ``workers()``) when it starts."""
+    """What a scripted unit does: fail with ``error`` after ``delay`` seconds, or its
+    worker dies (leaves ``workers()``) when it starts."""
 
     error: BaseException | None = None
     delay: float = 0.0
@@ -47,115 +48,31 @@ class Outcome:
 Script = Callable[[str, UnitTask], Outcome]
 
 
-class ScriptedBackend(Backend):
-    """Workers that compute instead of train; failures come from ``script``."""
+def hook(script: Script) -> fake_transport.Hook:
+    """The fake workers' hook that plays ``script`` as each unit's pass starts."""
 
-    def __init__(self, num_workers: int, script: Script | None = None) -> None:
-        self.num_workers = num_workers
-        self.script: Script = script or (lambda worker, task: Outcome())
-        self.live: dict[str, frozenset[int]] = {}
-        self.busy: set[str] = set()
-        self.lock = threading.Lock()
-        self.store: Store | None = None
-        self.log: list[tuple[str, ...]] = []
-        self.changed: list[WorkerChange] = []
+    def play(worker: str, task: UnitTask, stage: str) -> None:
+        if stage != "pass":
+            return
+        outcome = script(worker, task)
+        time.sleep(outcome.delay)
+        if outcome.kill:
+            raise Died(worker)
+        if outcome.error is not None:
+            raise outcome.error
 
-    def start(self, job: WorkerJob, **placement: Any) -> None:
-        self.store = job.store
-        count = read_manifest(job.dataset_uri).num_partitions
-        n = self.num_workers
-        self.live = {f"w{i}": frozenset(range(i, count, n)) for i in range(n)}
-        for worker, held in self.live.items():
-            self.changed.append(WorkerChange(Membership.JOINED, WorkerInfo(worker, frozenset())))
-            self.changed.append(WorkerChange(Membership.READY, WorkerInfo(worker, held)))
+    return play
 
-    def workers(self) -> dict[str, WorkerInfo]:
-        with self.lock:
-            return {w: WorkerInfo(w, held) for w, held in self.live.items()}
 
-    def changes(self) -> list[WorkerChange]:
-        with self.lock:
-            changed, self.changed = self.changed, []
-            return changed
+@pytest.fixture(autouse=True)
+def script() -> Iterator[fake_transport.Script]:
+    yield fake_transport.reset()
+    fake_transport.reset()
 
-    def retire(self, worker_id: str) -> Future[None]:
-        raise ValueError("the scripted backend retires nobody")
 
-    def submit(self, worker_id: str, task: UnitTask) -> Future[UnitResult]:
-        if task.group is not None:
-            raise ValueError("a group task goes through submit_group")
-        with self.lock:
-            self._check(worker_id, task)
-        return self._run(worker_id, task)
-
-    def submit_group(self, assignments: Mapping[str, UnitTask]) -> dict[str, Future[UnitResult]]:
-        check_group(list(assignments.values()))
-        with self.lock:
-            for worker_id, task in assignments.items():
-                self._check(worker_id, task)
-        return {w: self._run(w, t) for w, t in assignments.items()}
-
-    def close(self) -> None:
-        pass
-
-    def _check(self, worker_id: str, task: UnitTask) -> None:
-        if worker_id not in self.live or worker_id in self.busy:
-            raise ValueError(f"worker {worker_id} is dead or busy")
-        if task.partition not in self.live[worker_id]:
-            raise ValueError(f"worker {worker_id} lacks partition {task.partition}")
-
-    def _run(self, worker_id: str, task: UnitTask) -> Future[UnitResult]:
-        outcome = self.script(worker_id, task)
-        future: Future[UnitResult] = Future()
-        with self.lock:
-            self.busy.add(worker_id)
-            if outcome.kill:
-                self._kill_locked(worker_id)
-        group = task.group.group_id if task.group else ""
-        self.log.append((worker_id, task.kind.value, str(task.partition), group))
-
-        def finish() -> None:
-            with self.lock:
-                self.busy.discard(worker_id)
-            if outcome.kill:
-                future.set_exception(WorkerLostError(f"worker {worker_id} died"))
-            elif outcome.error is not None:
-                future.set_exception(outcome.error)
-            else:
-                future.set_result(self._result(worker_id, task))
-
-        threading.Timer(outcome.delay, finish).start()
-        return future
-
-    def _kill_locked(self, worker_id: str) -> None:
-        held = self.live.pop(worker_id)
-        self.changed.append(WorkerChange(Membership.LOST, WorkerInfo(worker_id, held), "killed"))
-        survivor = min(self.live, default=None)
-        if survivor is not None:  # re-home what nobody else holds
-            orphans = held - frozenset().union(*self.live.values())
-            self.live[survivor] = self.live[survivor] | orphans
-            info = WorkerInfo(survivor, self.live[survivor])
-            self.changed.append(WorkerChange(Membership.PARTITIONS, info))
-
-    def _result(self, worker_id: str, task: UnitTask) -> UnitResult:
-        assert self.store is not None
-        sha = None
-        if task.kind is UnitKind.TRAIN and (task.group is None or task.group.rank == 0):
-            before = self.store.get(task.checkpoint_in) if task.checkpoint_in else b"init"
-            covered = task.group.partitions if task.group else (task.partition,)
-            blob = hashlib.sha256(before + repr((task.epoch, covered)).encode()).digest()
-            assert task.checkpoint_out is not None
-            self.store.put(task.checkpoint_out, blob)
-            sha = hashlib.sha256(blob).hexdigest()
-        return UnitResult(
-            task=task,
-            worker_id=worker_id,
-            rows=10,
-            seconds=0.01,
-            metric_sums={"loss": 5.0, "accuracy": 9.0},
-            checkpoint_bytes=32 if sha else 0,
-            checkpoint_sha256=sha,
-        )
+def pool() -> WorkerPool:
+    """Two fake workers (partition ``i`` on ``w{i mod 2}``) on the real pool."""
+    return WorkerPool(ThreadTransport(), 2, heartbeat_s=0.2, heartbeat_timeout_s=5.0)
 
 
 class GroupedGrid(GridSearch):
@@ -197,7 +114,16 @@ def config(
     )
 
 
-def run(store: Path, name: str, backend: ScriptedBackend, **kwargs: Any) -> Any:
+def run(
+    store: Path,
+    name: str,
+    script: Script | None = None,
+    backend: WorkerPool | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Run the experiment on ``backend`` (a fresh :func:`pool`), its units playing ``script``."""
+    fake_transport.SCRIPT.hook = None if script is None else hook(script)
+    backend = backend or pool()
     result = run_experiment(
         config(store, **kwargs), experiment_id=name, backend_factory=lambda c: backend
     )
@@ -229,7 +155,7 @@ def trained_once(events: list[dict[str, Any]], trials: int) -> bool:
 @pytest.fixture(scope="module")
 def clean(store: Path) -> Any:
     """Two trials, every train unit a group of 2, nothing fails."""
-    return run(store, "clean", ScriptedBackend(2), trials=2)
+    return run(store, "clean", trials=2)
 
 
 def test_a_clean_run_trains_in_groups(clean: Any) -> None:
@@ -246,16 +172,14 @@ def attempts(
     """A script that applies ``outcome(n, task)`` to the n-th (0-based) rank-0 group task
     matching ``match`` and to its peers; every other task succeeds."""
     seen: dict[str, int] = {}
-    count = [0]
+    lock = threading.Lock()  # the ranks start on their workers' threads
 
     def script(worker: str, task: UnitTask) -> Outcome:
         if task.group is None or not match(task):
             return Outcome()
-        group = task.group.group_id
-        if group not in seen:
-            seen[group] = count[0]
-            count[0] += 1
-        return outcome(seen[group], task)
+        with lock:
+            n = seen.setdefault(task.group.group_id, len(seen))
+        return outcome(n, task)
 
     return script
 
@@ -272,8 +196,7 @@ def test_a_group_that_breaks_with_every_worker_alive_is_retried_whole(
             return Outcome(GroupBrokenError(f"attempt {n}: rendezvous failed"))
         return Outcome()
 
-    backend = ScriptedBackend(2, attempts(first_group, outcome))
-    result, events = run(store, "broken", backend, trials=2)
+    result, events = run(store, "broken", attempts(first_group, outcome), trials=2)
     failed = [e for e in events if e["event"] == "unit_failed"]
     assert [e["reason"] for e in failed] == ["group_broken"] * 4  # 2 attempts x 2 ranks
     assert len({e["group"] for e in failed}) == 2
@@ -288,10 +211,8 @@ def test_a_group_that_keeps_breaking_trains_alone_for_the_rest_of_the_round(
     def outcome(n: int, task: UnitTask) -> Outcome:
         return Outcome(GroupBrokenError(f"attempt {n}: rendezvous failed"))
 
-    backend = ScriptedBackend(
-        2, attempts(lambda t: t.trial_id == "t0000" and t.epoch == 1, outcome)
-    )
-    result, events = run(store, "unbreakable", backend, trials=2)
+    script = attempts(lambda t: t.trial_id == "t0000" and t.epoch == 1, outcome)
+    result, events = run(store, "unbreakable", script, trials=2)
     failed = [e for e in events if e["event"] == "unit_failed"]
     assert len(failed) == 2 * MAX_GROUP_BREAKS
     ends = [e for e in events if e["event"] == "unit_end" and e["kind"] == "train"]
@@ -310,8 +231,7 @@ def test_a_trial_error_on_one_rank_fails_the_trial_only(store: Path) -> None:
             return Outcome(TrialError("user code raised on rank 1"))
         return Outcome(TrialError("rank 1 of the group failed; see that worker's error"), 0.05)
 
-    backend = ScriptedBackend(2, attempts(first_group, outcome))
-    result, events = run(store, "trial-error", backend, trials=2)
+    result, events = run(store, "trial-error", attempts(first_group, outcome), trials=2)
     status = {t.trial_id: t.status for t in result.trials}
     assert status == {"t0000": "failed", "t0001": "completed"}
     (failure,) = [e for e in events if e["event"] == "trial_failed"]
@@ -324,7 +244,7 @@ def test_io_errors_on_a_group_are_retried_then_give_up(store: Path) -> None:
     def flaky(n: int, task: UnitTask) -> Outcome:
         return Outcome(StoreError("s3 is down") if n == 0 else None)
 
-    _, events = run(store, "io-once", ScriptedBackend(2, attempts(first_group, flaky)))
+    _, events = run(store, "io-once", attempts(first_group, flaky))
     assert [e["reason"] for e in events if e["event"] == "unit_failed"] == ["io_error"] * 2
     assert trained_once(events, trials=1)
 
@@ -332,7 +252,7 @@ def test_io_errors_on_a_group_are_retried_then_give_up(store: Path) -> None:
         return Outcome(StoreError("s3 is down"))
 
     with pytest.raises(CerebroError, match="failed 4 times with I/O errors"):
-        run(store, "io-always", ScriptedBackend(2, attempts(first_group, down)))
+        run(store, "io-always", attempts(first_group, down))
 
 
 def test_a_peer_that_reports_after_its_partner_died_keeps_its_worker_busy(store: Path) -> None:
@@ -349,8 +269,8 @@ def test_a_peer_that_reports_after_its_partner_died_keeps_its_worker_busy(store:
             return Outcome(kill=True)
         return Outcome(GroupBrokenError("on worker w0: lost its peers"), delay=1.5)
 
-    backend = ScriptedBackend(2, attempts(lambda t: t.epoch == 0 and t.step == 0, outcome))
-    result, events = run(store, "late-peer", backend, trials=2)
+    script = attempts(lambda t: t.epoch == 0 and t.step == 0, outcome)
+    result, events = run(store, "late-peer", script, trials=2)
     assert [e["worker"] for e in events if e["event"] == "worker_lost"] == ["w1"]
     failed = {(e["worker"], e["reason"]) for e in events if e["event"] == "unit_failed"}
     assert failed == {("w0", "worker_lost"), ("w1", "worker_lost")}
@@ -359,17 +279,16 @@ def test_a_peer_that_reports_after_its_partner_died_keeps_its_worker_busy(store:
 
 
 def test_a_worker_that_dies_between_a_sync_and_a_submit_loses_nothing(store: Path) -> None:
-    backend = ScriptedBackend(2)
+    backend = pool()
     submit_group = backend.submit_group
 
     def dying(assignments: Mapping[str, UnitTask]) -> dict[str, Future[UnitResult]]:
-        if "w1" in backend.live and any(t.epoch == 1 for t in assignments.values()):
-            with backend.lock:
-                backend._kill_locked("w1")
+        if "w1" in backend.workers() and any(t.epoch == 1 for t in assignments.values()):
+            backend.kill_worker("w1")  # idle: it is gone when this returns
         return submit_group(assignments)
 
     backend.submit_group = dying  # type: ignore[method-assign]
-    _, events = run(store, "vanished", backend, trials=2)
+    _, events = run(store, "vanished", backend=backend, trials=2)
     assert [e["worker"] for e in events if e["event"] == "worker_lost"] == ["w1"]
     assert not any(e["event"] == "unit_failed" for e in events)
     assert trained_once(events, trials=2)
@@ -380,4 +299,4 @@ def test_a_worker_that_dies_between_a_sync_and_a_submit_loses_nothing(store: Pat
 
 def test_a_bad_resources_answer_is_refused(store: Path) -> None:
     with pytest.raises(CerebroError, match=r"asked for resources=0 for trial t0000"):
-        run(store, "zero", ScriptedBackend(2), group_size=0)
+        run(store, "zero", group_size=0)

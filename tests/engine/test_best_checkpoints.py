@@ -1,24 +1,27 @@
 """Best checkpoints kept and recorded by the engine; a search that produced nothing fails.
 
-The engine runs on a scripted backend (``tests/driver/test_group_failures.py``'s, whose
-"training" hashes the input checkpoint and reads it from the store, so a deleted checkpoint
-that is still needed fails the run) whose validation reports a scripted learning curve:
-param ``curve`` holds the accuracy after each epoch (``None``: NaN). No torch, no Spark.
-Real training is in ``test_best_checkpoints_torch.py``.
+The engine runs on the real WorkerPool over the in-memory fake transport
+(``tests/backends/fake_transport.py``), whose workers "train" by hashing the input
+checkpoint read from the store, so a deleted checkpoint that is still needed fails the
+run; validation reads the checkpoint too and reports a scripted learning curve: param
+``curve`` holds the accuracy after each epoch (``None``: NaN). A test's
+:data:`~tests.driver.test_group_failures.Script` says what else a unit does. No torch, no
+Spark. Real training is in ``test_best_checkpoints_torch.py``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cerebro_spark.backends import WorkerPool
 from cerebro_spark.engine import (
     Experiment,
     load_state,
@@ -32,26 +35,36 @@ from cerebro_spark.search import GridSearch
 from cerebro_spark.search._registry import PROCEDURES
 from cerebro_spark.store import open_store
 from cerebro_spark.units import UnitKind, UnitResult, UnitTask
-from tests.driver.test_group_failures import Outcome, ScriptedBackend
+from tests.backends import fake_transport
+from tests.backends.fake_transport import FakeWorker, ThreadTransport
+from tests.driver.test_group_failures import Outcome, Script, hook
 from tests.engine.checkpoint_checks import check_checkpoints, experiment
 
 CURVES = {"falls": [0.5, 0.9, 0.7], "rises": [0.6, 0.8, 0.85]}
 
 
-class CurveBackend(ScriptedBackend):
+class CurveWorker(FakeWorker):
     """Validation reports ``params["curve"][epoch]`` as accuracy and ``1 - it`` as loss."""
 
-    def _result(self, worker_id: str, task: UnitTask) -> UnitResult:
-        result = super()._result(worker_id, task)
+    def metric_sums(self, task: UnitTask) -> dict[str, float]:
         if task.kind is not UnitKind.VALIDATE:
-            return result
-        assert self.store is not None and task.checkpoint_in is not None
-        self.store.get(task.checkpoint_in)  # validation reads the checkpoint: it must exist
+            return super().metric_sums(task)
         curve = task.params["curve"]
         value = curve[min(task.epoch, len(curve) - 1)]
         accuracy = math.nan if value is None else float(value)
-        sums = {"loss": (1.0 - accuracy) * result.rows, "accuracy": accuracy * result.rows}
-        return dataclasses.replace(result, metric_sums=sums)
+        return {"loss": (1.0 - accuracy) * 10, "accuracy": accuracy * 10}  # 10 rows
+
+
+def curve_pool(script: Script | None = None) -> WorkerPool:
+    """Two curve workers on the real pool, whose units play ``script``."""
+    fake_transport.SCRIPT.hook = None if script is None else hook(script)
+    return WorkerPool(ThreadTransport(CurveWorker), 2, heartbeat_s=0.2, heartbeat_timeout_s=5.0)
+
+
+@pytest.fixture(autouse=True)
+def script() -> Iterator[fake_transport.Script]:
+    yield fake_transport.reset()
+    fake_transport.reset()
 
 
 class _DriverKilled(BaseException):
@@ -88,8 +101,8 @@ def config(store: Path, **changes: Any) -> Any:
     return parse_config(raw)
 
 
-def run(store: Path, name: str, backend: ScriptedBackend | None = None, **changes: Any) -> Any:
-    backend = backend or CurveBackend(2)
+def run(store: Path, name: str, backend: WorkerPool | None = None, **changes: Any) -> Any:
+    backend = backend or curve_pool()
     return run_experiment(
         config(store, **changes), experiment_id=name, backend_factory=lambda c: backend
     )
@@ -176,16 +189,20 @@ def test_checkpoints_stay_consistent(tmp_path: Path, procedure: Any, space: Any)
 def test_a_killed_driver_resumes_with_its_best_checkpoints(tmp_path: Path) -> None:
     run(tmp_path, "clean")
 
-    def kill(worker: str, task: UnitTask) -> Outcome:
+    backend = curve_pool()
+    submit = backend.submit
+
+    def submit_or_die(worker: str, task: UnitTask) -> Future[UnitResult]:
         if task.trial_id == "t0000" and task.epoch == 2 and task.kind is UnitKind.TRAIN:
             raise _DriverKilled  # t0000's best (epoch 2) is older than its latest now
-        return Outcome()
+        return submit(worker, task)
 
+    backend.submit = submit_or_die  # type: ignore[method-assign]
     with pytest.raises(_DriverKilled):
-        run(tmp_path, "killed", CurveBackend(2, kill))
+        run(tmp_path, "killed", backend)
     _, state = load_state(str(tmp_path), "killed")
     assert state.trials["t0000"].best_epoch == 2 and not state.finished
-    resume_experiment(str(tmp_path), "killed", backend_factory=lambda c: CurveBackend(2))
+    resume_experiment(str(tmp_path), "killed", backend_factory=lambda c: curve_pool())
     check_checkpoints(tmp_path, "killed")
     root = open_store(str(tmp_path))
     assert root.get("experiments/killed/leaderboard.csv") == root.get(
@@ -243,14 +260,14 @@ def test_a_log_written_before_best_checkpoints_folds_resumes_and_replays(
     assert killed.trials["t0000"].best_checkpoint is None
     assert killed.trials["t0001"].best_checkpoint is None  # epoch 2, also trained past
     caplog.set_level(logging.WARNING, "cerebro_spark")
-    result = resume_experiment(str(tmp_path), "old", backend_factory=lambda c: CurveBackend(2))
+    result = resume_experiment(str(tmp_path), "old", backend_factory=lambda c: curve_pool())
     best = result.best
     assert best is not None and (best.trial_id, best.best_epoch) == ("t0000", 2)
     assert best.best_checkpoint is None  # lost before the resume: best.pt is the latest
     root = open_store(str(tmp_path))
     assert root.get("experiments/old/best.pt") == root.get(best.checkpoint or "")
     assert "was not kept" in caplog.text
-    report = replay_experiment(str(tmp_path), "old", backend_factory=lambda c: CurveBackend(2))
+    report = replay_experiment(str(tmp_path), "old", backend_factory=lambda c: curve_pool())
     assert report.identical, report.rows
 
 
@@ -264,7 +281,7 @@ def test_a_search_whose_every_trial_failed_raises_after_writing_everything(
     tmp_path: Path,
 ) -> None:
     with pytest.raises(SearchFailedError) as caught:
-        run(tmp_path, "doomed", CurveBackend(2, fail_every_train_unit))
+        run(tmp_path, "doomed", curve_pool(fail_every_train_unit))
     error = caught.value
     root, events = experiment(tmp_path, "doomed")
     failed = [e["trial"] for e in events if e["event"] == "trial_failed"]
@@ -283,7 +300,7 @@ def test_a_search_whose_every_trial_failed_raises_after_writing_everything(
     assert all("build_model raised ValueError: bad" in line for line in board[1:])
     assert not root.exists("experiments/doomed/best.pt")
     with pytest.raises(SearchFailedError, match="every trial of experiment doomed failed"):
-        resume_experiment(str(tmp_path), "doomed", backend_factory=lambda c: CurveBackend(2))
+        resume_experiment(str(tmp_path), "doomed", backend_factory=lambda c: curve_pool())
 
 
 def test_some_failed_trials_leave_a_result_and_a_warning(
@@ -295,7 +312,7 @@ def test_some_failed_trials_leave_a_result_and_a_warning(
         return Outcome()
 
     caplog.set_level(logging.WARNING, "cerebro_spark")
-    result = run(tmp_path, "partial", CurveBackend(2, fail_one))
+    result = run(tmp_path, "partial", curve_pool(fail_one))
     assert [t.trial_id for t in result.failed] == ["t0001"]
     assert result.best is not None and result.best.trial_id == "t0000"
     assert "1 of 2 trials failed (the first: trial t0001: diverged)" in caplog.text
@@ -331,11 +348,11 @@ def test_a_failure_in_a_round_the_driver_died_in_is_told_again_on_resume(
     with monkeypatch.context() as patch:
         patch.setattr(Experiment, "_fail_trial", fail_then_die)
         with pytest.raises(_DriverKilled):
-            run(tmp_path, "sha", CurveBackend(2, fail), procedure=procedure, space=space)
+            run(tmp_path, "sha", curve_pool(fail), procedure=procedure, space=space)
     _, state = load_state(str(tmp_path), "sha")
     assert state.round_open and state.trials["t0001"].status == "failed"
     caplog.set_level(logging.WARNING, "cerebro_spark")
-    result = resume_experiment(str(tmp_path), "sha", backend_factory=lambda c: CurveBackend(2))
+    result = resume_experiment(str(tmp_path), "sha", backend_factory=lambda c: curve_pool())
     assert "suggested no trial" not in caplog.text  # the rung was decided without t0001
     assert any(t.status == "completed" and t.epochs == 3 for t in result.trials)
     assert "1 of 4 trials failed (the first: trial t0001: boom)" in caplog.text
@@ -343,17 +360,15 @@ def test_a_failure_in_a_round_the_driver_died_in_is_told_again_on_resume(
 
 
 def test_a_best_checkpoint_changed_after_it_was_written_is_refused(tmp_path: Path) -> None:
-    backend = CurveBackend(2)
     best_key = "experiments/tampered/checkpoints/t0000/e0001-s0003.pt"
+    root = open_store(str(tmp_path))
 
     def tamper(worker: str, task: UnitTask) -> Outcome:
-        if task.epoch == 2 and task.kind is UnitKind.VALIDATE and backend.store is not None:
-            backend.store.put(best_key, b"not the bytes the log recorded")
+        if task.epoch == 2 and task.kind is UnitKind.VALIDATE:
+            root.put(best_key, b"not the bytes the log recorded")
         return Outcome()
 
-    backend.script = tamper
     with pytest.raises(StoreError, match=r"but the event log recorded [0-9a-f]{64} for it"):
-        run(tmp_path, "tampered", backend)
-    root = open_store(str(tmp_path))
+        run(tmp_path, "tampered", curve_pool(tamper))
     assert root.exists("experiments/tampered/leaderboard.csv")  # written before the check
     assert not root.exists("experiments/tampered/best.pt")

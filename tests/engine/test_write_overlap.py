@@ -13,7 +13,7 @@ no Spark.
 from __future__ import annotations
 
 import itertools
-import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -22,15 +22,14 @@ from typing import Any
 
 import pytest
 
-from cerebro_spark.backends import UnitFuture
+from cerebro_spark.backends import UnitFuture, WorkerChange
 from cerebro_spark.engine import load_state, parse_config, read_events, run_experiment
-from cerebro_spark.errors import WorkerLostError
 from cerebro_spark.report import load_report_data
 from cerebro_spark.store import open_store
 from cerebro_spark.units import UnitKind, UnitResult, UnitTask
 from tests.backends import fake_transport
+from tests.backends.fake_transport import Died
 from tests.driver.test_early_start import EPOCHS, PARTITIONS, TRIALS, config, pool
-from tests.driver.test_group_failures import ScriptedBackend
 
 TRIALS_LOST = 8  # enough that some trial always has a unit for the lost worker
 
@@ -98,51 +97,16 @@ def test_the_next_unit_trains_while_a_checkpoint_is_written_and_results_are_the_
         assert all(a[1] <= b[0] + 1e-6 for a, b in itertools.pairwise(worker_spans))
 
 
-class FreeingBackend(ScriptedBackend):
-    """Frees the worker of every ordinary train unit before its result (a
-    :class:`UnitFuture`), as a pool whose worker writes the checkpoint; the first train unit
-    on ``victim`` loses its worker at the moment it is freed: its result is then a loss."""
-
-    def __init__(self, num_workers: int, victim: str) -> None:
-        super().__init__(num_workers)
-        self.victim = victim
-        self.lost_unit: UnitTask | None = None
-
-    def submit(self, worker_id: str, task: UnitTask) -> Future[UnitResult]:
-        if task.kind is not UnitKind.TRAIN:
-            return super().submit(worker_id, task)
-        with self.lock:
-            self._check(worker_id, task)
-            self.busy.add(worker_id)
-            lose = worker_id == self.victim and self.lost_unit is None
-            if lose:
-                self.lost_unit = task
-        self.log.append((worker_id, "train", str(task.partition), ""))
-        future = UnitFuture()
-
-        def trained() -> None:
-            with self.lock:
-                self.busy.discard(worker_id)
-                if lose:
-                    self._kill_locked(worker_id)  # lost while writing the checkpoint
-            future.free()
-            threading.Timer(0.05, durable).start()
-
-        def durable() -> None:
-            if lose:
-                future.set_exception(WorkerLostError(f"worker {worker_id} died writing"))
-            else:
-                future.set_result(self._result(worker_id, task))
-
-        threading.Timer(0.01, trained).start()
-        return future
-
-
 def test_a_worker_lost_while_writing_leaves_the_schedule_and_its_unit_runs_again(
-    tmp_path: Path,
+    tmp_path: Path, script: fake_transport.Script
 ) -> None:
     """The lost worker was freed (idle in the schedule) when its loss came: it must leave
-    the schedule then, not be handed the next unit (which the backend would refuse)."""
+    the schedule then, not be handed the next unit (which the backend would refuse).
+
+    The first train unit on w1 writes its checkpoint until w1 is killed, which happens as
+    the driver next asks for membership changes: after the pool freed w1, before the
+    driver hands it other work.
+    """
     cfg = parse_config(
         {
             "name": "lost-writing",
@@ -156,14 +120,45 @@ def test_a_worker_lost_while_writing_leaves_the_schedule_and_its_unit_runs_again
             "space": {"hidden": {"grid": list(range(TRIALS_LOST))}},
         }
     )
-    backend = FreeingBackend(2, victim="w1")
+    backend = pool(cfg)
+    lost: list[UnitTask] = []  # w1's first train unit
+    writing: list[Future[UnitResult]] = []  # its future
+    submit, changes = backend.submit, backend.changes
+
+    def submit_and_note(worker_id: str, task: UnitTask) -> Future[UnitResult]:
+        first = worker_id == "w1" and task.kind is UnitKind.TRAIN and not lost
+        if first:
+            lost.append(task)
+        future = submit(worker_id, task)
+        if first:
+            writing.append(future)
+        return future
+
+    def changes_after_the_loss() -> list[WorkerChange]:
+        if writing and "w1" not in script.killed:
+            future = writing[0]
+            assert isinstance(future, UnitFuture) and not future.done()
+            if future.freed.done():
+                backend.kill_worker("w1")  # the changes now hold its loss
+        return changes()
+
+    def write_until_killed(worker: str, task: UnitTask, stage: str) -> None:
+        if stage == "write" and worker == "w1" and lost and task == lost[0]:
+            deadline = time.monotonic() + 60.0
+            while worker not in script.killed:
+                assert time.monotonic() < deadline, "w1 was never killed"
+                time.sleep(0.01)
+            raise Died(worker)
+
+    backend.submit = submit_and_note  # type: ignore[method-assign]
+    backend.changes = changes_after_the_loss  # type: ignore[method-assign]
+    script.hook = write_until_killed
     result = run_experiment(cfg, experiment_id="lost", backend_factory=lambda c: backend)
     events = read_events(open_store(str(tmp_path)).child("experiments/lost"))
-    lost = backend.lost_unit
-    assert lost is not None
+    assert lost
     failed = [e for e in events if e["event"] == "unit_failed"]
     assert [(e["trial"], e["partition"], e["reason"]) for e in failed] == [
-        (lost.trial_id, lost.partition, "worker_lost")
+        (lost[0].trial_id, lost[0].partition, "worker_lost")
     ]
     gone = next(i for i, e in enumerate(events) if e["event"] == "worker_lost")
     assert events[gone]["worker"] == "w1"
