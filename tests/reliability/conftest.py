@@ -297,17 +297,18 @@ class TcpProxy:
 
 
 @pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
-    """``mount(size)``: a fresh tmpfs of ``size`` (``"8m"``) under ``tmp_path``: a real
-    file system that fills up. Needs root; the test is skipped otherwise. Unmounted after
-    the test."""
+def tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """``mount(size, at=None)``: a fresh tmpfs of ``size`` (``"8m"``) at ``at`` (created;
+    default: a new folder under ``tmp_path``): a real file system that fills up. Needs
+    root; the test is skipped otherwise. Unmounted after the test, the last mounted first
+    (one may be mounted inside another's store)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     mounted: list[Path] = []
 
-    def mount(size: str) -> Path:
-        where = tmp_path / f"tmpfs-{uuid.uuid4().hex[:8]}"
-        where.mkdir()
+    def mount(size: str, at: Path | None = None) -> Path:
+        where = tmp_path / f"tmpfs-{uuid.uuid4().hex[:8]}" if at is None else at
+        where.mkdir(parents=True)
         done = subprocess.run(
             ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
             capture_output=True,
@@ -319,7 +320,7 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
         return where
 
     yield mount
-    for where in mounted:
+    for where in reversed(mounted):
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 

@@ -89,26 +89,34 @@ def test_a_disk_full_mid_run_ends_it_clearly_and_resume_finishes_it(
 
 
 def test_a_checkpoint_that_finds_the_disk_full_ends_the_run_not_the_trial(
-    reference, tmpfs, monkeypatch
+    reference, tmpfs, tmp_path, monkeypatch
 ):
     """Room for events but not for a checkpoint: the worker's write fails; the unit is
-    logged failed as an I/O error (not the trial's fault), and the run stops at once."""
-    disk = tmpfs("64m")
-    made = filler(monkeypatch, disk, units=4, leave=256 * 1024)
+    logged failed as an I/O error (not the trial's fault), and the run stops at once.
+
+    The checkpoints have a disk of their own (a tmpfs mounted at the experiment's
+    ``checkpoints/``), filled after the 4th ``unit_end``; the log, leaderboard and report
+    stay on a disk with room. On one shared disk, a checkpoint (or the report) that fails
+    half written holds the last free bytes until it is removed, and a driver write at that
+    moment (the ``unit_failed`` of the other worker) found the disk full first.
+    """
+    store = tmp_path / "store"
+    disk = tmpfs("64m", at=store / "experiments" / "ckpt" / "checkpoints")
+    made = filler(monkeypatch, disk, units=4, leave=0)
     with pytest.raises(Exception) as caught:
-        run_experiment(parse_config({**BIG, "store": str(disk)}), experiment_id="ckpt")
+        run_experiment(parse_config({**BIG, "store": str(store)}), experiment_id="ckpt")
     monkeypatch.undo()
     assert type(caught.value).__name__ == "StoreFullError"
     assert "could not write its checkpoint" in str(caught.value)
     assert "no space left on the disk of" in str(caught.value)
-    events, state = strict_events(str(disk), "ckpt")
+    events, state = strict_events(str(store), "ckpt")
     failed = [e for e in events if e["event"] == "unit_failed"]
     assert failed and all(e["reason"] == "io_error" for e in failed)
     assert not any(e["event"] == "trial_failed" for e in events)
     assert not state.finished
     for path in made:
         path.unlink()
-    resume_experiment(str(disk), "ckpt")
-    _, state = strict_events(str(disk), "ckpt")
+    resume_experiment(str(store), "ckpt")
+    _, state = strict_events(str(store), "ckpt")
     assert state.finished
     assert outcome(state) == reference["big"]
