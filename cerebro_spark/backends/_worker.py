@@ -8,11 +8,19 @@ one rank of a group unit (Cerebro §5.7, :func:`cerebro_spark.training.run_group
 
 **Memory.** ``job.worker_memory`` bounds the bytes of held partitions the worker keeps in
 RAM (default: :func:`~cerebro_spark.data._residence.default_worker_memory`); a partition
-read beyond it is written once to local disk and streamed from a memory mapping
-(:class:`~cerebro_spark.data._residence.Residence`). Either way each partition is read
-from the store once; :attr:`Worker.bytes_read` counts only store bytes. Dropping a
-partition removes its local file; :meth:`Worker.close` (or dropping everything, as
-``serve`` does when a worker ends) removes the worker's local directory.
+read beyond it is written once to local disk and, while a unit reads it, streamed from a
+memory mapping (:class:`~cerebro_spark.data._residence.Residence`). Either way each
+partition is read from the store once; :attr:`Worker.bytes_read` counts only store bytes.
+Dropping a partition removes its local file; :meth:`Worker.close` (or dropping everything,
+as ``serve`` does when a worker ends) removes the worker's local directory. A new worker
+removes the local directories that dead workers (killed by ``SIGKILL``, say) left beside
+its own (:func:`~cerebro_spark.data._residence.sweep_stale`).
+
+**An address-space limit** (``RLIMIT_AS``: PySpark sets it from
+``spark.executor.pyspark.memory``): the worker imports PyTorch before it reads any
+partition and, without ``job.worker_memory``, then takes at most half of the address space left
+as its budget; what does not fit the limit (PyTorch, a partition read or mapped) fails
+with a :class:`~cerebro_spark.errors.ConfigError` that names the limit and the setting.
 
 **Start-up.** Importing torch and ``torch._dynamo`` takes seconds: more than connecting
 to the driver and reading a few partitions. A worker starts both imports in a thread as
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -34,10 +43,14 @@ import pyarrow as pa
 
 from cerebro_spark.backends._base import WorkerJob
 from cerebro_spark.data._residence import (
+    TORCH_ADDRESS_SPACE,
     Residence,
+    address_space_error,
+    address_space_limit,
+    check_address_space,
     default_worker_memory,
     format_bytes,
-    local_dir,
+    is_out_of_address_space,
 )
 from cerebro_spark.units import UnitKind, UnitResult, UnitTask
 
@@ -71,19 +84,23 @@ class Worker:
         self._job = job
         self._device = device
         self._manifest: Manifest | None = None
-        self._data: dict[tuple[str, int], PartitionData] = {}
+        # Under an address-space limit PyTorch is imported before any partition is read,
+        # and the default budget is what is left then: set by the first load.
+        self._limited = address_space_limit() is not None
+        self._budget_pending = job.worker_memory is None and self._limited
         if job.worker_memory is not None:
             budget, rule = job.worker_memory, "worker_memory of its job"
         else:
             budget, rule = default_worker_memory()
         self._residence = Residence(worker_id, budget, directory=spill_dir)
-        logger.info(
-            "worker %s keeps up to %s of partitions in memory (%s); the rest is spilled to %s",
-            worker_id,
-            format_bytes(budget),
-            rule,
-            spill_dir or local_dir(),
-        )
+        for stale in self._residence.sweep():
+            logger.warning(
+                "worker %s removed %s, the local directory a dead worker left behind",
+                worker_id,
+                stale,
+            )
+        if not self._budget_pending:
+            self._log_budget(budget, rule)
         self._bytes_read = 0
         self._torch_ready = False
         self._warming: Future[None] | None = None  # the warm-up, until a unit waited for it
@@ -100,10 +117,19 @@ class Worker:
             self._manifest = read_manifest(self._job.dataset_uri)
         return self._manifest
 
+    def _log_budget(self, budget: int, rule: str) -> None:
+        logger.info(
+            "worker %s keeps up to %s of partitions in memory (%s); the rest is spilled to %s",
+            self._worker_id,
+            format_bytes(budget),
+            rule,
+            self._residence.parent,
+        )
+
     @property
     def partitions(self) -> frozenset[int]:
-        """Indices of the partitions held in memory."""
-        return frozenset(index for _, index in self._data)
+        """Indices of the partitions held (in memory or on local disk)."""
+        return frozenset(index for _, index in self._residence.partitions())
 
     @property
     def bytes_read(self) -> int:
@@ -147,10 +173,12 @@ class Worker:
         disk as it is read. Either every requested partition ends up held or, when a read
         fails, none of this call's partitions do (the bytes read still count in
         :attr:`bytes_read`, local files are removed) and the first failure, in partition
-        order, is raised.
+        order, is raised. Under an address-space limit PyTorch is imported first (and the
+        default budget then set).
 
         Raises:
             ValueError: An index is outside ``range(num_partitions)``.
+            ConfigError: PyTorch or a partition does not fit the address-space limit.
         """
         from cerebro_spark.data import read_partition
 
@@ -163,38 +191,48 @@ class Worker:
                     f"range(num_partitions={manifest.num_partitions}) of dataset "
                     f"{manifest.dataset_id}"
                 )
-        keys = [(s, i) for i in wanted if ("train", i) not in self._data for s in _SPLITS]
-        loaded: dict[tuple[str, int], PartitionData] = {}
+        if self._limited:
+            self._prepare_torch()  # PyTorch's share of the address space is taken first
+        if self._budget_pending:
+            budget, rule = default_worker_memory()
+            self._residence.budget = budget
+            self._budget_pending = False
+            self._log_budget(budget, rule)
+        residence = self._residence
+        keys = [(s, i) for i in wanted if not residence.holds("train", i) for s in _SPLITS]
+        loaded: list[tuple[str, int]] = []
         before = self._bytes_read
         if keys:
             uri = self._job.dataset_uri
-            residence = self._residence
             read_bytes: dict[tuple[str, int], int] = {}
 
-            def read_one(split: str, index: int) -> PartitionData:
+            def read_one(split: str, index: int) -> None:
                 data = read_partition(uri, split, index, manifest=manifest)
                 read_bytes[split, index] = data.bytes_read
-                held = residence.admit(data)
+                residence.admit(data)
                 del data
                 # Decoding Parquet lists takes many times the file's bytes for a moment;
                 # Arrow's allocator keeps what was freed unless told to give it back.
                 pa.default_memory_pool().release_unused()
-                return held
 
             with ThreadPoolExecutor(self._read_threads(keys)) as pool:
                 reads = {key: pool.submit(read_one, *key) for key in keys}
             for key, future in reads.items():  # every read has ended: count what was read
                 self._bytes_read += read_bytes.get(key, 0)
                 if future.exception() is None:
-                    loaded[key] = future.result()
-            if any(future.exception() is not None for future in reads.values()):
+                    loaded.append(key)
+            if len(loaded) < len(reads):
                 for key in loaded:
                     residence.discard(*key)
-            for future in reads.values():  # the first failure, in partition order
-                future.result()
+            for key, future in reads.items():  # the first failure, in partition order
+                self._raise_read_error(key, future.exception())
         self.startup.setdefault("partitions", time.time())
-        self._prepare_torch()  # the warm-up ran while the partitions were read
-        self._data.update(loaded)
+        try:
+            self._prepare_torch()  # the warm-up ran while the partitions were read
+        except BaseException:
+            for key in loaded:  # a worker without torch holds none of this load's partitions
+                residence.discard(*key)
+            raise
         read = self._bytes_read - before
         if loaded:
             indices = sorted({index for _, index in loaded})
@@ -208,6 +246,24 @@ class Worker:
                 self.spilled_bytes,
             )
         return read
+
+    def _raise_read_error(self, key: tuple[str, int], error: BaseException | None) -> None:
+        """Raise a read's error; one of running out of address space names the limit."""
+        if error is None:
+            return
+        limit = address_space_limit()
+        if limit is not None and is_out_of_address_space(error):
+            raise address_space_error(
+                f"worker {self._worker_id} cannot read its {key[0]} partition {key[1]}",
+                limit,
+                error,
+                context=(
+                    f" ({format_bytes(self.held_bytes)} of partitions kept in RAM, "
+                    f"worker_memory {format_bytes(self.memory_budget)})"
+                ),
+                also="lower worker_memory so that fewer partitions stay in RAM",
+            ) from error
+        raise error
 
     def _read_threads(self, keys: Collection[tuple[str, int]]) -> int:
         """Read threads: up to four, fewer when partitions in flight would crowd the budget.
@@ -228,19 +284,11 @@ class Worker:
         """Release the given partitions (indices not held are ignored); remove local files."""
         for index in partitions:
             for split in _SPLITS:
-                self._data.pop((split, index), None)
                 self._residence.discard(split, index)
 
     def close(self) -> None:
         """Drop every partition and remove the worker's local directory."""
-        self._data.clear()
         self._residence.close()
-
-    @contextlib.contextmanager
-    def _streaming(self, data: PartitionData) -> Iterator[PartitionData]:
-        """Around a unit: a spilled partition's mapped pages are released as it is read."""
-        with self._residence.streaming(data):
-            yield data
 
     def run(self, task: UnitTask, on_rendezvous: Callable[[int], None] | None = None) -> UnitResult:
         """Run one unit on the held partition of the split its kind reads.
@@ -256,11 +304,10 @@ class Worker:
             cerebro_spark.errors.TrialError: The trial's user code raised.
             cerebro_spark.units.GroupBrokenError: A group unit's peer was lost.
         """
-        data = self._held(task)
         from cerebro_spark.training import run_group_unit, run_unit
 
-        args = (task, data, self._job.store, self.manifest.info)
-        with self._streaming(data):
+        with self._held(task) as data:
+            args = (task, data, self._job.store, self.manifest.info)
             if task.group is not None:
                 return run_group_unit(
                     *args,
@@ -280,10 +327,9 @@ class Worker:
         """
         if task.kind is not UnitKind.TRAIN or task.group is not None:
             raise ValueError(f"worker {self._worker_id}: only an ordinary train unit trains alone")
-        data = self._held(task)
         from cerebro_spark.training import train_unit
 
-        with self._streaming(data):
+        with self._held(task) as data:
             return train_unit(
                 task,
                 data,
@@ -293,16 +339,18 @@ class Worker:
                 device=self._device,
             )
 
-    def _held(self, task: UnitTask) -> PartitionData:
-        """The held partition ``task`` reads, with torch ready."""
-        data = self._data.get((_SPLIT_OF_KIND[task.kind], task.partition))
-        if data is None:
+    @contextlib.contextmanager
+    def _held(self, task: UnitTask) -> Iterator[PartitionData]:
+        """The held partition ``task`` reads, with torch ready (a spilled one mapped)."""
+        split = _SPLIT_OF_KIND[task.kind]
+        if not self._residence.holds(split, task.partition):
             raise ValueError(
                 f"worker {self._worker_id} does not hold partition {task.partition} "
                 f"(holds {sorted(self.partitions)})"
             )
         self._prepare_torch()
-        return data
+        with self._residence.partition(split, task.partition) as data:
+            yield data
 
     def warm_up(self) -> None:
         """Start importing torch and the unit code in a background thread (once).
@@ -333,10 +381,18 @@ class Worker:
         """
         warming, self._warming = self._warming, None
         if not self._torch_ready:
-            if warming is None:
-                self._import_torch()
-            else:
-                warming.result()  # an import error is raised here
+            try:
+                if warming is None:
+                    self._import_torch()
+                else:
+                    warming.result()  # an import error is raised here
+            except Exception as error:
+                limit = address_space_limit()
+                if limit is None or not is_out_of_address_space(error):
+                    raise
+                raise address_space_error(
+                    f"worker {self._worker_id} could not import PyTorch", limit, error
+                ) from error
         import torch
 
         if torch.get_num_threads() != self._job.torch_threads:
@@ -346,6 +402,10 @@ class Worker:
         # The first optimizer (any torch._disable_dynamo function) imports torch._dynamo,
         # and use_deterministic_algorithms (every unit) torch._inductor.config: seconds,
         # which belong to the start-up, not to the first unit.
+        if "torch" not in sys.modules:  # under an address-space limit, only if it fits
+            check_address_space(
+                f"worker {self._worker_id} cannot import PyTorch", TORCH_ADDRESS_SPACE
+            )
         import torch
         import torch._dynamo
 
