@@ -9,7 +9,7 @@ variant once, in rotating order), for units sized so that the bare loop takes ab
   ``backward``, ``step``; nothing else (no metric, no check);
 * **pass**: our train loop (``_train_pass``: seeded batch order and torch stream, the
   finite-loss check, the loss and the default metrics a training pass computes, on the
-  device, deterministic algorithms on) on a model kept alive between runs, plus ``_report``;
+  device, deterministic algorithms on) on a model kept alive between runs, plus ``report_metrics``;
 * **worker**: the unit as a worker runs it since its checkpoint write overlaps the next
   unit (issue 13, part 3): ``train_unit`` (the pass and the checkpoint taken), its
   encoding and write in a thread while the next unit (another trial's) trains; timed:
@@ -149,7 +149,7 @@ class Bare:
         self.device = device
 
     def run(self, data: PartitionData, task: UnitTask) -> None:
-        order = torch.from_numpy(unit_module._batch_order(task, data.rows))
+        order = torch.from_numpy(unit_module.batch_order(task, data.rows))
         features, labels = data.tensors()
         self.model.train()
         for first in range(0, data.rows, BATCH):
@@ -169,13 +169,13 @@ class Pass:
     def __init__(self, info: DatasetInfo, device: torch.device, task: UnitTask) -> None:
         self.info, self.device = info, device
         self.spec = load_spec(task.spec)
-        with unit_module._unit_environment(str(device)) as dev:
-            self.state = unit_module._open_state(self.spec, task, info, dev, None)
+        with unit_module.unit_environment(str(device)) as dev:
+            self.state = unit_module.open_state(self.spec, task, info, dev, None)
 
     def run(self, data: PartitionData, task: UnitTask) -> None:
-        with unit_module._unit_environment(str(self.device)) as dev:
+        with unit_module.unit_environment(str(self.device)) as dev:
             metrics, _ = unit_module._train_pass(self.spec, self.state, task, data, self.info, dev)
-            unit_module._report(metrics, task)
+            unit_module.report_metrics(metrics, task)
 
 
 class Unit:

@@ -932,7 +932,7 @@ def sequence_column(
             f"got {max_length!r}"
         )
     array = v.as_array(array)
-    if not (v._is_list(array.type) and pa.types.is_integer(array.type.value_type)):
+    if not (v.is_list_type(array.type) and pa.types.is_integer(array.type.value_type)):
         raise DataError(
             f"sequence column {name!r} has type {array.type}; a sequence must be a list of "
             "integer token ids per row"
@@ -1014,7 +1014,7 @@ def looks_ragged(array: pa.Array | pa.ChunkedArray) -> bool:
     Null rows are ignored; a ``fixed_size_list`` level is never ragged.
     """
     array = pc.drop_null(v.as_array(array))
-    while v._is_list(array.type):
+    while v.is_list_type(array.type):
         if not pa.types.is_fixed_size_list(array.type) and len(array):
             lengths = pc.list_value_length(array)
             if pc.min(lengths).as_py() != pc.max(lengths).as_py():
@@ -1073,10 +1073,10 @@ def infer_kind(
             f"feature column {name!r} has type {arrow_type} but its values are not JPEG or "
             "PNG images; a binary feature must hold encoded images"
         )
-    if v._is_list(arrow_type):
+    if v.is_list_type(arrow_type):
         element = arrow_type
         depth = 0
-        while v._is_list(element):
+        while v.is_list_type(element):
             element = element.value_type
             depth += 1
         if _is_number(element):

@@ -324,7 +324,7 @@ def _spark_frame(session: SparkSession, table: pa.Table) -> DataFrame:
 def _run_spark(args: argparse.Namespace, common: dict[str, Any], table: pa.Table | None) -> Any:
     from pyspark.sql import SparkSession
 
-    from cerebro_spark.data._spark_prepare import _load, prepare_with_spark
+    from cerebro_spark.data._spark_prepare import load_frame, prepare_with_spark
     from cerebro_spark.spark_session import spark_session
 
     existing = SparkSession.getActiveSession()
@@ -340,7 +340,7 @@ def _run_spark(args: argparse.Namespace, common: dict[str, Any], table: pa.Table
         else:
             data = args.input
         if common["features"] is None:
-            frame = data if table is not None else _load(session, data, fmt, options)[0]
+            frame = data if table is not None else load_frame(session, data, fmt, options)[0]
             common["features"] = _default_features(
                 frame.columns, common["label"], common["validation_column"]
             )

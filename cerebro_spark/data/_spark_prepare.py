@@ -398,7 +398,7 @@ def _read_path(
         raise DataError(f"Spark cannot read {fmt} data at {path}: {exc}") from exc
 
 
-def _load(
+def load_frame(
     spark: SparkSession,
     data: DataFrame | str,
     fmt: str | None,
@@ -569,7 +569,7 @@ def _distinct_lengths(frame: DataFrame, column: Column, depth: int) -> list[int]
 
 def _dense_dtype(element: pa.DataType) -> str:
     """The stored dtype of a number/array column whose elements arrive as ``element``."""
-    return str(np.dtype(w._dense_type(pa.array([], type=element)).to_pandas_dtype()).name)
+    return str(np.dtype(w.dense_type(pa.array([], type=element)).to_pandas_dtype()).name)
 
 
 def _check_feature(
@@ -764,7 +764,7 @@ def _check(
     classes = None
     if resolved == "classification":
         raw = pa.array(list(stats["label:classes"]), type=_arrow_type(label, types[label], ""))
-        classes = w._sorted_classes(w._label_input(raw))
+        classes = w.sorted_classes(w.label_input(raw))
         v.check_classes(label, classes.to_pylist())
         label_info = ColumnInfo(label, "int64")
     else:
@@ -773,7 +773,7 @@ def _check(
     if validation_column is not None:
         v.check_null_count(validation_column, int(stats["val:nulls"]), rows, "validation_column")
         count = int(stats["val:true"])
-    n_val = w._validation_rows(rows, count, validation_fraction, num_partitions)
+    n_val = w.validation_rows(rows, count, validation_fraction, num_partitions)
     return _Checked(
         rows, tuple(infos), inferred, label_info, resolved, classes, n_val, kinds, distinct
     )
@@ -879,7 +879,7 @@ def _normalize_chunk(
         if kind in ("number", "array"):
             if name in plan.narrow:
                 column = column.cast(_with_element(column.type, plan.narrow[name]))
-            array, _ = w._feature_column(name, column, plan.shapes[name], plan.hints.get(name))
+            array, _ = w.feature_column(name, column, plan.shapes[name], plan.hints.get(name))
         elif kind == "categorical":
             array, _ = w.kind_column(
                 name, column, kind, plan.options, vocabulary=plan.vocabularies[name]
@@ -902,10 +902,10 @@ def _normalize_chunk(
             )
             facts["sequence"][name] = dataclasses.asdict(seq)
         arrays.append(array)
-    labels = w._label_input(table.column(plan.label))
+    labels = w.label_input(table.column(plan.label))
     v.check_no_nulls(plan.label, labels, "label column")
     classes = None if plan.classes is None else plan.classes.cast(labels.type)
-    encoded = w._encode_label(labels, plan.task, classes)
+    encoded = w.encode_label(labels, plan.task, classes)
     if encoded.null_count:
         raise DataError(
             f"label column {plan.label!r} has values that the class scan did not see: the "
@@ -1201,7 +1201,7 @@ def _narrowed(
         if name not in schema.names or name not in spark_types:
             continue
         element = schema.field(name).type
-        while v._is_list(element):
+        while v.is_list_type(element):
             element = element.value_type
         if not (pa.types.is_integer(element) or pa.types.is_floating(element)):
             continue
@@ -1279,7 +1279,7 @@ def _commit(
             done = _complete(target, dataset_id)
             if done is not None:
                 return done
-    old_keys = w._clear_target(target, overwrite=True)  # drops an old manifest first
+    old_keys = w.clear_target(target, overwrite=True)  # drops an old manifest first
     created: list[str] = []
     try:
         for part in manifest.partitions:
@@ -1394,7 +1394,7 @@ def prepare_with_spark(
     from cerebro_spark.spark_session import spark_session
 
     started = time.perf_counter()
-    seed, validation_fraction, hints = w._check_params(
+    seed, validation_fraction, hints = w.check_params(
         features=features,
         label=label,
         num_partitions=num_partitions,
@@ -1411,7 +1411,7 @@ def prepare_with_spark(
     kind_options.check_features(features)
     root = _fs_store(open_store(store))
     session = spark if spark is not None else spark_session()
-    frame, description = _load(session, data, format, dict(options or {}))
+    frame, description = load_frame(session, data, format, dict(options or {}))
     required = [*features, label] + ([validation_column] if validation_column else [])
     v.check_columns(frame.columns, required)
     selected = _select(frame, features, label, validation_column)
@@ -1495,7 +1495,7 @@ def prepare_with_spark(
         checked = dataclasses.replace(checked, features=infos)
         chunks, counts, sums = _gather(staged, checked.rows, stage_plan)
         dataset_id = sums.dataset_id(
-            w._id_params(
+            w.id_params(
                 checked.features,
                 label=label,
                 task=checked.task,

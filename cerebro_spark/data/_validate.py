@@ -105,7 +105,8 @@ def _is_number(arrow_type: pa.DataType) -> bool:
     )
 
 
-def _is_list(arrow_type: pa.DataType) -> bool:
+def is_list_type(arrow_type: pa.DataType) -> bool:
+    """Whether ``arrow_type`` is a list type (variable, large or fixed-size)."""
     return bool(
         pa.types.is_list(arrow_type)
         or pa.types.is_large_list(arrow_type)
@@ -132,7 +133,7 @@ def unsupported_feature(name: str, arrow_type: pa.DataType) -> DataError:
 def check_feature_type(name: str, arrow_type: pa.DataType) -> None:
     """Check that a number or array column holds numbers or (nested) arrays of numbers."""
     element = arrow_type
-    while _is_list(element):
+    while is_list_type(element):
         element = element.value_type
     if not _is_number(element):
         raise unsupported_feature(name, arrow_type)
@@ -198,7 +199,7 @@ def check_no_nulls(name: str, array: pa.Array | pa.ChunkedArray, role: str = "co
     array = as_array(array)
     check_null_count(name, array.null_count, len(array), role)
     depth = 0
-    while _is_list(array.type):
+    while is_list_type(array.type):
         array = array.flatten()
         depth += 1
         check_null_elements(name, array.null_count, depth, role)
@@ -235,7 +236,7 @@ def element_shape(name: str, array: pa.Array | pa.ChunkedArray) -> tuple[int, ..
     check_no_nulls(name, array, "feature column")
     shape: list[int] = []
     depth = 0
-    while _is_list(array.type):
+    while is_list_type(array.type):
         if pa.types.is_fixed_size_list(array.type):
             length = array.type.list_size
         else:
@@ -270,7 +271,7 @@ def check_lengths(name: str, lengths: Sequence[int], depth: int) -> None:
 def flat_values(array: pa.Array | pa.ChunkedArray) -> pa.Array:
     """Return the scalar values of a (nested) list column in row order (offsets honoured)."""
     array = as_array(array)
-    while _is_list(array.type):
+    while is_list_type(array.type):
         array = array.flatten()
     return array
 

@@ -23,6 +23,15 @@ What :func:`write_dataset` does, in order:
 Reruns with the same input and pyarrow version give byte-identical files (Parquet's
 ``created_by`` names the pyarrow version, nothing in the files depends on time), so two
 processes preparing the same dataset at once write identical bytes.
+
+The Spark writer (:mod:`._spark_prepare`) applies the same rules with the same functions,
+public here for it: the parameters' check (:func:`check_params`) and the dataset id's
+(:func:`id_params`), the validation split's size (:func:`validation_rows`), the target's
+clearing (:func:`clear_target`), the labels (:func:`label_input`, :func:`sorted_classes`,
+:func:`encode_label`) and the features (:func:`column_kind`, :func:`kind_column`,
+:func:`feature_column`, :func:`dense_type`, :func:`categorical_info`,
+:func:`column_vocabulary`); scoring selects its columns as the writer does
+(:func:`select_columns`).
 """
 
 from __future__ import annotations
@@ -104,7 +113,7 @@ class _Normalized:
 # -- input conversion -------------------------------------------------------------------------
 
 
-def _to_arrow(
+def select_columns(
     data: DataLike, columns: Sequence[str]
 ) -> tuple[pa.Table, dict[str, tuple[int, ...]]]:
     """Select ``columns`` as an Arrow table; also return shapes of pandas ndarray columns."""
@@ -181,7 +190,7 @@ def _ndarray_column(name: str, series: pd.Series) -> tuple[pa.Array, tuple[int, 
 # -- normalisation ----------------------------------------------------------------------------
 
 
-def _dense_type(values: pa.Array) -> pa.DataType:
+def dense_type(values: pa.Array) -> pa.DataType:
     """The stored element type of a number/array column.
 
     Its own when one of :data:`DENSE_DTYPES`, else ``float32``.
@@ -192,7 +201,7 @@ def _dense_type(values: pa.Array) -> pa.DataType:
     return pa.float32()
 
 
-def _feature_column(
+def feature_column(
     name: str, column: pa.ChunkedArray, known_shape: tuple[int, ...] | None, hint: Any
 ) -> tuple[pa.Array, ColumnInfo]:
     """A ``number``/``array`` column as stored: its dtype kept (:data:`DENSE_DTYPES`)."""
@@ -203,7 +212,7 @@ def _feature_column(
     if hint is not None:
         shape = v.check_shape_hint(name, shape, hint)
     flat = v.flat_values(column)
-    values = flat.cast(_dense_type(flat), safe=False)
+    values = flat.cast(dense_type(flat), safe=False)
     if pa.types.is_floating(values.type):
         v.check_finite(name, values.cast(pa.float32()), "feature column")
     dtype = np.dtype(values.type.to_pandas_dtype()).name
@@ -292,7 +301,7 @@ def _any_feature_column(
     """Any feature column of a whole table as stored, with its info (plain writer)."""
     kind = column_kind(name, column, options)
     if kind in ("number", "array"):
-        return _feature_column(name, column, known_shape, hint)
+        return feature_column(name, column, known_shape, hint)
     if hint is not None:
         raise DataError(
             f"feature_shapes gives a shape for {kind} column {name!r}; only "
@@ -334,7 +343,7 @@ def column_vocabulary(
     return words, buckets, kd.category_statistics(counts, words, buckets)
 
 
-def _label_input(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+def label_input(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     """Return a label column as the label rules see it: dictionaries decoded, decimals float64."""
     array = v.as_array(column)
     if pa.types.is_dictionary(array.type):
@@ -344,13 +353,13 @@ def _label_input(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     return array
 
 
-def _sorted_classes(array: pa.Array) -> pa.Array:
+def sorted_classes(array: pa.Array) -> pa.Array:
     """Return the distinct values of a classification label, sorted (class ``k`` = item ``k``)."""
     unique = pc.unique(array)
     return unique.take(pc.array_sort_indices(unique))
 
 
-def _encode_label(array: pa.Array, task: Task, classes: pa.Array | None) -> pa.Array:
+def encode_label(array: pa.Array, task: Task, classes: pa.Array | None) -> pa.Array:
     """Return the written label: ``float32`` (regression) or ``int64`` class indices."""
     if task == "regression":
         return array.cast(pa.float32(), safe=False)
@@ -360,19 +369,19 @@ def _encode_label(array: pa.Array, task: Task, classes: pa.Array | None) -> pa.A
 def _label_column(
     name: str, column: pa.ChunkedArray, task: Task | None
 ) -> tuple[pa.Array, ColumnInfo, Task, tuple[Any, ...] | None]:
-    array = _label_input(column)
+    array = label_input(column)
     v.check_no_nulls(name, array, "label column")
     if task is None:
         task = v.infer_task(name, array.type)
     v.check_label_type(name, array.type, task)
     if task == "regression":
-        labels = _encode_label(array, task, None)
+        labels = encode_label(array, task, None)
         v.check_finite(name, labels, "label column")
         return labels, ColumnInfo(name, "float32"), task, None
     v.check_finite(name, array, "label column")
-    classes = _sorted_classes(array)
+    classes = sorted_classes(array)
     v.check_classes(name, classes.to_pylist())
-    labels = _encode_label(array, task, classes)
+    labels = encode_label(array, task, classes)
     return labels, ColumnInfo(name, "int64"), task, tuple(classes.to_pylist())
 
 
@@ -393,7 +402,7 @@ def _check_seed(seed: object) -> int:
     return int(seed)
 
 
-def _check_params(
+def check_params(
     *,
     features: Sequence[str],
     label: str,
@@ -426,7 +435,7 @@ def _check_params(
     return seed, validation_fraction, hints
 
 
-def _id_params(
+def id_params(
     features: Sequence[ColumnInfo],
     *,
     label: str,
@@ -483,7 +492,7 @@ def _normalize(
     kinds: KindOptions | None = None,
 ) -> _Normalized:
     """Check everything and return the normalised columns and the dataset id."""
-    seed, validation_fraction, hints = _check_params(
+    seed, validation_fraction, hints = check_params(
         features=features,
         label=label,
         num_partitions=num_partitions,
@@ -494,7 +503,7 @@ def _normalize(
         feature_shapes=feature_shapes,
     )
     columns = [*features, label] + ([validation_column] if validation_column else [])
-    table, pandas_shapes = _to_arrow(data, columns)
+    table, pandas_shapes = select_columns(data, columns)
     v.check_total_rows(table.num_rows, num_partitions)
 
     options = kinds or KindOptions()
@@ -522,7 +531,7 @@ def _normalize(
     sums = ro.IdSums()
     sums.add(keys, lane2)
     dataset_id = sums.dataset_id(
-        _id_params(
+        id_params(
             infos,
             label=label,
             task=task,
@@ -555,10 +564,10 @@ def _split_sizes(
 ) -> int:
     """Return the number of validation rows; raise if a split cannot fill P partitions."""
     count = None if mask is None else int(np.count_nonzero(mask))
-    return _validation_rows(rows, count, validation_fraction, num_partitions)
+    return validation_rows(rows, count, validation_fraction, num_partitions)
 
 
-def _validation_rows(
+def validation_rows(
     rows: int, validation_count: int | None, validation_fraction: float, num_partitions: int
 ) -> int:
     """Return the number of validation rows; raise if a split cannot fill P partitions.
@@ -604,7 +613,7 @@ def narrow_integer_leaves(schema: pa.Schema) -> list[str]:
     paths = []
     for field in schema:
         arrow_type, path = field.type, field.name
-        while v._is_list(arrow_type):
+        while v.is_list_type(arrow_type):
             arrow_type, path = arrow_type.value_type, f"{path}.list.element"
         if pa.types.is_integer(arrow_type) and arrow_type.bit_width <= 16:
             paths.append(path)
@@ -629,7 +638,7 @@ def content_hash(partitions: Sequence[PartitionInfo]) -> str:
     return hashlib.sha256("\n".join(part.sha256 for part in partitions).encode()).hexdigest()
 
 
-def _clear_target(store: Store, *, overwrite: bool) -> set[str]:
+def clear_target(store: Store, *, overwrite: bool) -> set[str]:
     """Make ``store`` ready to receive a dataset; return the old partition keys."""
     keys = store.list()
     foreign = [key for key in keys if key != MANIFEST_NAME and not _PART_KEY.fullmatch(key)]
@@ -658,7 +667,7 @@ def _write(
     source: str,
     overwrite: bool,
 ) -> Manifest:
-    old_keys = _clear_target(store, overwrite=overwrite)
+    old_keys = clear_target(store, overwrite=overwrite)
     slices = _split(norm, num_partitions, validation_fraction)
     logger.info(
         "writing dataset %s: %d rows into %d train + %d validation partitions at %s",

@@ -39,8 +39,8 @@ from cerebro_spark.data import ColumnInfo, HeldColumn, PartitionData
 from cerebro_spark.data import _kinds as kd
 from cerebro_spark.data import _validate as v
 from cerebro_spark.data._format import feature_shape as features_shape
-from cerebro_spark.data._reader import _held_column
-from cerebro_spark.data._writer import _to_arrow
+from cerebro_spark.data._reader import hold_column
+from cerebro_spark.data._writer import select_columns
 from cerebro_spark.errors import DataError
 
 #: The ``split`` of a partition built from rows to score.
@@ -174,7 +174,7 @@ def held_column(
         )
         _check_tokens(label, info, stored, first_row)
     table = pa.table({info.name: stored})
-    return _held_column(table, info, len(stored))
+    return hold_column(table, info, len(stored))
 
 
 def placeholder_labels(rows: int, classification: bool) -> np.ndarray:
@@ -224,7 +224,7 @@ def _pandas_table(frame: Any, features: Sequence[ColumnInfo]) -> pa.Table:
     dense = [c.name for c in features if c.dense]
     arrays: dict[str, pa.Array] = {}
     if dense:
-        table, _ = _to_arrow(frame[dense], dense)
+        table, _ = select_columns(frame[dense], dense)
         arrays.update({name: v.as_array(table.column(name)) for name in dense})
     for info in features:
         if info.dense:

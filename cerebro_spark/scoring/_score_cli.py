@@ -101,7 +101,7 @@ def run_score(args: argparse.Namespace, spark: SparkSession | None = None) -> in
         FileNotFoundError: No experiment, checkpoint or input there.
         DataError: The input lacks a feature column or holds bad values.
     """
-    from cerebro_spark.data._spark_prepare import _load
+    from cerebro_spark.data._spark_prepare import load_frame
     from cerebro_spark.scoring._transformer import ModelTransformer
     from cerebro_spark.spark_session import spark_session
 
@@ -128,7 +128,7 @@ def run_score(args: argparse.Namespace, spark: SparkSession | None = None) -> in
     session = spark if spark is not None else spark_session(args.master, "cerebro-spark score")
     source = args.table if args.table is not None else args.input
     fmt = "table" if args.table is not None else args.format
-    frame, description = _load(session, source, fmt, dict(args.option))
+    frame, description = load_frame(session, source, fmt, dict(args.option))
     scored = transformer.transform(frame)
     if args.output is not None:
         scored.write.mode(args.mode).parquet(args.output)

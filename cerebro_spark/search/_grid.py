@@ -2,7 +2,7 @@
 
 Cerebro §4.2: "Grid/random search is a one-shot instance of this template": a fixed set
 of configs is created and every config is trained for the same number of epochs; the
-per-epoch evaluations never terminate or add a config. Rules of :class:`_OneShotSearch`:
+per-epoch evaluations never terminate or add a config. Rules of :class:`OneShotSearch`:
 
 * Trials are suggested in a fixed order; at most ``max_concurrent`` are live at once
   (all at the first :meth:`~SearchProcedure.suggest` when it is ``None``), and a new one is
@@ -50,7 +50,7 @@ def check_space(space: Any) -> SearchSpace:
     return space
 
 
-class _OneShotSearch(SearchProcedure):
+class OneShotSearch(SearchProcedure):
     """A fixed number of trials, each trained ``epochs`` epochs (rules in the module)."""
 
     def __init__(
@@ -169,7 +169,7 @@ class _OneShotSearch(SearchProcedure):
         self._stopped = {str(t) for t in state["stopped"]}
 
 
-class GridSearch(_OneShotSearch):
+class GridSearch(OneShotSearch):
     """Train every point of ``space.grid()`` for ``epochs`` epochs (Cerebro §4.2).
 
     Trials follow :meth:`SearchSpace.grid` order; with ``repeats`` the whole grid is

@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 
 from cerebro_spark.search._base import Clock
-from cerebro_spark.search._grid import _OneShotSearch, check_space, positive_int
+from cerebro_spark.search._grid import OneShotSearch, check_space, positive_int
 from cerebro_spark.search.space import SearchSpace
 
 
-class RandomSearch(_OneShotSearch):
+class RandomSearch(OneShotSearch):
     """Train ``num_trials`` configs sampled from ``space`` for ``epochs`` epochs each.
 
     Configs are drawn from ``rng`` when they are suggested, in trial order, so trial ``i``

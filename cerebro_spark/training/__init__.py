@@ -2,7 +2,13 @@
 
 ``train_unit`` trains a unit without encoding or writing its checkpoint yet (a worker does
 both while it trains the next); ``run_group_unit`` runs one rank of a group unit (a trial trained
-data-parallel by k workers, Cerebro §5.7).
+data-parallel by k workers, Cerebro §5.7), made of the ordinary unit's public pieces (``_unit``).
+
+The one exception to "modules meet through public names" (``tests/test_import_graph.py``):
+the built-in specs in ``_embedding``, ``_resnet`` and ``_sequence`` use ``_models``' private
+parameter readers (``_choice``, ``_int``, ``_dropout``, ``_TrainingParams`` ...). They are one
+family of specs with ``MLPSpec`` and ``CNNSpec``, split into modules for length; the readers
+are no seam for anything else.
 """
 
 from cerebro_spark.training._checkpoint import (

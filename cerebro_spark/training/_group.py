@@ -103,24 +103,24 @@ from cerebro_spark.training._loading import load_spec
 from cerebro_spark.training._metrics import PassMetrics
 from cerebro_spark.training._spec import ModelSpec
 from cerebro_spark.training._unit import (
-    _TORCH_STREAM,
-    _UNIT_LOCK,
-    _add_batch,
-    _batch_order,
-    _batch_size,
-    _check_task,
-    _key,
-    _open_state,
-    _pass_metrics,
-    _read_checkpoint,
-    _report,
-    _seed,
-    _snapshot,
-    _TrialState,
-    _unit_environment,
-    _user_code,
-    _where,
-    _write_checkpoint,
+    TORCH_STREAM,
+    UNIT_LOCK,
+    LiveTrial,
+    UserCode,
+    add_batch,
+    batch_order,
+    check_task,
+    open_state,
+    pass_metrics,
+    read_checkpoint,
+    report_metrics,
+    required_key,
+    snapshot,
+    stream_seed,
+    unit_batch_size,
+    unit_environment,
+    unit_label,
+    write_checkpoint,
 )
 from cerebro_spark.units import GroupBrokenError, GroupSpec, UnitKind, UnitResult, UnitTask
 
@@ -235,7 +235,7 @@ def run_group_unit(
         OSError: The store failed (on this rank or, for the checkpoint, on rank 0).
     """
     group = _check_group_task(task, chooses_port=on_rendezvous is not None)
-    with _UNIT_LOCK, _unit_environment(device) as dev:
+    with UNIT_LOCK, unit_environment(device) as dev:
         start = time.perf_counter()
         with _process_group(task, group, dev, on_rendezvous) as comm:
             result = _run(task, group, data, store, info, dev, comm, worker_id, start)
@@ -298,7 +298,7 @@ class _Comm:
             dist.all_reduce(tensor, op=op)
         except Exception as error:  # gloo/NCCL raise RuntimeError subclasses
             raise GroupBrokenError(
-                f"{_where(self.task)}: rank {self.group.rank} of group "
+                f"{unit_label(self.task)}: rank {self.group.rank} of group "
                 f"{self.group.group_id!r} (size {self.group.size}) lost its peers during "
                 f"{what} (a peer died or did not answer within {self.group.timeout_s} s): "
                 f"{error}"
@@ -361,7 +361,7 @@ def _process_group(
             if dist.is_initialized():
                 dist.destroy_process_group()
         broken = GroupBrokenError(
-            f"{_where(task)}: rank {group.rank} of group {group.group_id!r} (size "
+            f"{unit_label(task)}: rank {group.rank} of group {group.group_id!r} (size "
             f"{group.size}) could not join the rendezvous at {where} within "
             f"{group.timeout_s} s: {type(error).__name__}: {_scrubbed(error, group)}"
         )
@@ -456,7 +456,7 @@ def _raise_failures(
         return
     first = failed[0]
     message = (
-        f"{_where(task)}: {_describe_rank(group, first)} failed {when}; see that worker's error"
+        f"{unit_label(task)}: {_describe_rank(group, first)} failed {when}; see that worker's error"
     )
     if codes[first] == _IO_FAILURE:
         raise OSError(message)
@@ -468,7 +468,7 @@ class _Opened:
     """What a rank has after the start phase."""
 
     spec: ModelSpec
-    state: _TrialState
+    state: LiveTrial
     local_batches: tuple[int, ...]
     io_seconds: float
     metrics: PassMetrics
@@ -482,16 +482,16 @@ def _open(
     info: DatasetInfo,
     dev: torch.device,
 ) -> _Opened:
-    _check_task(task, data, info)
-    with _user_code(task, "loading the spec"):
+    check_task(task, data, info)
+    with UserCode(task, "loading the spec"):
         spec = load_spec(task.spec)
-    local_batches = local_batch_sizes(_batch_size(spec, task), group.size)
+    local_batches = local_batch_sizes(unit_batch_size(spec, task), group.size)
     checkpoint = None
     io_seconds = 0.0
     if task.checkpoint_in is not None:
-        checkpoint, _, io_seconds = _read_checkpoint(store, task, task.checkpoint_in)
-    state = _open_state(spec, task, info, dev, checkpoint)
-    metrics = _pass_metrics(spec, task, info, dev, training=True)
+        checkpoint, _, io_seconds = read_checkpoint(store, task, task.checkpoint_in)
+    state = open_state(spec, task, info, dev, checkpoint)
+    metrics = pass_metrics(spec, task, info, dev, training=True)
     return _Opened(spec, state, local_batches, io_seconds, metrics)
 
 
@@ -512,7 +512,7 @@ def _handshake(
     values = [int(v) for v in shake.cpu().tolist()]
     if values[2 * k] != digest or values[2 * k + 1] != -digest:
         raise ConfigError(
-            f"{_where(task)}: the ranks of group {group.group_id!r} were given different "
+            f"{unit_label(task)}: the ranks of group {group.group_id!r} were given different "
             "tasks (they must differ only in partition and rank; see check_group)"
         )
     _raise_failures(task, group, values[:k], failure, "while starting the unit")
@@ -532,12 +532,12 @@ def _train_pass(
     """Train this rank's share of every step (into ``opened.metrics``); return its rows."""
     spec, state = opened.spec, opened.state
     local = opened.local_batches[group.rank]
-    order = _batch_order(task, data.rows)
-    with _user_code(task, "augmentation"):
+    order = batch_order(task, data.rows)
+    with UserCode(task, "augmentation"):
         augmentation = spec.augmentation(task.params, info)
     seeds = BatchSeeds(task.trial_seed, task.epoch, task.partition)
     maker = BatchMaker(data, info, dev, augmentation=augmentation, seeds=seeds)
-    torch.manual_seed(_seed((task.trial_seed, task.epoch, task.partition), _TORCH_STREAM))
+    torch.manual_seed(stream_seed((task.trial_seed, task.epoch, task.partition), TORCH_STREAM))
     state.model.train()
     params = [p for p in state.model.parameters() if p.requires_grad]
     # Gradients are summed in one buffer, in the widest parameter dtype (float32 at least);
@@ -580,7 +580,7 @@ def _train_pass(
             param.grad = grad if has_grad > 0 else None
             offset += numel
         try:
-            with _user_code(task, "the optimizer step"):
+            with UserCode(task, "the optimizer step"):
                 state.optimizer.step()
         except Exception as error:
             failure = _Failure.of(error)  # told to the peers at the next collective
@@ -592,7 +592,7 @@ def _train_pass(
 
 def _local_batch(
     spec: ModelSpec,
-    state: _TrialState,
+    state: LiveTrial,
     task: UnitTask,
     info: DatasetInfo,
     x: Features,
@@ -600,20 +600,20 @@ def _local_batch(
     metrics: PassMetrics,
 ) -> int:
     """Forward and backward one local batch (gradient of its mean loss); return its rows."""
-    with _user_code(task, "transform"):
+    with UserCode(task, "transform"):
         x, y = spec.transform(x, y)
-    with _user_code(task, "the forward pass or loss"):
+    with UserCode(task, "the forward pass or loss"):
         outputs = state.model(x)
         loss = spec.loss(outputs, y, info)
         value = float(loss.detach())
     if not math.isfinite(value):
         raise TrialError(
-            f"{_where(task)}: training loss is {value} (not finite) in a batch of "
+            f"{unit_label(task)}: training loss is {value} (not finite) in a batch of "
             f"partition {task.partition}"
         )
-    with _user_code(task, "the backward pass"):
+    with UserCode(task, "the backward pass"):
         torch.autograd.backward(loss)
-    _add_batch(metrics, task, outputs, y, loss)
+    add_batch(metrics, task, outputs, y, loss)
     return int(y.shape[0])
 
 
@@ -654,7 +654,7 @@ def _run(
         failure = deferred.failure
     if failure is None:
         try:
-            states, sums = _report(opened.metrics, task)
+            states, sums = report_metrics(opened.metrics, task)
         except Exception as error:
             failure = _Failure.of(error)  # told to the peers at the end collective
     state = opened.state
@@ -666,14 +666,14 @@ def _run(
     if failure is None:
         try:
             if ends_epoch and state.scheduler is not None:
-                with _user_code(task, "lr_scheduler.step"):
+                with UserCode(task, "lr_scheduler.step"):
                     state.scheduler.step()
             if group.rank == 0:
                 written = time.perf_counter()
                 last = dataclasses.replace(task, step=task.step + group.size - 1)
-                blob = encode_checkpoint(with_dataset(_snapshot(state, last), info))
-                key = _key(task, task.checkpoint_out, "checkpoint_out")
-                sha256 = _write_checkpoint(store, key, blob)
+                blob = encode_checkpoint(with_dataset(snapshot(state, last), info))
+                key = required_key(task, task.checkpoint_out, "checkpoint_out")
+                sha256 = write_checkpoint(store, key, blob)
                 io_seconds += time.perf_counter() - written
         except Exception as error:
             failure = _Failure.of(error)

@@ -19,6 +19,16 @@ The intra-op thread count also changes float results on CPU; the worker pins it
 (``WorkerJob.torch_threads``), not the unit. Torch's RNG and the deterministic flag are
 process-global, so units in one process run one at a time (a process-wide lock):
 parallel workers must be separate processes to run in parallel.
+
+The group unit (:mod:`._group`) is made of the same pieces, public here for it: the lock
+(:data:`UNIT_LOCK`) and :func:`unit_environment`; :func:`check_task`; :class:`UserCode`
+and :func:`unit_label` (how user code's errors name a unit); the seeds
+(:func:`stream_seed`, :data:`TORCH_STREAM`, :func:`batch_order`);
+:func:`unit_batch_size`; the checkpoint's keys, reads and writes (:func:`required_key`,
+:func:`read_checkpoint`, :func:`write_checkpoint`, :func:`snapshot`); the trial's live
+objects (:class:`LiveTrial`, :func:`open_state`); the metrics (:func:`pass_metrics`,
+:func:`add_batch`, :func:`report_metrics`). So a group unit seeds, restores, checkpoints
+and reports errors exactly as an ordinary unit does.
 """
 
 from __future__ import annotations
@@ -58,15 +68,17 @@ from cerebro_spark.units import UnitKind, UnitResult, UnitTask
 
 logger = logging.getLogger(__name__)
 
-_UNIT_LOCK = threading.Lock()
+UNIT_LOCK = threading.Lock()
+"""Held while a unit runs: torch's RNG and deterministic flag are process-global."""
 _INIT_STREAM = 0
-_TORCH_STREAM = 1
+TORCH_STREAM = 1
+"""The SeedSequence stream torch is reseeded from at the start of a pass."""
 #: The training loss is checked for finiteness (one host sync) once per this many batches.
 _CHECK_BATCHES = 64
 
 
 @dataclasses.dataclass
-class _TrialState:
+class LiveTrial:
     """A trial's live training objects between restoring and checkpointing."""
 
     model: nn.Module
@@ -117,8 +129,8 @@ def run_unit(
     """
     if task.kind is UnitKind.TRAIN:
         return train_unit(task, data, store, info, worker_id=worker_id, device=device).write()
-    _check_task(task, data, info)
-    with _UNIT_LOCK, _unit_environment(device) as dev:
+    check_task(task, data, info)
+    with UNIT_LOCK, unit_environment(device) as dev:
         start = time.perf_counter()
         spec = _spec(task)
         result = _validate(spec, task, data, store, info, dev, worker_id, start)
@@ -143,15 +155,15 @@ def train_unit(
     :meth:`~TrainedUnit.write` returned. The arguments, and the errors raised before the
     write, are :func:`run_unit`'s.
     """
-    _check_task(task, data, info)
-    with _UNIT_LOCK, _unit_environment(device) as dev:
+    check_task(task, data, info)
+    with UNIT_LOCK, unit_environment(device) as dev:
         start = time.perf_counter()
         trained = _train(_spec(task), task, data, store, info, dev, worker_id, start)
     return trained
 
 
 def _spec(task: UnitTask) -> ModelSpec:
-    with _user_code(task, "loading the spec"):
+    with UserCode(task, "loading the spec"):
         return load_spec(task.spec)
 
 
@@ -203,9 +215,9 @@ class TrainedUnit:
             OSError: The store failed (the unit is not done; it can be retried).
         """
         began = time.perf_counter()
-        key = _key(self.result.task, self.result.task.checkpoint_out, "checkpoint_out")
+        key = required_key(self.result.task, self.result.task.checkpoint_out, "checkpoint_out")
         blob = encode_payload(self.payload)
-        sha256 = _write_checkpoint(self.store, key, blob, self.payload)
+        sha256 = write_checkpoint(self.store, key, blob, self.payload)
         took = time.perf_counter() - began
         result = dataclasses.replace(
             self.result,
@@ -219,7 +231,13 @@ class TrainedUnit:
         return result
 
 
-def _check_task(task: UnitTask, data: PartitionData, info: DatasetInfo) -> None:
+def check_task(task: UnitTask, data: PartitionData, info: DatasetInfo) -> None:
+    """Refuse a task or partition a unit cannot run.
+
+    Raises:
+        ConfigError: A field of the task breaks its rule (the message names it).
+        DataError: The partition is not the task's, or does not match the dataset.
+    """
     if not isinstance(task.kind, UnitKind):
         raise ConfigError(f"task.kind must be a UnitKind, got {task.kind!r}")
     for name in ("trial_seed", "epoch", "partition", "step"):
@@ -265,7 +283,7 @@ def _check_task(task: UnitTask, data: PartitionData, info: DatasetInfo) -> None:
 
 
 @contextlib.contextmanager
-def _unit_environment(device: str) -> Iterator[torch.device]:
+def unit_environment(device: str) -> Iterator[torch.device]:
     """Deterministic algorithms on, torch RNG forked; both restored on exit."""
     dev = torch.device(device)
     rng_devices: list[int] = []
@@ -287,7 +305,7 @@ def _unit_environment(device: str) -> Iterator[torch.device]:
         torch.backends.cudnn.benchmark = previous_benchmark
 
 
-class _user_code:
+class UserCode:
     """Wrap exceptions raised inside in :class:`TrialError` naming the trial and unit.
 
     A class, not a ``contextlib.contextmanager``: it is entered once per batch, with
@@ -310,15 +328,16 @@ class _user_code:
         if error is None or isinstance(error, TrialError) or not isinstance(error, Exception):
             return
         raise TrialError(
-            f"{_where(self.task)}: {self.what} raised {type(error).__name__}: {error}"
+            f"{unit_label(self.task)}: {self.what} raised {type(error).__name__}: {error}"
         ) from error
 
 
-def _where(task: UnitTask) -> str:
+def unit_label(task: UnitTask) -> str:
+    """``"trial 't' (epoch e, partition p)"``: how errors name a unit."""
     return f"trial {task.trial_id!r} (epoch {task.epoch}, partition {task.partition})"
 
 
-def _seed(entropy: int | tuple[int, ...], stream: int) -> int:
+def stream_seed(entropy: int | tuple[int, ...], stream: int) -> int:
     """Return a 64-bit torch seed from a numpy SeedSequence stream."""
     sequence = np.random.SeedSequence(entropy, spawn_key=(stream,))
     return int(sequence.generate_state(1, dtype=np.uint64)[0])
@@ -337,18 +356,20 @@ def _manual_seed(seed: int, dev: torch.device) -> None:
         torch.manual_seed(seed)
 
 
-def _batch_order(task: UnitTask, rows: int) -> np.ndarray:
+def batch_order(task: UnitTask, rows: int) -> np.ndarray:
     """The unit's row permutation, from SeedSequence((trial_seed, epoch, partition))."""
     sequence = np.random.SeedSequence((task.trial_seed, task.epoch, task.partition))
     return np.random.default_rng(sequence).permutation(rows)
 
 
-def _batch_size(spec: ModelSpec, task: UnitTask, *, validation: bool = False) -> int:
-    with _user_code(task, "validation_batch_size" if validation else "batch_size"):
+def unit_batch_size(spec: ModelSpec, task: UnitTask, *, validation: bool = False) -> int:
+    """The spec's (validation) batch size for the task's params, checked; user code."""
+    with UserCode(task, "validation_batch_size" if validation else "batch_size"):
         return checked_batch_size(spec, task.params, validation=validation)
 
 
-def _key(task: UnitTask, key: str | None, name: str) -> str:
+def required_key(task: UnitTask, key: str | None, name: str) -> str:
+    """Return ``key``, the task's field ``name``; :class:`ConfigError` when it is ``None``."""
     if key is None:
         raise ConfigError(f"{task.kind.value} unit of trial {task.trial_id!r} has no {name}")
     return key
@@ -399,21 +420,19 @@ def _load_checkpoint(store: Store, task: UnitTask, key: str) -> _CheckpointRead:
     else:
         blob, checkpoint = held  # a checkpoint this worker wrote comes decoded
     if checkpoint is None:
-        with _user_code(task, f"decoding checkpoint {key!r}"):
+        with UserCode(task, f"decoding checkpoint {key!r}"):
             checkpoint = decode_checkpoint(blob)
     seconds = time.perf_counter() - started
     return _CheckpointRead(checkpoint, len(blob), seconds, 0 if hit else len(blob), hit)
 
 
-def _read_checkpoint(store: Store, task: UnitTask, key: str) -> tuple[Checkpoint, int, float]:
+def read_checkpoint(store: Store, task: UnitTask, key: str) -> tuple[Checkpoint, int, float]:
     """Return (checkpoint, its size, seconds reading it): :func:`_load_checkpoint`."""
     read = _load_checkpoint(store, task, key)
     return read.checkpoint, read.size, read.seconds
 
 
-def _write_checkpoint(
-    store: Store, key: str, blob: bytes, decoded: Checkpoint | None = None
-) -> str:
+def write_checkpoint(store: Store, key: str, blob: bytes, decoded: Checkpoint | None = None) -> str:
     """Write ``blob`` durably to ``key``, keep it in the worker's cache; return its SHA-256.
 
     ``decoded`` (the payload ``blob`` encodes) is cached with it, so that the unit that
@@ -428,26 +447,26 @@ def _write_checkpoint(
 def _build_model(
     spec: ModelSpec, task: UnitTask, info: DatasetInfo, dev: torch.device
 ) -> nn.Module:
-    with _user_code(task, "build_model"):
-        _manual_seed(_seed(task.trial_seed, _INIT_STREAM), dev)
+    with UserCode(task, "build_model"):
+        _manual_seed(stream_seed(task.trial_seed, _INIT_STREAM), dev)
         model = spec.build_model(task.params, info)
         if not isinstance(model, nn.Module):
             raise TypeError(f"build_model must return a torch.nn.Module, got {model!r}")
         return model.to(dev)
 
 
-def _open_state(
+def open_state(
     spec: ModelSpec,
     task: UnitTask,
     info: DatasetInfo,
     dev: torch.device,
     checkpoint: Checkpoint | None,
-) -> _TrialState:
+) -> LiveTrial:
     """Build model, optimizer and scheduler; restore them from ``checkpoint`` if given."""
     model = _build_model(spec, task, info, dev)
-    with _user_code(task, "build_optimizer"):
+    with UserCode(task, "build_optimizer"):
         optimizer = spec.build_optimizer(model, task.params)
-    with _user_code(task, "build_lr_scheduler"):
+    with UserCode(task, "build_lr_scheduler"):
         scheduler = spec.build_lr_scheduler(optimizer, task.params)
     samples_seen = 0
     if checkpoint is not None:
@@ -457,7 +476,7 @@ def _open_state(
         own_hyperparameters = [
             {k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups
         ]
-        with _user_code(task, f"restoring checkpoint {task.checkpoint_in!r}"):
+        with UserCode(task, f"restoring checkpoint {task.checkpoint_in!r}"):
             model.load_state_dict(checkpoint["model"])
             optimizer.load_state_dict(dict(checkpoint["optimizer"]))
             if cloned:
@@ -467,35 +486,40 @@ def _open_state(
             if scheduler is not None and saved_scheduler is not None and not cloned:
                 scheduler.load_state_dict(dict(saved_scheduler))
         samples_seen = checkpoint["counters"]["samples_seen"]
-    return _TrialState(model, optimizer, scheduler, samples_seen)
+    return LiveTrial(model, optimizer, scheduler, samples_seen)
 
 
-def _pass_metrics(
+def pass_metrics(
     spec: ModelSpec, task: UnitTask, info: DatasetInfo, dev: torch.device, *, training: bool
 ) -> PassMetrics:
-    with _user_code(task, "build_metrics"):
+    """The metrics of one pass (the spec's ``metrics`` are user code)."""
+    with UserCode(task, "build_metrics"):
         return PassMetrics(spec, info, dev, training=training)
 
 
-def _add_batch(
+def add_batch(
     metrics: PassMetrics,
     task: UnitTask,
     outputs: torch.Tensor,
     labels: torch.Tensor,
     loss: torch.Tensor,
 ) -> None:
-    with _user_code(task, "metrics"):  # PassMetrics detaches; no grad mode switch per batch
+    """Add one batch to the pass's metrics (user code)."""
+    with UserCode(task, "metrics"):  # PassMetrics detaches; no grad mode switch per batch
         metrics.add(outputs, labels, loss)
 
 
-def _report(metrics: PassMetrics, task: UnitTask) -> tuple[dict[str, State], dict[str, float]]:
-    with _user_code(task, "metrics"):
+def report_metrics(
+    metrics: PassMetrics, task: UnitTask
+) -> tuple[dict[str, State], dict[str, float]]:
+    """The pass's mergeable metric states and row-weighted sums (user code)."""
+    with UserCode(task, "metrics"):
         return metrics.report()
 
 
 def _train_pass(
     spec: ModelSpec,
-    state: _TrialState,
+    state: LiveTrial,
     task: UnitTask,
     data: PartitionData,
     info: DatasetInfo,
@@ -508,21 +532,21 @@ def _train_pass(
     :data:`_CHECK_BATCHES` batches and at the end (a non-finite loss still fails the unit,
     naming the first such batch, before anything is written).
     """
-    size = _batch_size(spec, task)
-    with _user_code(task, "augmentation"):
+    size = unit_batch_size(spec, task)
+    with UserCode(task, "augmentation"):
         augmentation = spec.augmentation(task.params, info)
     seeds = BatchSeeds(task.trial_seed, task.epoch, task.partition)
     maker = BatchMaker(data, info, dev, augmentation=augmentation, seeds=seeds)
-    _manual_seed(_seed((task.trial_seed, task.epoch, task.partition), _TORCH_STREAM), dev)
+    _manual_seed(stream_seed((task.trial_seed, task.epoch, task.partition), TORCH_STREAM), dev)
     model, optimizer, transform, loss_of = state.model, state.optimizer, spec.transform, spec.loss
     model.train()
-    metrics = _pass_metrics(spec, task, info, dev, training=True)
+    metrics = pass_metrics(spec, task, info, dev, training=True)
     rows = 0
     losses: list[torch.Tensor] = []  # the detached losses not yet checked, from row `checked`
     checked = 0
     first = 0
-    user_code = _user_code(task, "")  # one guard, entered once per batch, names each step
-    with maker.batches(_batch_order(task, data.rows), size) as batches:
+    user_code = UserCode(task, "")  # one guard, entered once per batch, names each step
+    with maker.batches(batch_order(task, data.rows), size) as batches:
         for x, y in batches:
             with user_code:
                 user_code.what = "transform"
@@ -569,19 +593,20 @@ def _check_finite(
         return
     bad = int(torch.nonzero(~finite)[0, 0])
     raise TrialError(
-        f"{_where(task)}: training loss is {float(losses[bad])} (not finite) in the batch at "
+        f"{unit_label(task)}: training loss is {float(losses[bad])} (not finite) in the batch at "
         f"row {first + bad * size} of {total}"
     )
 
 
-def _end_unit(state: _TrialState, task: UnitTask) -> None:
+def _end_unit(state: LiveTrial, task: UnitTask) -> None:
     """Step the LR scheduler if this unit is the last of the trial's epoch."""
     if state.scheduler is not None and task.step == task.epoch_units - 1:
-        with _user_code(task, "lr_scheduler.step"):
+        with UserCode(task, "lr_scheduler.step"):
             state.scheduler.step()
 
 
-def _snapshot(state: _TrialState, task: UnitTask) -> Checkpoint:
+def snapshot(state: LiveTrial, task: UnitTask) -> Checkpoint:
+    """The checkpoint of a trial after ``task`` (not encoded; its tensors are the trial's)."""
     return {
         "model": state.model.state_dict(),
         "optimizer": state.optimizer.state_dict(),
@@ -618,12 +643,12 @@ def _train(
     if task.checkpoint_in is not None:
         read = _load_checkpoint(store, task, task.checkpoint_in)
         checkpoint, io_seconds = read.checkpoint, read.seconds
-    state = _open_state(spec, task, info, dev, checkpoint)
+    state = open_state(spec, task, info, dev, checkpoint)
     metrics, rows, waited = _train_pass(spec, state, task, data, info, dev)
-    states, sums = _report(metrics, task)
+    states, sums = report_metrics(metrics, task)
     _end_unit(state, task)
     taking = time.perf_counter()
-    payload = checkpoint_payload(with_dataset(_snapshot(state, task), info))
+    payload = checkpoint_payload(with_dataset(snapshot(state, task), info))
     io_seconds += time.perf_counter() - taking
     result = UnitResult(
         task=task,
@@ -650,21 +675,21 @@ def _validate(
     worker_id: str,
     start: float,
 ) -> UnitResult:
-    key = _key(task, task.checkpoint_in, "checkpoint_in")
+    key = required_key(task, task.checkpoint_in, "checkpoint_in")
     read = _load_checkpoint(store, task, key)
     checkpoint, io_seconds = read.checkpoint, read.seconds
     model = _build_model(spec, task, info, dev)
-    with _user_code(task, f"restoring checkpoint {task.checkpoint_in!r}"):
+    with UserCode(task, f"restoring checkpoint {task.checkpoint_in!r}"):
         model.load_state_dict(checkpoint["model"])
-    size = _batch_size(spec, task, validation=True)
-    with _user_code(task, "augmentation"):
+    size = unit_batch_size(spec, task, validation=True)
+    with UserCode(task, "augmentation"):
         augmentation = spec.augmentation(task.params, info)  # its normalize applies here too
     maker = BatchMaker(data, info, dev, augmentation=augmentation)
-    _manual_seed(_seed((task.trial_seed, task.epoch, task.partition), _TORCH_STREAM), dev)
+    _manual_seed(stream_seed((task.trial_seed, task.epoch, task.partition), TORCH_STREAM), dev)
     model.eval()
-    metrics = _pass_metrics(spec, task, info, dev, training=False)
+    metrics = pass_metrics(spec, task, info, dev, training=False)
     rows = 0
-    user_code = _user_code(task, "")  # one guard, entered once per batch, names each step
+    user_code = UserCode(task, "")  # one guard, entered once per batch, names each step
     with torch.no_grad(), maker.batches(np.arange(data.rows), size) as batches:
         for x, y in batches:
             with user_code:
@@ -677,7 +702,7 @@ def _validate(
                 metrics.add(outputs, y, loss)
             rows += int(y.shape[0])
         waited = batches.wait_seconds
-    states, sums = _report(metrics, task)
+    states, sums = report_metrics(metrics, task)
     return UnitResult(
         task=task,
         worker_id=worker_id,

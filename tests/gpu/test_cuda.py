@@ -34,7 +34,7 @@ from cerebro_spark.store import Store, open_store
 from cerebro_spark.training import decode_checkpoint, run_group_unit, run_unit
 from cerebro_spark.training._cache import worker_cache
 from cerebro_spark.training._loading import load_spec
-from cerebro_spark.training._unit import _load_checkpoint, _open_state
+from cerebro_spark.training._unit import _load_checkpoint, open_state
 from cerebro_spark.units import UnitKind, UnitResult, UnitTask, group_tasks
 
 pytestmark = [
@@ -154,7 +154,7 @@ def test_a_restored_optimizer_keeps_its_step_counts_on_the_host(store, cached):
     read = _load_checkpoint(store, unit, "s.pt")
     assert read.cache_hit is cached
     dev = torch.device("cuda:0")
-    state = _open_state(load_spec(unit.spec), unit, IMAGES, dev, read.checkpoint)
+    state = open_state(load_spec(unit.spec), unit, IMAGES, dev, read.checkpoint)
     steps = [entry["step"] for entry in state.optimizer.state.values()]
     assert steps and all(step.device.type == "cpu" for step in steps)
     moments = [entry["exp_avg"] for entry in state.optimizer.state.values()]

@@ -14,7 +14,7 @@ from cerebro_spark.data import DatasetInfo, PartitionData
 from cerebro_spark.errors import TrialError
 from cerebro_spark.training import MLPSpec, run_unit, weights_digest
 from cerebro_spark.training import _metrics as pass_metrics
-from cerebro_spark.training._unit import _CHECK_BATCHES, _batch_order
+from cerebro_spark.training._unit import _CHECK_BATCHES, batch_order
 
 PARAMS = {"hidden_units": [16], "lr": 0.01, "batch_size": 3, "dropout": 0.25, "standardize": False}
 INFO4 = DatasetInfo(feature_shape=(4,), task="classification", num_classes=4)
@@ -153,7 +153,7 @@ class NaNAtRow(MLPSpec):
 def test_a_non_finite_loss_after_many_batches_names_its_batch(store):
     data = blobs(0, rows=3 * (2 * _CHECK_BATCHES + 10))
     task = train_task("late", spec="test_train_loop:NaNAtRow", params=PARAMS, seed=2)
-    order = _batch_order(task, data.rows)
+    order = batch_order(task, data.rows)
     position = 3 * (_CHECK_BATCHES + 5) + 1  # in the second check group, mid-batch
     features = data.features.copy()
     features[order[position], 0] = 1e6

@@ -37,9 +37,9 @@ from cerebro_spark.training import _unit as unit_module
 from cerebro_spark.training._unit import (
     _build_model,
     _end_unit,
-    _open_state,
     _train_pass,
-    _unit_environment,
+    open_state,
+    unit_environment,
 )
 from cerebro_spark.units import UnitResult
 from tests.metrics.auc_reference import auc_bins, sklearn_auc
@@ -126,7 +126,7 @@ def test_initial_weights_depend_only_on_the_trial_seed():
     spec = load_spec("cerebro_spark.training:MLPSpec")
 
     def initial(**task):
-        with _unit_environment("cpu") as dev:
+        with unit_environment("cpu") as dev:
             model = _build_model(spec, train_task(params=DROPOUT, **task), BLOBS_INFO, dev)
         return state_digest(model.state_dict())
 
@@ -200,12 +200,12 @@ def test_resuming_from_a_checkpoint_equals_continuing_in_memory(store):
 
     # The same three units with model, optimizer and scheduler kept alive in memory.
     spec = load_spec("cerebro_spark.training:MLPSpec")
-    with _unit_environment("cpu") as dev:
+    with unit_environment("cpu") as dev:
         state = None
         for unit in units:
             task = train_task(**unit)
             if state is None:
-                state = _open_state(spec, task, BLOBS_INFO, dev, None)
+                state = open_state(spec, task, BLOBS_INFO, dev, None)
             _train_pass(spec, state, task, parts[task.partition], BLOBS_INFO, dev)
             _end_unit(state, task)
         in_memory = state_digest(state.model.state_dict())

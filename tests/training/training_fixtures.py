@@ -9,7 +9,7 @@ from cerebro_spark.metrics import Metric
 from cerebro_spark.store import Store
 from cerebro_spark.training import MLPSpec, ModelSpec, decode_checkpoint, load_spec, run_unit
 from cerebro_spark.training._group import group_steps, local_batch_sizes
-from cerebro_spark.training._unit import _batch_order, _open_state, _unit_environment
+from cerebro_spark.training._unit import batch_order, open_state, unit_environment
 from cerebro_spark.units import UnitKind, UnitTask
 
 MLP = "cerebro_spark.training:MLPSpec"
@@ -157,12 +157,12 @@ def one_worker_on_concatenated_batches(
     spec = load_spec(first.spec)
     rows = [parts[t.partition].rows for t in tasks]
     local = local_batch_sizes(spec.batch_size(first.params), len(tasks))
-    orders = [torch.from_numpy(_batch_order(t, parts[t.partition].rows)) for t in tasks]
-    with _unit_environment("cpu") as dev:
+    orders = [torch.from_numpy(batch_order(t, parts[t.partition].rows)) for t in tasks]
+    with unit_environment("cpu") as dev:
         checkpoint = None
         if first.checkpoint_in is not None:
             checkpoint = decode_checkpoint(store.get(first.checkpoint_in))
-        state = _open_state(spec, first, info, dev, checkpoint)
+        state = open_state(spec, first, info, dev, checkpoint)
         state.model.train()
         for step, step_rows in enumerate(group_steps(rows, local)):
             xs, ys = [], []
