@@ -19,7 +19,7 @@ import yaml
 
 from cerebro_spark.data._options import KindOptions
 from cerebro_spark.errors import ConfigError, DataError
-from cerebro_spark.search import PROCEDURES
+from cerebro_spark.search import PROCEDURES, procedure_options
 from cerebro_spark.search._registry import upgrade_options
 
 VisitOrder = Literal["seeded", "dynamic"]
@@ -88,13 +88,15 @@ MANAGERS = ("standalone", "spark", "databricks", "ec2")
 
 @dataclasses.dataclass(frozen=True)
 class ElasticConfig:
-    """Deadline, budget and the cluster manager of an elastic run (``elastic:``).
+    """Budget and the cluster manager of an elastic run (``elastic:``).
+
+    The run's deadline is the config's one :attr:`ExperimentConfig.deadline` (an
+    ``elastic.deadline`` in a config file is read as that).
 
     Attributes:
         manager: Who resizes the cluster: ``standalone`` (worker daemons cerebro-spark
             starts on this machine), ``spark`` (the running application's executors on
             standalone, YARN or Kubernetes), ``databricks`` or ``ec2``.
-        deadline: Seconds from ``run`` to the end of the search, start-up included.
         prices: Path of the price catalog.
         budget: Most dollars the search may cost (``None``: no limit).
         instance_type: Instance type of the executors (default: the cheapest plan's).
@@ -110,7 +112,6 @@ class ElasticConfig:
     """
 
     manager: str
-    deadline: float
     prices: str
     budget: float | None = None
     instance_type: str | None = None
@@ -201,7 +202,15 @@ class ExperimentConfig:
             machine, ``backend: spark`` uses each task's ``gpu`` resource -- else the CPU),
             ``cuda`` (the same, but a run without a GPU for every worker is refused),
             ``cpu``, or ``cuda:N`` (every worker on GPU N; ``backend: local`` only).
-        elastic: Plan workers per stage for a deadline and a budget and resize the
+        deadline: The experiment's one deadline: seconds from ``run`` to the end of the
+            search, start-up included (experiment time: time the driver was down before a
+            ``resume`` is not counted). HyperSched, SEER and ASHA stop at it (their
+            ``deadline``), the elastic planner and controller plan and re-plan for it,
+            ``plan`` plans for it. In a file it is the top-level ``deadline:``; an
+            ``elastic.deadline`` or a procedure's ``deadline`` option is read as it (given
+            in two places with one value it loads with a warning; two values are
+            refused). ``None``: no deadline.
+        elastic: Plan workers per stage for the deadline and a budget and resize the
             cluster between stages (``None``: a fixed cluster of ``workers``).
         tracking: MLflow and TensorBoard tracking (:class:`TrackingConfig`).
         worker_memory: Bytes of held partitions each worker keeps in RAM (given as an int
@@ -232,6 +241,7 @@ class ExperimentConfig:
     visit_order: VisitOrder = "seeded"
     torch_threads: int = 1
     device: str = "auto"
+    deadline: float | None = None
     elastic: ElasticConfig | None = None
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
     worker_memory: int | None = None
@@ -261,6 +271,8 @@ class ExperimentConfig:
             out["elastic"] = {k: v for k, v in elastic.items() if v is not None}
         if out["worker_memory"] is None:
             del out["worker_memory"]
+        if out["deadline"] is None:
+            del out["deadline"]
         tracking = _tracking_dict(self.tracking)
         if tracking:
             out["tracking"] = tracking
@@ -384,6 +396,16 @@ def parse_config(raw: Any, *, stored: bool = False) -> ExperimentConfig:
         # Renamed options (SEER's budget -> worker_seconds) under their new names; a
         # stored config of an earlier version is upgraded without a warning.
         procedure = upgrade_options(procedure_name, procedure, warn=not stored)
+    elastic_raw = top.take("elastic", dict, None)
+    if elastic_raw is not None:
+        elastic_raw = dict(elastic_raw)
+    deadline = _one_deadline(
+        top.take("deadline", object, None),
+        procedure_name,
+        procedure,
+        elastic_raw,
+        stored=stored,
+    )
     config = ExperimentConfig(
         name=top.take_name(),
         data=_parse_data(data_raw, stored=stored),
@@ -403,7 +425,8 @@ def parse_config(raw: Any, *, stored: bool = False) -> ExperimentConfig:
         visit_order=top.take_choice("visit_order", ("seeded", "dynamic"), "seeded"),  # type: ignore[arg-type]
         torch_threads=top.take_int("torch_threads", 1, minimum=1),
         device=top.take("device", str, _default_device(raw, stored=stored)),
-        elastic=_parse_elastic(top.take("elastic", dict, None)),
+        deadline=deadline,
+        elastic=_parse_elastic(elastic_raw),
         tracking=_parse_tracking(top.take("tracking", dict, {})),
         worker_memory=_parse_worker_memory(top.take("worker_memory", (int, str), None)),
     )
@@ -634,8 +657,8 @@ def _parse_elastic(raw: Mapping[str, Any] | None) -> ElasticConfig | None:
     if raw is None:
         return None
     section = _Section(raw, "elastic.")
+    section.known.append("deadline")  # read by _one_deadline
     manager = section.take_choice("manager", MANAGERS, "standalone")
-    deadline = section.take_number("deadline", positive=True)
     budget = section.take("budget", (int, float), None)
     if budget is not None and not budget > 0:
         raise ConfigError(f"elastic.budget must be a number of dollars > 0, got {budget!r}")
@@ -648,7 +671,6 @@ def _parse_elastic(raw: Mapping[str, Any] | None) -> ElasticConfig | None:
             )
     config = ElasticConfig(
         manager=manager,
-        deadline=deadline,
         prices=section.take("prices", str),
         budget=float(budget) if budget is not None else None,
         instance_type=section.take("instance_type", str, None),
@@ -660,6 +682,87 @@ def _parse_elastic(raw: Mapping[str, Any] | None) -> ElasticConfig | None:
     )
     section.finish()
     return config
+
+
+_DEADLINE_RULE = "seconds from `run` to the end, start-up included"
+
+
+def _one_deadline(
+    given: Any,
+    procedure_name: str,
+    procedure: dict[str, Any],
+    elastic: dict[str, Any] | None,
+    *,
+    stored: bool,
+) -> float | None:
+    """The experiment's one deadline (:attr:`ExperimentConfig.deadline`).
+
+    Read from the top-level ``deadline``, the procedure's ``deadline`` option (for a
+    procedure that takes one) and ``elastic.deadline``; the last two are taken out of
+    ``procedure`` and ``elastic``. Given in several places with one value, it loads with a
+    warning (an older config: SEER and ``elastic:`` each needed it); a stored config of an
+    earlier version is read without one. A stored run of an earlier version whose
+    procedure took an optional deadline (ASHA) but was given none beside
+    ``elastic.deadline`` keeps running without one (``procedure["deadline"] = None``).
+
+    Raises:
+        ConfigError: Two different values (naming both places), a value that is not a
+            number of seconds > 0, a procedure that needs a deadline without one, or an
+            ``elastic:`` section without one.
+    """
+    options = procedure_options(procedure_name) if procedure_name in PROCEDURES else {}
+    takes = "deadline" in options
+    places: list[tuple[str, float]] = []
+    if given is not None:
+        places.append(("deadline", _seconds("deadline", given)))
+    if takes and procedure.get("deadline") is not None:
+        places.append(
+            ("procedure.deadline", _seconds("procedure.deadline", procedure.pop("deadline")))
+        )
+    elastic_deadline = None if elastic is None else elastic.pop("deadline", None)
+    if elastic_deadline is not None:
+        places.append(("elastic.deadline", _seconds("elastic.deadline", elastic_deadline)))
+    for where, value in places[1:]:
+        first, seconds = places[0]
+        if value != seconds:
+            raise ConfigError(
+                f"{first} is {seconds:g} but {where} is {value:g}: an experiment has one "
+                f"deadline ({_DEADLINE_RULE}), read by the search procedure and the elastic "
+                "planner alike; give it once, as the top-level deadline:"
+            )
+    deadline = places[0][1] if places else None
+    if len(places) > 1 and not stored:
+        logger.warning(
+            "the deadline is given %d times (%s), each %g s: an experiment has one deadline, "
+            "read by the search procedure and the elastic planner alike; give it once, as "
+            "the top-level deadline: %g",
+            len(places),
+            ", ".join(where for where, _ in places),
+            deadline,
+            deadline,
+        )
+    old_run = stored and given is None and takes and not options["deadline"]
+    if old_run and places and places[0][0] == "elastic.deadline" and "deadline" not in procedure:
+        procedure["deadline"] = None  # as it ran: without a deadline of its own
+    if deadline is None and takes and options["deadline"]:
+        raise ConfigError(
+            f"search procedure {procedure_name!r} needs a deadline: set the top-level "
+            f"deadline: ({_DEADLINE_RULE})"
+        )
+    if deadline is None and elastic is not None:
+        raise ConfigError(
+            f"an elastic: section needs a deadline: set the top-level deadline: ({_DEADLINE_RULE})"
+        )
+    return deadline
+
+
+def _seconds(where: str, value: Any) -> float:
+    """A deadline: a finite number of seconds > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where} must be a number of seconds > 0, got {value!r}")
+    if not math.isfinite(value) or not value > 0:
+        raise ConfigError(f"{where} must be a number of seconds > 0, got {value!r}")
+    return float(value)
 
 
 def _parse_tracking(raw: Mapping[str, Any]) -> TrackingConfig:

@@ -6,7 +6,9 @@ leaderboard, ``resume`` and ``replay`` are all rebuilt from it.
 
 Event kinds and their fields:
 
-* ``experiment_start``: ``experiment_id``, ``config``, ``resumed`` (bool)
+* ``experiment_start``: ``experiment_id``, ``config``, ``resumed`` (bool), ``startup``
+  (seconds from the ``run`` or ``resume`` call to this event: experiment time counts from
+  there; absent in older logs, which count from the event)
 * ``dataset``: ``dataset_id``, ``uri``, ``partitions``, ``rows``
 * ``worker_joined``: ``worker``, ``host``, ``executor_id``, ``device`` (it registered)
 * ``worker_ready``: those fields and ``partitions``, ``bytes_read`` (it loaded its

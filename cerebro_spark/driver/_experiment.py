@@ -151,6 +151,8 @@ class Experiment:
         lease: The experiment's lease, held by the caller (``run``, ``resume``): while
             given, every event and every checkpoint deletion first checks it is still
             held, so a driver another one took over from writes and deletes nothing.
+        started: ``time.monotonic()`` when ``run`` (or ``resume``) was called (default:
+            now): experiment time counts from there, start-up included (:meth:`clock`).
 
     Attributes:
         reporter: Refreshed at round ends and once at the end (``None``: no pages);
@@ -169,6 +171,7 @@ class Experiment:
         on_stage: StageHook | None = None,
         preflight: Preflight | None = None,
         lease: ExperimentLease | None = None,
+        started: float | None = None,
     ) -> None:
         self.lease = lease
         self.preflight = preflight if preflight is not None else run_preflight(config, store)
@@ -191,7 +194,7 @@ class Experiment:
             store, self.prefix, self.state, self.log, self._check_lease
         )
         self._time_before = self.state.experiment_seconds
-        self._session_started = time.monotonic()
+        self._session_started = time.monotonic() if started is None else started
         self.space = SearchSpace.from_config(config.space)
         self.procedure = self._make_procedure()
         self.progress = Progress(epochs=config.epochs)
@@ -219,7 +222,7 @@ class Experiment:
     # -- set-up ---------------------------------------------------------------------------
 
     def clock(self) -> float:
-        """Experiment time in seconds: 0 at the first start, not counting driver down-time."""
+        """Experiment time in seconds: 0 at ``run``, start-up included, down-time not."""
         return self._time_before + time.monotonic() - self._session_started
 
     def _make_procedure(self) -> SearchProcedure:
@@ -285,6 +288,7 @@ class Experiment:
             experiment_id=self.experiment_id,
             config=redact(self.config.to_dict()),
             resumed=resumed,
+            startup=round(time.monotonic() - self._session_started, 3),  # since run
         )
         placement = self._logged_placement()
         self._end_previous_session()

@@ -22,6 +22,7 @@ from cerebro_spark.search import (
     make_procedure,
     procedure_options,
 )
+from cerebro_spark.search._clock import ExperimentClock
 from cerebro_spark.search.space import SearchSpace
 
 # Streams of randomness derived from the experiment seed (never global state).
@@ -32,16 +33,22 @@ def build_procedure(config: ExperimentConfig, clock: Callable[[], float]) -> Sea
     """Build the search procedure a config names, as ``run`` does (one code path).
 
     Its generator comes from the experiment seed; ``num_workers``, for procedures that
-    take it, defaults to the config's ``workers``. ``plan`` builds the procedure here too,
-    so it plans exactly what ``run`` will do.
+    take it, defaults to the config's ``workers``, and ``deadline`` is the config's one
+    deadline (:attr:`ExperimentConfig.deadline`). ``clock`` is experiment time, 0 at
+    ``run``: the procedure's deadline counts from there, start-up included
+    (:class:`~cerebro_spark.search._clock.ExperimentClock`). ``plan`` builds the procedure
+    here too, so it plans exactly what ``run`` will do.
     """
     rng = np.random.default_rng(np.random.SeedSequence([config.seed, PROCEDURE_STREAM]))
     options = dict(config.procedure_options)
     # A run resolves metric and mode first (pre-flight); planning needs only the stages.
     metric = config.metric if config.metric is not None else LOSS
     mode = config.mode if config.mode is not None else "min"
-    if "num_workers" in procedure_options(config.procedure):
+    accepted = procedure_options(config.procedure)
+    if "num_workers" in accepted:
         options.setdefault("num_workers", config.workers)
+    if "deadline" in accepted and config.deadline is not None:
+        options.setdefault("deadline", config.deadline)  # (None kept: an old stored run)
     return make_procedure(
         config.procedure,
         space=SearchSpace.from_config(config.space),
@@ -49,7 +56,7 @@ def build_procedure(config: ExperimentConfig, clock: Callable[[], float]) -> Sea
         metric=metric,
         mode=mode,
         rng=rng,
-        clock=clock,
+        clock=ExperimentClock(clock),
         **options,
     )
 

@@ -283,7 +283,11 @@ class ExperimentState:
         self._check_trials(kind, event)
         try:
             if "time" in event:
-                self._clock_event(kind == "experiment_start", float(event["time"]))
+                self._clock_event(
+                    kind == "experiment_start",
+                    float(event["time"]),
+                    float(event.get("startup") or 0.0) if kind == "experiment_start" else 0.0,
+                )
             if handler is not None:
                 handler(self, event)
         except KeyError as error:
@@ -307,17 +311,25 @@ class ExperimentState:
                     "event added"
                 )
 
-    def _clock_event(self, starts_session: bool, when: float) -> None:
-        """Accumulate the time drivers ran: from each session's start to its last event."""
+    def _clock_event(self, starts_session: bool, when: float, startup: float = 0.0) -> None:
+        """Accumulate the time drivers ran: from each session's start to its last event.
+
+        A session starts when ``run`` (or ``resume``) was called: ``startup`` seconds
+        before its ``experiment_start`` (logs before that field: at the event).
+        """
         if starts_session or self._session_start is None:
             if self._session_start is not None and self._last_time is not None:
                 self.active_seconds += self._last_time - self._session_start
-            self._session_start = when
+            self._session_start = when - startup
         self._last_time = when
 
     @property
     def experiment_seconds(self) -> float:
-        """Experiment time up to the last event: driver down-time is not counted."""
+        """Experiment time up to the last event: driver down-time is not counted.
+
+        Seconds since ``run``, start-up included: the clock of deadlines, progress and the
+        report.
+        """
         if self._session_start is None or self._last_time is None:
             return self.active_seconds
         return self.active_seconds + self._last_time - self._session_start

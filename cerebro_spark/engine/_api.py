@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 
@@ -245,6 +246,7 @@ def run_experiment(
         ConfigError: The experiment already exists, or the config is bad.
         LeaseError: Another driver holds the experiment (named with since when).
     """
+    started = time.monotonic()  # the deadline and experiment time count from here
     validate_config(config)
     _check_lease_timeout(lease_timeout)
     if experiment_id is not None:
@@ -265,6 +267,7 @@ def run_experiment(
         group_plans=group_plans,
         on_stage=on_stage,
         lease_timeout=lease_timeout,
+        started=started,
     )
 
 
@@ -278,8 +281,14 @@ def _run(
     group_plans: GroupPlans | None = None,
     on_stage: StageHook | None = None,
     lease_timeout: float | None = None,
+    started: float | None = None,
 ) -> ExperimentResult:
-    """Check, claim an id among ``candidates`` and run (:func:`run_experiment`)."""
+    """Check, claim an id among ``candidates`` and run (:func:`run_experiment`).
+
+    ``started`` is ``time.monotonic()`` when ``run`` was called (default: now): the
+    experiment's clock, and its deadline, count from there.
+    """
+    started = time.monotonic() if started is None else started
     store = open_store(config.store)
     check_store_writable(store)
     # Before anything is written or started: the dataset, every model family built on
@@ -291,7 +300,7 @@ def _run(
             _claim(store, config, candidates, explicit=explicit, lease_timeout=lease_timeout)
         )
         if config.elastic is not None and on_stage is None and backend_factory is default_backend:
-            backend_factory, on_stage = stack.enter_context(elastic_run(config))
+            backend_factory, on_stage = stack.enter_context(elastic_run(config, started))
         experiment = Experiment(
             config,
             store,
@@ -302,6 +311,7 @@ def _run(
             on_stage=on_stage,
             preflight=checked,
             lease=lease,
+            started=started,
         )
         return ExperimentResult(experiment_id, store, _run_tracked(experiment))
 
@@ -322,7 +332,8 @@ def resume_experiment(
     gone, is taken over); while another driver holds it, ``resume`` is refused. An
     elastic experiment goes on elastic (with the default backend and no ``on_stage``): its
     cluster is started again and resized at the stage boundaries left as its plan says
-    (the plan's clock starts again at the resume).
+    (planned again as at ``run``; stage times and the deadline are experiment time, which
+    goes on from where the earlier sessions left it).
 
     Args:
         store_uri: The root store.
@@ -338,6 +349,7 @@ def resume_experiment(
             when the experiment had already finished that way.
         LeaseError: Another driver holds the experiment.
     """
+    started = time.monotonic()  # this session's experiment time counts from here
     _check_lease_timeout(lease_timeout)
     store = open_store(store_uri)
     config = load_experiment_config(store, experiment_id, secrets=secrets, need_secrets=True)
@@ -345,9 +357,15 @@ def resume_experiment(
         lease = stack.enter_context(_lease(store, experiment_id, lease_timeout))  # log read after
         if config.elastic is not None and on_stage is None and backend_factory is default_backend:
             # An elastic run goes on elastic: its cluster again, resized as its plan says.
-            backend_factory, on_stage = stack.enter_context(elastic_run(config))
+            backend_factory, on_stage = stack.enter_context(elastic_run(config, started))
         experiment = Experiment(
-            config, store, experiment_id, backend_factory, on_stage=on_stage, lease=lease
+            config,
+            store,
+            experiment_id,
+            backend_factory,
+            on_stage=on_stage,
+            lease=lease,
+            started=started,
         )
         return ExperimentResult(experiment_id, store, _run_tracked(experiment))
 

@@ -196,9 +196,15 @@ class ElasticController:
         manager: Resizes the cluster.
         meter: Bills it (started by the controller, stopped after the last stage).
         stages: The plan being followed.
-        deadline: Seconds from ``run`` to the end.
+        deadline: The config's deadline: seconds from ``run`` to the end, start-up
+            included (:attr:`ExperimentConfig.deadline`).
         budget: Most dollars (``None``: no limit).
-        started_at: Unix time of ``run`` (the plan's t = 0).
+        started_at: Unix time at which this session's ``run`` (or ``resume``) was called.
+            Times since ``run`` (the plan's t = 0, stage ends, the re-plan's time left) are
+            experiment time, the driver's clock that every :class:`Stage` carries
+            (``Stage.seconds``): the same clock the procedure's deadline, progress and the
+            report read. ``started_at`` places this session's start on it, where its first
+            stage begins (its start-up is its own).
         lead_seconds: Seconds from a request to a new worker ready (provider latency,
             worker start, partition loads): how early growth is asked for.
         resize_timeout: Seconds a boundary waits for the cluster to reach its size.
@@ -240,7 +246,8 @@ class ElasticController:
         self._clock = clock
         self._first_rounds = self._rounds_of(self.stages)
         self._current: int | None = None
-        self._stage_began = started_at
+        self._stage_began = 0.0  # experiment seconds
+        self._session_began = 0.0  # experiment seconds at this session's run (or resume)
         self._stage_usd = 0.0
         self._stage_executors = 0
         self._grow_requested: int | None = None
@@ -253,26 +260,28 @@ class ElasticController:
     def __call__(self, stage: Stage, backend: Backend) -> StageDirective:
         """Resize at a stage boundary; check the budget at every round."""
         events: list[tuple[str, Mapping[str, Any]]] = []
+        now = stage.seconds  # experiment time: seconds since run
         if self._current is None:
             self.meter.start()
+            self._session_began = max(0.0, now - (self._clock() - self.started_at))
             events.append(("elastic_plan", self._plan_event()))
             events += [("stage_plan", s.to_event(0)) for s in self.stages]
         if stage.final:
             if self._current is not None:
-                events.append(("stage_actual", self._close_stage()))
+                events.append(("stage_actual", self._close_stage(now)))
             self.meter.stop()
-            events.append(("elastic_summary", self._summary()))
+            events.append(("elastic_summary", self._summary(now)))
             return StageDirective(tuple(events))
         index = self._stage_of(stage.round)
         if index != self._current:
             if self._current is not None:
-                actual = self._close_stage()
+                actual = self._close_stage(now)
                 events.append(("stage_actual", actual))
-                events += self._maybe_replan(index, backend, actual)
+                events += self._maybe_replan(index, backend, actual, now)
             stop = self._over_budget(self._planned(index).usd, f"stage {index}")
             if stop is not None:
                 return StageDirective(tuple(events), stop)
-            self._open_stage(index)  # the resize is the stage's first step (its SCALE)
+            self._open_stage(index, now)  # the resize is the stage's first step (its SCALE)
             events += self._resize(self._planned(index).workers, backend, index)
             self._stage_executors = len(self.manager.executors())
         else:
@@ -303,19 +312,22 @@ class ElasticController:
     def _planned(self, index: int) -> StagePlan:
         return self.stages[min(index, len(self.stages) - 1)]
 
-    def _open_stage(self, index: int) -> None:
-        """Start stage ``index`` now (the first at ``run``: its start-up is its own)."""
-        now = self._clock()
+    def _open_stage(self, index: int, now: float) -> None:
+        """Start stage ``index`` at experiment time ``now``.
+
+        The first stage of a session begins at its ``run`` (or ``resume``): its start-up
+        is its own.
+        """
         self.meter.sample()
         if self._current is None:
-            self._stage_began, self._stage_usd = self.started_at, 0.0
+            self._stage_began, self._stage_usd = self._session_began, 0.0
         else:
-            self._stage_began, self._stage_usd = now, self.meter.usd(now)
+            self._stage_began, self._stage_usd = now, self.meter.usd(self._clock())
         self._current = index
 
-    def _close_stage(self) -> dict[str, Any]:
+    def _close_stage(self, now: float) -> dict[str, Any]:
         assert self._current is not None  # ok: only after a stage opened
-        now = self._clock()
+        unix = self._clock()
         self.meter.sample()
         index = self._current
         planned = self._planned(index)
@@ -324,24 +336,24 @@ class ElasticController:
             "stage": index,
             "seconds": round(seconds, 3),
             "planned_seconds": round(planned.seconds, 3),
-            "end": round(now - self.started_at, 3),
+            "end": round(now, 3),
             "planned_end": round(planned.end, 3),
             "workers": self._stage_executors,
             "planned_workers": planned.workers,
             "executors_at_end": len(self.manager.executors()),
-            "usd": round(self.meter.usd(now) - self._stage_usd, 6),
+            "usd": round(self.meter.usd(unix) - self._stage_usd, 6),
             "planned_usd": round(planned.usd, 6),
-            "spent_usd": round(self.meter.usd(now), 6),
+            "spent_usd": round(self.meter.usd(unix), 6),
         }
 
-    def _summary(self) -> dict[str, Any]:
-        now = self._clock()
+    def _summary(self, now: float) -> dict[str, Any]:
+        unix = self._clock()
         return {
-            "seconds": round(now - self.started_at, 3),
+            "seconds": round(now, 3),
             "planned_seconds": round(self.stages[-1].end, 3),
-            "usd": round(self.meter.usd(now), 6),
+            "usd": round(self.meter.usd(unix), 6),
             "planned_usd": round(sum(s.usd for s in self.stages), 6),
-            "instance_seconds": round(self.meter.instance_seconds(now), 3),
+            "instance_seconds": round(self.meter.instance_seconds(unix), 3),
             "instances": len(self.meter.held()),
             "replans": self._replans,
             "failed_resizes": self._failed_resizes,
@@ -507,7 +519,7 @@ class ElasticController:
     # -- re-planning -------------------------------------------------------------------------
 
     def _maybe_replan(
-        self, index: int, backend: Backend, actual: Mapping[str, Any]
+        self, index: int, backend: Backend, actual: Mapping[str, Any], now: float
     ) -> list[tuple[str, Mapping[str, Any]]]:
         planned = float(actual["planned_seconds"])
         drift = abs(float(actual["seconds"]) - planned) / planned if planned > 0 else 0.0
@@ -520,9 +532,8 @@ class ElasticController:
             reasons.append("a resize failed")
         if not reasons or self._replan is None or index >= len(self.stages):
             return []
-        now = self._clock()
-        elapsed = now - self.started_at
-        money = None if self.budget is None else self.budget - self.meter.usd(now)
+        elapsed = now  # experiment seconds since run
+        money = None if self.budget is None else self.budget - self.meter.usd(self._clock())
         fields: dict[str, Any] = {
             "stage": index,
             "reason": "; ".join(reasons),
@@ -610,8 +621,8 @@ def plan_config(config: ExperimentConfig, profile: Profile, catalog: PriceCatalo
 
     elastic = _elastic_of(config)
     spec = planned_spec(config, profile)
-    deadline = plan_deadline(spec, elastic.deadline)
-    assert deadline is not None  # ok: elastic.deadline is required
+    deadline = plan_deadline(spec, config.deadline)
+    assert deadline is not None  # ok: an elastic config has a deadline (parse_config)
     return plan(
         spec,
         profile,
@@ -625,11 +636,14 @@ def plan_config(config: ExperimentConfig, profile: Profile, catalog: PriceCatalo
 
 @contextlib.contextmanager
 def elastic_run(
-    config: ExperimentConfig,
+    config: ExperimentConfig, started: float | None = None
 ) -> Iterator[tuple[Callable[[ExperimentConfig], Backend], ElasticController]]:
     """Plan, start the cluster, and yield the backend factory and stage hook of a run.
 
-    The cluster starts at the first stage's size and is closed at the end.
+    The cluster starts at the first stage's size and is closed at the end. ``started`` is
+    ``time.monotonic()`` when ``run`` (or ``resume``) was called (default: now): the
+    planning, pilot and cluster start that follow count against the deadline, as they
+    do on the driver's clock.
 
     Raises:
         ConfigError: A bad elastic section, or a manager this build cannot run.
@@ -638,7 +652,9 @@ def elastic_run(
     from cerebro_spark.cluster import CostMeter
 
     elastic = _elastic_of(config)
-    started_at = time.time()
+    started_at = time.time() - (0.0 if started is None else time.monotonic() - started)
+    deadline = config.deadline
+    assert deadline is not None  # ok: an elastic config has a deadline (parse_config)
     profile, catalog = load_plan_inputs(config)
     spec = planned_spec(config, profile)
     fields: dict[str, Any] = {"manager": elastic.manager}
@@ -684,7 +700,7 @@ def elastic_run(
         from cerebro_spark.elastic import PlanInfeasible, plan
         from cerebro_spark.elastic._planner import FASTEST_SLACK
 
-        offset = time.time() - started_at
+        offset = deadline - seconds  # experiment seconds since run
         rest = dataclasses.replace(
             spec,
             stages=spec.stages[index:],
@@ -723,7 +739,7 @@ def elastic_run(
             manager,
             meter,
             stages,
-            deadline=elastic.deadline,
+            deadline=deadline,
             budget=elastic.budget,
             started_at=started_at,
             lead_seconds=lead,

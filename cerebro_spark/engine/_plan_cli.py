@@ -7,8 +7,10 @@ built by the same code, :func:`cerebro_spark.engine.experiment_spec`). Without a
 ``--min-epochs`` and ``--option KEY=VALUE`` (any other option of the procedure) describes
 the search; ``--workers`` is SEER's ``num_workers`` (with a config: the config's
 ``workers``). Without ``--profile`` the command prints the search's stages only, nothing
-priced. A procedure with a deadline of its own (SEER, HyperSched, ASHA with a deadline)
-is planned for it: ``--deadline`` defaults to it and may not differ. An infeasible
+priced. ``--deadline`` defaults to the config's one deadline (its top-level ``deadline``,
+the one ``run``, the procedure and the elastic controller read); a procedure that stops
+at a deadline (SEER, HyperSched, ASHA with a deadline) is planned for it, and another
+``--deadline`` is refused. An infeasible
 deadline or budget exits with status 2 and the numbers (with ``--format json``, also as
 ``{"feasible": false, "fastest": ..., "cheapest": ..., "message": ...}``).
 
@@ -151,7 +153,7 @@ def spec_from_args(args: argparse.Namespace) -> tuple[ExperimentSpec, int | None
 
 
 def _elastic_defaults(args: argparse.Namespace) -> Any:
-    """Fill unset flags from the config's ``elastic:`` section; return the config.
+    """Fill unset flags from the config (its deadline, its ``elastic:`` section).
 
     ``plan CONFIG`` then plans exactly what ``run CONFIG`` will follow: the same profile,
     prices, deadline, budget and instance type, and the same cap on executors
@@ -161,6 +163,8 @@ def _elastic_defaults(args: argparse.Namespace) -> Any:
         return None
 
     config = load_config(args.config)
+    if args.deadline is None:
+        args.deadline = config.deadline
     elastic = config.elastic
     if elastic is None:
         return config
@@ -168,8 +172,6 @@ def _elastic_defaults(args: argparse.Namespace) -> Any:
         args.profile = elastic.profile
     if args.prices is None:
         args.prices = elastic.prices
-    if args.deadline is None:
-        args.deadline = elastic.deadline
     if args.budget is None:
         args.budget = elastic.budget
     if args.instance_type is None:

@@ -11,6 +11,7 @@ import numpy as np
 
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.search._base import Clock, Decision, EpochReport, SearchProcedure, TrialSpec
+from cerebro_spark.search._clock import deadline_start
 from cerebro_spark.search._grid import check_space, positive_int
 from cerebro_spark.search._rungs import (
     Score,
@@ -70,10 +71,11 @@ class ASHA(SearchProcedure):
       passed. On MOP this keeps at least ``num_workers`` trials in flight, Cerebro's way
       to emulate ASHA (§4.2).
     * Ties at a rung go to the older trial; a non-finite metric ranks last.
-    * ``deadline`` counts seconds of ``clock()`` from the procedure's construction (the
-      experiment's start when the engine passes its experiment clock). Once it has
-      passed, no trial is started or promoted, every live trial gets ``STOP`` at its next
-      report and :meth:`is_finished` is true.
+    * ``deadline`` counts seconds of ``clock()`` from ``run`` when the engine passes its
+      experiment clock (start-up included, :mod:`~cerebro_spark.search._clock`), from
+      the procedure's construction for any other clock. Once it has passed, no trial is
+      started or promoted, every live trial gets ``STOP`` at its next report and
+      :meth:`is_finished` is true.
     * Without a deadline the search is finished when ``num_trials`` configs were started,
       none is live and no paused trial can be promoted. Paused trials that were never
       promoted stay paused (the engine should show them as stopped). A rung needs ``η``
@@ -127,7 +129,7 @@ class ASHA(SearchProcedure):
             )
         self.rungs = asha_rungs(self.min_epochs, self.eta, self.epochs)
         self._rung_index = {epoch: k for k, epoch in enumerate(self.rungs)}
-        self._start = float(clock())
+        self._start = deadline_start(clock)
         self._started = 0
         self._live: dict[str, int] = {}  # trial -> epochs reported so far
         self._results: list[dict[str, Score]] = [{} for _ in self.rungs]

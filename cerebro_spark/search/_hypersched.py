@@ -2,7 +2,9 @@
 
 HyperSched (Liaw et al., SoCC 2019) extends ASHA (§3.3) to a fixed cluster of ``N`` atoms
 (here: workers) and a deadline ``T``. On Cerebro's round template it decides as follows
-(``now`` is experiment time since the procedure was built, ``T_n = T - now``):
+(``now`` is experiment time since ``run``, start-up included -- since the procedure was
+built for a clock other than the engine's, :mod:`~cerebro_spark.search._clock` --
+and ``T_n = T - now``):
 
 * **Rungs** at ``r, r*eta, r*eta**2, ... < R`` epochs (``r`` = ``min_epochs``, ``R`` =
   ``epochs``); a trial is stopped after ``R`` epochs (Alg. 3 lines 12-13).
@@ -57,6 +59,7 @@ import numpy as np
 
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.search._base import Clock, Decision, EpochReport, SearchProcedure, TrialSpec
+from cerebro_spark.search._clock import deadline_start
 from cerebro_spark.search._grid import check_space, positive_int
 from cerebro_spark.search._stages import ExperimentSpec, one_stage
 from cerebro_spark.search.space import SearchSpace
@@ -147,9 +150,10 @@ class HyperSched(SearchProcedure):
         metric: Validation metric every report must carry.
         mode: ``"max"`` or ``"min"``.
         rng: Source of the samples.
-        clock: Experiment clock in seconds; the deadline counts from its value when the
-            procedure is built.
-        deadline: ``T``, seconds of experiment time.
+        clock: Experiment clock in seconds; the deadline counts from its origin (the
+            engine's: ``run``, start-up included), else from its value when the procedure
+            is built.
+        deadline: ``T``, seconds of experiment time (from ``run`` to the end).
         num_workers: ``N``, the workers (atoms) of the cluster.
         eta: Reduction factor, an integer ``>= 2``.
         min_epochs: ``r``, the epochs of the first rung.
@@ -206,7 +210,7 @@ class HyperSched(SearchProcedure):
         while rung < self.epochs:
             self.rungs.append(rung)
             rung *= self.eta
-        self._t0 = float(clock())
+        self._t0 = deadline_start(clock)
         self._round_start = 0.0
         self._trials: dict[str, _Trial] = {}
         self._pending: list[str] = []
@@ -216,7 +220,7 @@ class HyperSched(SearchProcedure):
     # -- time and estimates ---------------------------------------------------------------
 
     def _now(self) -> float:
-        """Experiment seconds since the procedure was built."""
+        """Experiment seconds since the deadline's start (``run``, or the construction)."""
         return float(self.clock()) - self._t0
 
     @property

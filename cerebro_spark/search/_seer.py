@@ -17,11 +17,11 @@ Execution on the round template (:class:`SEER`):
 
 * The first :meth:`SEER.suggest` samples all ``sum(N)`` trials (Alg. 1 line 2); the first
   ``N[1]`` form bracket 1, the next ``N[2]`` bracket 2, and so on.
-* Stage ``k`` ends at ``t1 * (eta**k - 1) / (eta - 1)`` seconds (the plan's wall-clock
-  boundaries, SEER §5). In it, a trial of bracket ``i`` trains at most
-  ``E = max(1, floor(t1 * eta**(k-1) * P[i] / epoch_seconds))`` epochs: the stage's
-  resource-time in epochs of one worker (SEER's accounting: time ``t`` on ``p`` workers
-  costs ``p * t``; with sublinear scaling the stage's end cuts it short). Every trial
+* Stage ``k`` ends at ``t1 * (eta**k - 1) / (eta - 1)`` seconds of experiment time from
+  ``run`` (the plan's wall-clock boundaries, SEER §5). In it, a trial of bracket ``i``
+  trains at most ``E = max(1, floor(t1 * eta**(k-1) * P[i] / epoch_seconds))`` epochs: the
+  stage's resource-time in epochs of one worker (SEER's accounting: time ``t`` on ``p``
+  workers costs ``p * t``; with sublinear scaling the stage's end cuts it short). Every trial
   trains at least one epoch per stage (the reason for ``t_min``, §5).
 * Pacing: a round trains each live trial one epoch, so a trial on more workers would
   idle while one-worker trials finish theirs. Within a stage the members therefore
@@ -65,6 +65,7 @@ import numpy as np
 
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.search._base import Clock, Decision, EpochReport, SearchProcedure, TrialSpec
+from cerebro_spark.search._clock import deadline_start
 from cerebro_spark.search._grid import check_space, positive_int
 from cerebro_spark.search._hypersched import check_number, clean_score
 from cerebro_spark.search._stages import Cohort, ExperimentSpec, StageSpec
@@ -371,8 +372,10 @@ class SEER(SearchProcedure):
         mode: ``"max"`` or ``"min"``.
         rng: Source of the samples.
         clock: Experiment clock in seconds; stage ends and the deadline count from its
-            value when the procedure is built.
-        deadline: ``T``, seconds of experiment time.
+            origin (the engine's: ``run``, start-up included,
+            :mod:`~cerebro_spark.search._clock`), else from its value when the procedure
+            is built.
+        deadline: ``T``, seconds of experiment time (from ``run`` to the end).
         num_workers: Workers of the cluster: the default ``worker_seconds`` is
             ``num_workers * deadline`` (the resources of a fixed cluster, SEER Table 2) and
             the default ``p_max`` is ``num_workers``.
@@ -429,7 +432,7 @@ class SEER(SearchProcedure):
             t_min=self.epoch_seconds if t_min is None else t_min,
             epoch_seconds=self.epoch_seconds,
         )
-        self._t0 = float(clock())
+        self._t0 = deadline_start(clock)
         self._round_start = 0.0
         self._stage = 0  # 0: not started; K + 1: done
         self._stage_round = 0  # rounds run in the current stage, this one included

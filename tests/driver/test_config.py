@@ -174,7 +174,8 @@ def seer_config(**options):
 def test_seers_old_budget_loads_as_worker_seconds_with_a_warning(caplog):
     with caplog.at_level("WARNING"):
         config = parse_config(seer_config(budget=120, eta=2))
-    assert config.procedure_options == {"deadline": 60, "worker_seconds": 120, "eta": 2}
+    assert config.procedure_options == {"worker_seconds": 120, "eta": 2}
+    assert config.deadline == 60
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("read as procedure.worker_seconds: 120; rename it" in m for m in warned)
     # Written back under the new name: loading it again warns no more.

@@ -7,6 +7,7 @@ starts workers (as new executors bring them), shrinking releases the victims' ex
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter
@@ -236,3 +237,35 @@ def test_victims_hold_the_fewest_sole_copies() -> None:
     assert victims_to_retire(workers, 2) == ["w3", "w2"]
     # w0 and w1 tie (two sole copies, two partitions): the newest goes; never the last.
     assert victims_to_retire(workers, 9) == ["w3", "w2", "w1"]
+
+
+def test_stage_times_count_from_run_on_the_drivers_clock(tmp_path: Path) -> None:
+    """One clock: the first stage begins at ``run`` (its start-up is its own), every stage's
+    end and the summary are experiment seconds since ``run``, the clock the procedure's
+    deadline and the log's experiment time read; a re-plan is asked with the deadline
+    minus that time."""
+    cluster = PoolCluster()
+    cfg = sha_config(tmp_path)
+    asked: list[float] = []
+
+    def replan(index: int, seconds: float, usd: float | None, running: int) -> list[StagePlan]:
+        asked.append(seconds)
+        return [StagePlan(i, 2, 2, running, 0.0, 1.0, 0.0) for i in range(index, 3)]
+
+    hook = controller(cluster, cfg, [2, 2, 2], replan=replan, replan_drift=0.0)
+    events = run(tmp_path, cluster, hook, first=2)
+    start = next(e for e in events if e["event"] == "experiment_start")
+    assert start["startup"] > 0  # the pre-flight ran before it: experiment time already
+    actuals = [e for e in events if e["event"] == "stage_actual"]
+    assert actuals[0]["seconds"] == pytest.approx(actuals[0]["end"], abs=0.01)
+    assert actuals[0]["end"] > start["startup"]
+    for before, after in itertools.pairwise(actuals):
+        assert after["end"] == pytest.approx(before["end"] + after["seconds"], abs=0.01)
+    summary = next(e for e in events if e["event"] == "elastic_summary")
+    assert summary["seconds"] == pytest.approx(actuals[-1]["end"], abs=0.01)
+    _, state = load_state(str(tmp_path), "e")
+    assert summary["seconds"] <= state.experiment_seconds + 0.01
+    assert state.experiment_seconds - summary["seconds"] < 5.0  # the end's bookkeeping
+    replans = [e for e in events if e["event"] == "replanned"]
+    assert replans and asked[0] == pytest.approx(600.0 - replans[0]["elapsed"], abs=0.01)
+    assert replans[0]["elapsed"] == pytest.approx(actuals[0]["end"], abs=0.05)

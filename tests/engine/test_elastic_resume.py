@@ -77,10 +77,10 @@ def test_resume_of_an_elastic_run_resizes_as_its_plan_says(
         yield factory, on_stage
 
     # The first driver dies at the boundary of stage 1 (round 1), before it resizes.
-    monkeypatch.setattr(_api, "elastic_run", lambda c: fake_elastic_run(c, die_at=1))
+    monkeypatch.setattr(_api, "elastic_run", lambda c, started: fake_elastic_run(c, die_at=1))
     with pytest.raises(Interrupted):
         run_experiment(cfg, experiment_id="e")
-    monkeypatch.setattr(_api, "elastic_run", fake_elastic_run)
+    monkeypatch.setattr(_api, "elastic_run", lambda c, started: fake_elastic_run(c))
     resume_experiment(str(tmp_path), "e")
     assert len(entered) == 2  # the resume went through the elastic layer
     events = read_events(open_store(str(tmp_path)).child("experiments/e"))
@@ -89,3 +89,6 @@ def test_resume_of_an_elastic_run_resizes_as_its_plan_says(
     _, state = load_state(str(tmp_path), "e")
     assert state.finished and state.elastic_summary is not None
     assert [state.stage_actuals[i]["workers"] for i in (1, 2)] == [2, 1]
+    # One clock: the resumed session's stage ends go on in experiment time (since run).
+    assert state.stage_actuals[1]["end"] < state.stage_actuals[2]["end"]
+    assert state.stage_actuals[2]["end"] <= state.experiment_seconds + 0.01

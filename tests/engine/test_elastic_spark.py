@@ -142,8 +142,8 @@ def small_sha(tmp_path: Path, elastic: dict[str, Any], spark: dict[str, Any]) ->
                        "lr": {"loguniform": [1e-3, 1e-2]}, "batch_size": 32}  # fmt: skip
     config["spark"] = spark
     plan = tmp_path / "plan.json"
+    config["deadline"] = 600
     config["elastic"] = {
-        "deadline": 600,
         "prices": str(ROOT / "conf/prices/local.yaml"),
         "instance_type": "local-core",
         "profile": str(ROOT / "conf/profiles/digits-local.yaml"),
