@@ -10,8 +10,9 @@ The model is ``<store>/experiments/<id>/best.pt`` (or ``--checkpoint URI``), sco
 executors by ``cerebro_spark.scoring.ModelTransformer``: the output holds every input
 column plus ``prediction`` (the original class label, or the value) and, for
 classification, ``probability`` (array<double>, in the order of the model's classes).
-``--help`` lists every argument. Exit status: 0 done, 2 bad arguments, model or data (the
-error is on stderr).
+It prints the trial and the epoch it scored with, the epoch counted from 1 as the
+leaderboard counts it. ``--help`` lists every argument. Exit status: 0 done, 2 bad
+arguments, model or data (the error is on stderr).
 """
 
 import argparse

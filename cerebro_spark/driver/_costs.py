@@ -6,7 +6,11 @@ from cerebro_spark.driver._state import ExperimentState
 
 
 def cost_table(state: ExperimentState) -> str | None:
-    """Predicted vs actual seconds and dollars per stage and in total (``None``: not elastic)."""
+    """Predicted vs actual seconds and dollars per stage and in total (``None``: not elastic).
+
+    Stages are numbered from 1, as ``plan`` numbers them (the log's ``stage`` from 0);
+    seconds are experiment time, the clock the deadline counts.
+    """
     if not state.stage_actuals:
         return None
     rows = [
@@ -16,7 +20,7 @@ def cost_table(state: ExperimentState) -> str | None:
     for index in sorted(state.stage_actuals):
         a = state.stage_actuals[index]
         rows.append(
-            f"{index:>5} {a['planned_workers']:>4}/{a['workers']:<4} "
+            f"{index + 1:>5} {a['planned_workers']:>4}/{a['workers']:<4} "
             f"{a['planned_seconds']:>8.1f}/{a['seconds']:<8.1f} "
             f"{_err(a['seconds'], a['planned_seconds']):>7} "
             f"{a['planned_usd']:>10.4f}/{a['usd']:<10.4f} {_err(a['usd'], a['planned_usd']):>7}"

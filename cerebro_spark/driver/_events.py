@@ -70,6 +70,22 @@ Event kinds and their fields:
   ``replan_failed``, ``elastic_summary``
   (:mod:`cerebro_spark.engine._elastic`)
 
+**Counting.** The log keeps the numbering it always had, so that old logs fold and replay
+as they did; users read rounds, epochs and stages counted from 1 (progress, ``plan``, the
+cost table, the report, scoring, the leaderboard), and displays convert:
+
+* from 0 (an index; shown + 1): ``round`` (every event that has it; ``round_start`` of the
+  first round is round 0, shown as round 1), the ``epoch`` of ``unit_start``,
+  ``unit_end`` and ``unit_failed`` (the epoch the unit trains: 0 is the first; a
+  checkpoint's ``counters.epoch`` is the same number), ``step``, ``partition``, and the
+  ``stage`` of ``stage_plan``, ``stage_actual``, ``resized``, ``resize_failed``,
+  ``replanned`` and ``replan_failed`` (``elastic_plan.stage_rounds`` lists the round each
+  stage starts at);
+* from 1 (epochs completed, so the first epoch is 1, as shown): the ``epoch`` of
+  ``trial_epoch`` and ``decision``, ``best_epoch`` (``trial_epoch``, ``experiment_end``);
+  ``round_start.epochs`` counts the epochs each trial completed before the round (0:
+  none), so the epoch it trains is that + 1.
+
 **Standard JSON.** Every line is standard JSON (RFC 8259): a float that is not finite
 (a loss that went ``NaN``) is written as the string ``"NaN"``, ``"Infinity"`` or
 ``"-Infinity"``, and the event lists where in a ``nonfinite`` field (paths of keys and

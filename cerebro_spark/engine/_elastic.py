@@ -69,7 +69,8 @@ class StagePlan:
     """One stage of the plan being followed.
 
     Attributes:
-        index: Its number (0-based).
+        index: Its number (0-based, as the ``stage`` of the log's events; users read
+            it + 1, as ``plan`` prints it).
         trials: Live trials.
         epochs: Epochs (rounds) it spans.
         workers: Executors (one worker each) it runs on.
@@ -145,13 +146,13 @@ def stages_from_json(raw: Mapping[str, Any], spec: ExperimentSpec, where: str) -
     for i, (stage, expected) in enumerate(zip(stages, spec.stages, strict=True)):
         if (stage.get("trials"), stage.get("epochs")) != (expected.trials, expected.epochs):
             raise ConfigError(
-                f"plan {where}: stage {i} plans {stage.get('trials')} trials x "
-                f"{stage.get('epochs')} epochs, but this config's stage {i} has "
+                f"plan {where}: stage {i + 1} plans {stage.get('trials')} trials x "
+                f"{stage.get('epochs')} epochs, but this config's stage {i + 1} has "
                 f"{expected.trials} x {expected.epochs}"
             )
         workers = stage.get("workers")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ConfigError(f"plan {where}: stage {i} workers must be an integer >= 1")
+            raise ConfigError(f"plan {where}: stage {i + 1} workers must be an integer >= 1")
         out.append(
             StagePlan(
                 i,
@@ -278,14 +279,14 @@ class ElasticController:
                 actual = self._close_stage(now)
                 events.append(("stage_actual", actual))
                 events += self._maybe_replan(index, backend, actual, now)
-            stop = self._over_budget(self._planned(index).usd, f"stage {index}")
+            stop = self._over_budget(self._planned(index).usd, f"stage {index + 1}")
             if stop is not None:
                 return StageDirective(tuple(events), stop)
             self._open_stage(index, now)  # the resize is the stage's first step (its SCALE)
             events += self._resize(self._planned(index).workers, backend, index)
             self._stage_executors = len(self.manager.executors())
         else:
-            stop = self._over_budget(self._round_usd(index), f"round {stage.round}")
+            stop = self._over_budget(self._round_usd(index), f"round {stage.round + 1}")
             if stop is not None:
                 return StageDirective(tuple(events), stop)
         self._maybe_grow_early(stage.round, index)
@@ -414,7 +415,7 @@ class ElasticController:
         logger.info(
             "asking for %d executors for stage %d (%d rounds, about %.0f s, ahead)",
             target,
-            following,
+            following + 1,
             rounds_left,
             rounds_left * round_seconds,
         )
@@ -455,7 +456,7 @@ class ElasticController:
                 executors = [workers[w].executor_id for w in victims]
                 logger.info(
                     "stage %d: shrinking %d -> %d workers: retiring %s",
-                    index,
+                    index + 1,
                     len(workers),
                     target,
                     victims,
@@ -469,7 +470,7 @@ class ElasticController:
                 fields["victims"] = victims
                 chosen = [e for e in executors if e] if caps.choose_victims else []
                 self.manager.resize(target, chosen)
-                logger.info("stage %d: executors released; waiting for %d", index, target)
+                logger.info("stage %d: executors released; waiting for %d", index + 1, target)
                 self.manager.wait(target, self.resize_timeout)
                 if not caps.choose_victims:
                     self._top_up(backend, target)
@@ -485,7 +486,11 @@ class ElasticController:
             return [("resize_failed", {**fields, "seconds": round(self._clock() - begun, 3)})]
         fields.update(workers=len(backend.workers()), seconds=round(self._clock() - begun, 3))
         logger.info(
-            "stage %d: %d -> %d workers in %.1f s", index, fields["from"], target, fields["seconds"]
+            "stage %d: %d -> %d workers in %.1f s",
+            index + 1,
+            fields["from"],
+            target,
+            fields["seconds"],
         )
         return [("resized", fields)]
 
@@ -526,7 +531,8 @@ class ElasticController:
         reasons = []
         if drift > self.replan_drift:
             reasons.append(
-                f"stage {actual['stage']} took {actual['seconds']:.1f} s, planned {planned:.1f} s"
+                f"stage {actual['stage'] + 1} took {actual['seconds']:.1f} s, planned "
+                f"{planned:.1f} s"
             )
         if self._failed_resizes > self._replans:
             reasons.append("a resize failed")
@@ -543,13 +549,15 @@ class ElasticController:
             fresh = self._replan(index, self.deadline - elapsed, money, len(backend.workers()))
         except Exception as error:  # PlanInfeasible, a bad state: keep the plan
             self._replans += 1
-            logger.warning("re-planning from stage %d failed: %s; keeping the plan", index, error)
+            logger.warning(
+                "re-planning from stage %d failed: %s; keeping the plan", index + 1, error
+            )
             return [("replan_failed", {**fields, "error": str(error)})]
         self._replans += 1
         self.stages = self.stages[:index] + fresh
         logger.info(
             "re-planned stages %d.. (%s): workers %s",
-            index,
+            index + 1,
             fields["reason"],
             [s.workers for s in fresh],
         )

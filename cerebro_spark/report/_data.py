@@ -172,7 +172,11 @@ class EpochPoint:
 
 @dataclasses.dataclass(frozen=True)
 class RoundSummary:
-    """One round of the search: who trained, at which epoch, and what became of them."""
+    """One round of the search: who trained, at which epoch, and what became of them.
+
+    Numbers as logged: ``round`` counts from 0 (shown + 1), ``epochs`` the epochs each
+    trial had completed before it, ``decisions`` the epoch each completed in it (from 1).
+    """
 
     round: int
     start: float
@@ -186,7 +190,7 @@ class RoundSummary:
 
 @dataclasses.dataclass(frozen=True)
 class StageRow:
-    """A stage of the plan beside what it did."""
+    """A stage of the plan beside what it did (``stage``: 0-based, as logged; shown + 1)."""
 
     stage: int
     planned_workers: int | None
@@ -342,9 +346,9 @@ def _timeline(
             markers.append(
                 Marker(
                     when,
-                    f"stage {event['stage']} ended",
+                    f"stage {_shown(event['stage'])} ended",
                     None,
-                    f"stage {event['stage']}: {event.get('seconds', 0):.1f} s, "
+                    f"stage {_shown(event['stage'])}: {event.get('seconds', 0):.1f} s, "
                     f"{event.get('workers')} workers, ${float(event.get('usd', 0)):.4f}",
                 )
             )
@@ -402,7 +406,8 @@ def _cluster_detail(event: Mapping[str, Any]) -> str:
     kind = event["event"]
     if kind in ("resized", "resize_failed"):
         text = (
-            f"stage {event.get('stage')}: {event.get('from')} -> {event.get('target')} workers "
+            f"stage {_shown(event.get('stage'))}: {event.get('from')} -> {event.get('target')} "
+            "workers "
             f"({event.get('workers')} serve)"
         )
         if event.get("seconds") is not None:
@@ -411,8 +416,14 @@ def _cluster_detail(event: Mapping[str, Any]) -> str:
             text += f"; failed: {event['error']}"
         return text
     if kind in ("replanned", "replan_failed"):
-        return f"from stage {event.get('stage')}: {event.get('reason') or event.get('error')}"
+        reason = event.get("reason") or event.get("error")
+        return f"from stage {_shown(event.get('stage'))}: {reason}"
     return str(event.get("reason", ""))
+
+
+def _shown(index: Any) -> Any:
+    """A logged 0-based ``stage`` as users read it: counted from 1 (as ``plan`` shows it)."""
+    return index + 1 if isinstance(index, int) and not isinstance(index, bool) else index
 
 
 def _curves_and_rounds(

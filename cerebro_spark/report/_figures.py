@@ -199,7 +199,7 @@ def gantt(data: ReportData) -> go.Figure:
         for u in bars:
             text = (
                 f"{u.kind} unit, trial {u.trial}, epoch {u.epoch + 1}, partition {u.partition}"
-                f"<br>worker {u.worker}, round {u.round}<br>{u.start:.1f} s to {u.end:.1f} s"
+                f"<br>worker {u.worker}, round {u.round + 1}<br>{u.start:.1f} s to {u.end:.1f} s"
             )
             if u.data_wait is not None and u.seconds is not None:
                 share = u.data_wait / u.seconds if u.seconds > 0 else 0.0
@@ -279,11 +279,11 @@ def rungs(data: ReportData) -> go.Figure:
             for trial, (decided, epoch) in summary.decisions.items():
                 if decided != status:
                     continue
-                xs.append(summary.round)
+                xs.append(summary.round + 1)  # rounds counted from 1, as progress shows them
                 ys.append(trial)
                 texts.append(str(epoch))
                 hover.append(
-                    f"round {summary.round}: trial {trial} reached epoch {epoch}, "
+                    f"round {summary.round + 1}: trial {trial} reached epoch {epoch}, "
                     f"{DECISION_LABELS[status]}"
                 )
         if xs:
@@ -313,7 +313,7 @@ def rungs(data: ReportData) -> go.Figure:
 def plan_vs_actual(data: ReportData) -> go.Figure:
     """Predicted and actual seconds and dollars per stage (a run with a plan)."""
     figure = make_subplots(rows=1, cols=2, subplot_titles=("seconds", "dollars"))
-    labels = [f"stage {s.stage}" for s in data.stages]
+    labels = [f"stage {s.stage + 1}" for s in data.stages]
     series: Sequence[tuple[str, str, str, str]] = (
         ("planned", "planned_seconds", "planned_usd", "#9ecae1"),
         ("actual", "seconds", "usd", "#08519c"),

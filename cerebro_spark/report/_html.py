@@ -144,7 +144,7 @@ def _rounds_table(data: ReportData) -> str:
         epochs = sorted({e + 1 for e in r.epochs.values()})
         rows.append(
             [
-                r.round,
+                r.round + 1,  # rounds, epochs and stages are shown counted from 1
                 len(r.epochs),
                 ", ".join(str(e) for e in epochs),
                 seconds,
@@ -164,7 +164,7 @@ def _rounds_table(data: ReportData) -> str:
 def _stages_table(data: ReportData) -> str:
     rows = [
         [
-            s.stage,
+            s.stage + 1,
             s.planned_workers,
             s.workers,
             s.planned_seconds,
@@ -321,7 +321,10 @@ def render(data: ReportData, *, generated: datetime.datetime | None = None) -> s
     elif state.stopped:
         phase = f"stopped: {state.stopped}"
     else:
-        phase = f"running (round {state.round}; this page reloads every {LIVE_REFRESH_SECONDS} s)"
+        phase = (
+            f"running (round {max(state.round, 0) + 1}; this page reloads every "
+            f"{LIVE_REFRESH_SECONDS} s)"
+        )
     refresh = (
         "" if state.finished else f'<meta http-equiv="refresh" content="{LIVE_REFRESH_SECONDS}">'
     )

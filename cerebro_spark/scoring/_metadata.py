@@ -23,7 +23,9 @@ class ModelMetadata:
         spec: The model spec's import path (``"package.module:Class"``).
         params: The trial's params (what ``build_model`` was called with).
         trial_id: The trial the weights belong to.
-        epoch: The epoch of the unit that wrote the checkpoint (0-based).
+        epoch: The epoch the weights were trained through, counted from 1 as the
+            leaderboard and the report count it (the checkpoint's ``counters.epoch``, the
+            0-based index of the unit's epoch, plus 1).
         dataset_id: The dataset the model was trained on.
         task: ``"classification"`` or ``"regression"``.
         classes: Classification: the original label values, in class-index order.
@@ -120,7 +122,7 @@ class ModelMetadata:
             spec=trial["spec"],
             params=dict(trial.get("params", {})),
             trial_id=trial.get("trial_id"),
-            epoch=int(checkpoint["counters"]["epoch"]),
+            epoch=int(checkpoint["counters"]["epoch"]) + 1,  # shown from 1
             dataset_id=data.get("dataset_id"),
             task=task,
             classes=classes,

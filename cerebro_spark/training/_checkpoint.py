@@ -25,7 +25,10 @@ dataset the weights were trained on: what :func:`cerebro_spark.load_model` and t
 Transformer read to rebuild the model and turn outputs back into the original labels.
 Checkpoints written before it existed lack it; everything else still reads them.
 
-``counters.epoch``/``counters.step`` are those of the unit that wrote the checkpoint;
+``counters.epoch``/``counters.step`` are those of the unit that wrote the checkpoint, as
+the event log's unit events count them: from 0 (the first epoch is 0). They stay so in the
+bytes (a replay compares checkpoints' SHA-256s with those of older runs); a user reads
+the epoch counted from 1 (``ModelMetadata.epoch``, the leaderboard, the report);
 ``samples_seen`` counts every training row the weights have seen. ``torch_rng_state`` is
 recorded for inspection only: every unit reseeds torch from ``(trial_seed, epoch,
 partition)``, so nothing depends on restoring it.

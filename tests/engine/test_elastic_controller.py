@@ -269,3 +269,9 @@ def test_stage_times_count_from_run_on_the_drivers_clock(tmp_path: Path) -> None
     replans = [e for e in events if e["event"] == "replanned"]
     assert replans and asked[0] == pytest.approx(600.0 - replans[0]["elapsed"], abs=0.01)
     assert replans[0]["elapsed"] == pytest.approx(actuals[0]["end"], abs=0.05)
+    # Stages are logged from 0 and shown from 1, as `plan` shows them.
+    assert [a["stage"] for a in actuals] == [0, 1, 2]
+    assert replans[0]["reason"].startswith("stage 1 took ")
+    table = cost_table(state)
+    assert table is not None
+    assert [line.split()[0] for line in table.splitlines()[2:5]] == ["1", "2", "3"]

@@ -47,7 +47,7 @@ def test_the_data_is_the_log(real_run: RealRun) -> None:
     # Worker joins, the retirement of the shrink and the resize are marked.
     labels = Counter(m.label for m in data.markers)
     assert labels["joined"] == 2 and labels["retired"] >= 1 and labels["resized"] == 1
-    assert labels["stage 0 ended"] == 1 and labels["stage 1 ended"] == 1
+    assert labels["stage 1 ended"] == 1 and labels["stage 2 ended"] == 1  # shown from 1
     # Curves: every validated epoch with the decision taken after it.
     assert {t: [p.epoch for p in points] for t, points in data.curves.items()} == {
         t.trial_id: list(range(1, t.epochs + 1)) for t in data.state.trials.values() if t.history
@@ -82,7 +82,8 @@ def test_the_report_is_refreshed_at_round_ends_and_reloads_while_running(
 ) -> None:
     assert 1 not in real_run.live_pages  # round 0's page is asked for once round 1 is out
     live = real_run.live_pages[2]  # written beside round 1, read before the final report
-    assert 'http-equiv="refresh"' in live and "running (round 1;" in live
+    # The second round (round 1 in the log) is shown as round 2, as progress shows it.
+    assert 'http-equiv="refresh"' in live and "running (round 2;" in live
     assert "Learning curves" in live and "Workers over time" in live
 
 

@@ -317,3 +317,49 @@ def test_a_refresh_asked_while_one_runs_is_dropped(
     refresher.request()  # none runs: starts
     refresher.wait()
     assert calls == [False, False]
+
+
+def test_rounds_and_stages_are_shown_counted_from_1() -> None:
+    """The log counts rounds and stages from 0; the page shows them from 1, as progress,
+    ``plan`` and the cost table do (a unit's epoch too: 0 in the log is epoch 1)."""
+    from cerebro_spark.report._figures import plan_vs_actual, rungs
+    from cerebro_spark.report._html import _rounds_table, _stages_table
+
+    events = [
+        {"event": "experiment_start", "time": 100.0, "config": {}, "resumed": False},
+        {"event": "trial_added", "time": 100.0, "trial": "t", "params": {}, "seed": 1,
+         "spec": "m:S", "clone_from": None},
+        {"event": "stage_plan", "time": 100.5, "stage": 0, "trials": 1, "epochs": 1,
+         "workers": 2, "start": 1.0, "end": 5.0, "usd": 0.01, "begin": 0.0, "replan": 0},
+        {"event": "resized", "time": 100.6, "stage": 0, "from": 1, "target": 2, "workers": 2,
+         "seconds": 0.1},
+        {"event": "round_start", "time": 101.0, "round": 0, "trials": ["t"], "epochs": {"t": 0},
+         "visit_orders": None, "procedure_state": {}},
+        unit("unit_end", 104.0, seconds=2.0, rows=1, metric_sums={}, checkpoint="c",
+             checkpoint_sha256="s"),
+        {"event": "decision", "time": 104.5, "round": 0, "trial": "t", "epoch": 1,
+         "decision": "stop", "status": "stopped"},
+        {"event": "stage_actual", "time": 105.0, "stage": 0, "seconds": 5.0,
+         "planned_seconds": 5.0, "end": 5.0, "planned_end": 5.0, "workers": 2,
+         "planned_workers": 2, "executors_at_end": 2, "usd": 0.01, "planned_usd": 0.01,
+         "spent_usd": 0.01},
+        {"event": "replanned", "time": 105.1, "stage": 1, "reason": "stage 1 took 5.0 s",
+         "elapsed": 5.0, "workers": [1]},
+    ]  # fmt: skip
+    data = collect("x", CONFIG, events)
+    labels = [(m.label, m.detail) for m in data.markers]
+    assert ("stage 1 ended", "stage 1: 5.0 s, 2 workers, $0.0100") in labels
+    assert ("resized", "stage 1: 1 -> 2 workers (2 serve) in 0.1 s") in labels
+    assert ("replanned", "from stage 2: stage 1 took 5.0 s") in labels
+    assert data.rounds[0].round == 0 and data.stages[0].stage == 0  # as logged
+    assert '<td class="num">1</td>' in _rounds_table(data).split("<tr>")[2]
+    assert '<td class="num">1</td>' in _stages_table(data).split("<tr>")[2]
+    assert list(plan_vs_actual(data).data[0].x) == ["stage 1"]
+    assert list(rungs(data).data[0].x) == [1]
+    assert "epoch 1, partition 0<br>worker w0, round 1<br>" in gantt_text(data)
+
+
+def gantt_text(data: Any) -> str:
+    from cerebro_spark.report._figures import gantt
+
+    return " ".join(str(t) for trace in gantt(data).data for t in (trace.hovertext or []))

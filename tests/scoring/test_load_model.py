@@ -87,6 +87,17 @@ def test_every_input_form_gives_the_same_predictions(trained, model):
     assert model.predict(frame.iloc[:0]).shape == (0,)
 
 
+def test_the_models_epoch_counts_from_1_as_the_leaderboards(trained, model):
+    """The checkpoint keeps its 0-based ``counters.epoch`` (replays compare its bytes);
+    scoring reads the epoch counted from 1, the best epoch the leaderboard shows."""
+    end = next(
+        e for e in read_events(open_store(trained.experiment_uri)) if e["event"] == "experiment_end"
+    )
+    checkpoint = decode_checkpoint(open_store(trained.experiment_uri).get("best.pt"))
+    assert model.metadata.trial_id == end["best_trial"]
+    assert model.metadata.epoch == end["best_epoch"] == checkpoint["counters"]["epoch"] + 1
+
+
 def test_the_checkpoint_carries_what_scoring_needs(trained):
     checkpoint = decode_checkpoint(open_store(trained.experiment_uri).get("best.pt"))
     manifest = read_manifest(dataset_uri(trained))

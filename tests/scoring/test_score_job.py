@@ -13,7 +13,9 @@ import pandas as pd
 import pytest
 from scoring_fixtures import train_experiment
 
+from cerebro_spark.engine import read_events
 from cerebro_spark.scoring import load_model
+from cerebro_spark.store import open_store
 
 pytestmark = [pytest.mark.spark, pytest.mark.torch, pytest.mark.slow]
 
@@ -63,7 +65,10 @@ def test_score_job_scores_every_row_as_load_model_does(trained, tmp_path, master
         master, [*model_args, "--input", trained.held_out_path, *output], tmp_path, conf
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
-    assert f"with trial {load_model(trained.experiment_uri).metadata.trial_id}" in completed.stdout
+    metadata = load_model(trained.experiment_uri).metadata
+    assert f"with trial {metadata.trial_id} (epoch {metadata.epoch})" in completed.stdout
+    best = [e for e in read_events(open_store(trained.experiment_uri)) if "best_epoch" in e]
+    assert metadata.epoch == best[-1]["best_epoch"] >= 1  # as the leaderboard counts
     written = tmp_path / ("scored" if "--output" in output else "warehouse/scored")
     scored = pd.read_parquet(written).sort_values("row_id").reset_index(drop=True)
     held_out = trained.held_out.sort_values("row_id").reset_index(drop=True)
