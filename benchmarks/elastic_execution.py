@@ -90,8 +90,8 @@ def static_plan_file(config: dict[str, Any], path: Path) -> tuple[int, Path]:
 def prepare(config: dict[str, Any]) -> None:
     """Write the dataset and start the driver's JVM before the runs, so that no run's first
     stage pays for what the other's does not (the JVM outlives a stopped session)."""
-    from cerebro_spark.engine import parse_config
     from cerebro_spark.driver._dataset import resolve_dataset
+    from cerebro_spark.engine import parse_config
     from cerebro_spark.spark_session import spark_session
     from cerebro_spark.store import open_store
 
