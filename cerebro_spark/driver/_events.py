@@ -86,6 +86,14 @@ cost table, the report, scoring, the leaderboard), and displays convert:
   ``round_start.epochs`` counts the epochs each trial completed before the round (0:
   none), so the epoch it trains is that + 1.
 
+Times: ``time`` is Unix seconds; every duration a user reads since the start
+(``stage_plan``'s ``start``/``end``, ``stage_actual.end``, ``replanned.elapsed``,
+``elastic_summary.seconds``) is experiment time: seconds since ``run``, start-up included,
+time the driver was down before a ``resume`` not counted
+(:attr:`~cerebro_spark.driver.ExperimentState.experiment_seconds`; each event's:
+:func:`~cerebro_spark.driver._state.experiment_times`). Progress and the report's
+timeline read the same clock.
+
 **Standard JSON.** Every line is standard JSON (RFC 8259): a float that is not finite
 (a loss that went ``NaN``) is written as the string ``"NaN"``, ``"Infinity"`` or
 ``"-Infinity"``, and the event lists where in a ``nonfinite`` field (paths of keys and

@@ -197,7 +197,7 @@ class Experiment:
         self._session_started = time.monotonic() if started is None else started
         self.space = SearchSpace.from_config(config.space)
         self.procedure = self._make_procedure()
-        self.progress = Progress(epochs=config.epochs)
+        self.progress = Progress(epochs=config.epochs, clock=self.clock, origin=0.0)  # since run
         self.manifest: Manifest | None = None
         self._top: str | None = None  # the best trial so far (progress), once known
         self._top_known = False

@@ -27,7 +27,10 @@ class ProgressSnapshot:
         units_done: Units of this round finished.
         units_total: Units in this round.
         best: The best trial so far, as text (``"-"`` before the first report).
-        elapsed: Seconds since the run (this driver session) started.
+        elapsed: Seconds since the clock's origin: for a run, experiment time -- seconds
+            since ``run``, start-up included, a resumed run's earlier sessions counted and
+            the driver's down-time not -- the clock of the deadline, the report's timeline
+            and the plan-vs-actual table.
         eta: Estimated seconds left in this round, from its unit rate so far
             (``None`` before the first unit of the round finished).
     """
@@ -52,18 +55,27 @@ class ProgressSnapshot:
 
 
 class Progress:
-    """Logs a one-line status at most every ``interval`` seconds (and on demand)."""
+    """Logs a one-line status at most every ``interval`` seconds (and on demand).
+
+    Args:
+        interval: Fewest seconds between two status lines.
+        clock: Seconds, monotonic; the driver passes its experiment clock.
+        epochs: The epochs a trial may train at most.
+        origin: The clock's reading that ``elapsed`` counts from (default: its reading
+            now). The driver passes 0: its clock's zero is the ``run``.
+    """
 
     def __init__(
         self,
         interval: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         epochs: int = 0,
+        origin: float | None = None,
     ):
         self.interval = interval
         self.clock = clock
         self.epochs = epochs
-        self.started = clock()
+        self.started = clock() if origin is None else origin
         self._last = -interval
         self._round_started = self.started
         self._round_units_at_start = 0

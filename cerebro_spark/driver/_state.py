@@ -323,6 +323,20 @@ class ExperimentState:
             self._session_start = when - startup
         self._last_time = when
 
+    def experiment_time(self, event: Mapping[str, Any]) -> float:
+        """Account for ``event``'s time and return the experiment time at it.
+
+        The rule of :attr:`experiment_seconds` applied to one event (what :meth:`apply`
+        does besides folding it), for readers that place every event on the one clock
+        (:func:`experiment_times`).
+        """
+        when = event.get("time")
+        if isinstance(when, (int, float)) and not isinstance(when, bool):
+            starts = event.get("event") == "experiment_start"
+            startup = float(event.get("startup") or 0.0) if starts else 0.0
+            self._clock_event(starts, float(when), startup)
+        return self.experiment_seconds
+
     @property
     def experiment_seconds(self) -> float:
         """Experiment time up to the last event: driver down-time is not counted.
@@ -535,6 +549,17 @@ _Handler = Callable[[ExperimentState, Mapping[str, Any]], None]
 _HANDLERS: dict[tuple[type[ExperimentState], str], _Handler | None] = {}
 """Each state class's ``_on_<kind>`` method by kind, looked up once (the fold looks one up
 per event; the driver folds an event or more a unit)."""
+
+
+def experiment_times(events: Iterable[Mapping[str, Any]]) -> list[float]:
+    """Each event's experiment time: seconds since ``run``, start-up included.
+
+    The one clock users read (the deadline, progress, the report's timeline, the
+    plan-vs-actual table): a resumed run's earlier sessions are counted, the time its
+    driver was down is not (:attr:`ExperimentState.experiment_seconds`, event by event).
+    """
+    clock = ExperimentState()
+    return [clock.experiment_time(event) for event in events]
 
 
 def _handler(cls: type[ExperimentState], kind: str) -> _Handler | None:

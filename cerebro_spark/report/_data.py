@@ -4,7 +4,10 @@ Everything comes from ``events.jsonl`` (see :mod:`cerebro_spark.driver._events`)
 config: the units each worker ran and when (``unit_start`` / ``unit_end`` /
 ``unit_failed``), worker joins, losses and retirements, resizes and stage boundaries, the
 procedure's decision after every epoch, the plan beside what each stage cost, and the run's
-cost summary. Times are seconds since the experiment's first event.
+cost summary. Times are experiment time (:func:`~cerebro_spark.driver._state.experiment_times`):
+seconds since ``run``, start-up included, a resumed run's sessions back to back (the time
+its driver was down is not on the timeline; a marker shows where a session resumed) --
+the clock of the deadline, progress and the plan-vs-actual table.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from cerebro_spark.driver import ExperimentConfig, ExperimentState
+from cerebro_spark.driver._state import experiment_times
 
 UNIT_KINDS = ("train", "validate", "group", "failed", "unfinished")
 """How a unit bar is drawn: a plain train or validation unit, a rank of a group unit,
@@ -45,7 +49,7 @@ class UnitBar:
         worker: The worker that ran it.
         trial: Its trial.
         kind: One of :data:`UNIT_KINDS`.
-        start: Seconds from the experiment's first event to its ``unit_start``.
+        start: Experiment seconds (since ``run``) at its ``unit_start``.
         end: Seconds to its ``unit_end`` / ``unit_failed`` (or the log's last event).
         round: Its round.
         epoch: The trial's epoch it trains or validates (0-based, as logged).
@@ -147,7 +151,7 @@ class Marker:
     """A moment worth marking on the timeline.
 
     Attributes:
-        time: Seconds from the experiment's first event.
+        time: Experiment seconds (since ``run``).
         label: What happened (``joined``, ``lost``, ``resized``, ``stage 1`` ...).
         worker: The worker it concerns, or ``None`` for the whole cluster.
         detail: A sentence for the hover text.
@@ -210,8 +214,9 @@ class ReportData:
         experiment_id: The experiment.
         config: Its config (metric and mode resolved).
         state: Its state, folded from the events.
-        origin: Time (Unix seconds) of its first event; the timeline's zero.
-        last: Seconds from ``origin`` to the last event.
+        origin: Unix time of the first ``run`` call (its ``experiment_start`` less its
+            ``startup``; a log before that field: its first event): the timeline's zero.
+        last: Experiment seconds at the last event.
         units: Every unit bar, in log order.
         markers: Worker, stage and cluster moments, in log order.
         curves: Every trial's validated epochs, by trial id.
@@ -304,16 +309,15 @@ def trial_usd(state: ExperimentState, seconds: Mapping[str, float]) -> dict[str,
 
 
 def _timeline(
-    events: Sequence[Mapping[str, Any]], origin: float, last: float
+    events: Sequence[Mapping[str, Any]], times: Sequence[float], last: float
 ) -> tuple[list[UnitBar], list[Marker], dict[str, int]]:
     units: list[UnitBar] = []
     markers: list[Marker] = []
     failures: dict[str, int] = defaultdict(int)
     started: dict[tuple[Any, ...], float] = {}
     previous = 0.0
-    for event in events:
+    for event, when in zip(events, times, strict=True):
         kind = event["event"]
-        when = float(event.get("time", origin)) - origin
         if kind == "experiment_start" and started:  # the session before died mid-units
             units += _unfinished(started, previous)
             started = {}
@@ -330,7 +334,7 @@ def _timeline(
                 failures[str(event.get("reason") or "error")] += 1
             end = when  # the worker was busy until its checkpoint was written ...
             if event.get("trained_at") is not None:  # ... or only until its pass was done
-                end = min(when, float(event["trained_at"]) - origin)
+                end = min(when, when - (float(event["time"]) - float(event["trained_at"])))
             units.append(_bar(event, "failed" if failed else None, begin, end, seconds))
         elif kind in WORKER_EVENTS:
             label = WORKER_EVENTS[kind]
@@ -427,15 +431,14 @@ def _shown(index: Any) -> Any:
 
 
 def _curves_and_rounds(
-    events: Sequence[Mapping[str, Any]], origin: float
+    events: Sequence[Mapping[str, Any]], times: Sequence[float]
 ) -> tuple[dict[str, list[EpochPoint]], list[RoundSummary]]:
     epochs: dict[tuple[str, int], tuple[Mapping[str, float], int]] = {}
     decisions: dict[tuple[str, int], tuple[str, str | None]] = {}
     rounds: dict[int, dict[str, Any]] = {}
     resumed: list[str] = []
-    for event in events:
+    for event, when in zip(events, times, strict=True):
         kind = event["event"]
-        when = float(event.get("time", origin)) - origin
         if kind == "trial_epoch":
             epochs[(event["trial"], int(event["epoch"]))] = (event["metrics"], int(event["round"]))
         elif kind == "decision":
@@ -497,6 +500,14 @@ def _span(plan: Mapping[str, Any]) -> float | None:
     return float(plan["end"]) - float(plan.get("begin", plan.get("start", 0.0)))
 
 
+def _run_origin(events: Sequence[Mapping[str, Any]]) -> float:
+    """Unix time of the first ``run`` call (see :attr:`ReportData.origin`)."""
+    for event in events:
+        if event.get("event") == "experiment_start" and "time" in event:
+            return float(event["time"]) - float(event.get("startup") or 0.0)
+    return min((float(e["time"]) for e in events if "time" in e), default=0.0)
+
+
 def collect(
     experiment_id: str, config: ExperimentConfig, events: Sequence[Mapping[str, Any]]
 ) -> ReportData:
@@ -508,17 +519,16 @@ def collect(
         events: Its whole event log, in order (:func:`~cerebro_spark.driver.read_events`).
     """
     state = ExperimentState.from_events(events)
-    times = [float(e["time"]) for e in events if "time" in e]
-    origin = min(times) if times else 0.0
-    last = (max(times) - origin) if times else 0.0
-    units, markers, failures = _timeline(events, origin, last)
-    curves, rounds = _curves_and_rounds(events, origin)
+    times = experiment_times(events)  # the one clock: seconds since run
+    last = max(times, default=0.0)
+    units, markers, failures = _timeline(events, times, last)
+    curves, rounds = _curves_and_rounds(events, times)
     seconds = trial_seconds(events)
     return ReportData(
         experiment_id=experiment_id,
         config=config,
         state=state,
-        origin=origin,
+        origin=_run_origin(events),
         last=last,
         units=units,
         markers=markers,

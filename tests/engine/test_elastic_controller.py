@@ -275,3 +275,14 @@ def test_stage_times_count_from_run_on_the_drivers_clock(tmp_path: Path) -> None
     table = cost_table(state)
     assert table is not None
     assert [line.split()[0] for line in table.splitlines()[2:5]] == ["1", "2", "3"]
+    # The report's timeline is on the same clock, zero at run: each stage's end marker is
+    # written when its boundary (at the actual's end) is done.
+    from cerebro_spark.report import load_report_data
+
+    data = load_report_data(str(tmp_path), "e")
+    assert data.origin == pytest.approx(start["time"] - start["startup"])
+    ended = {m.label: m.time for m in data.markers if m.label.endswith(" ended")}
+    for actual in actuals:
+        shown = ended[f"stage {actual['stage'] + 1} ended"]
+        assert actual["end"] - 0.01 <= shown <= actual["end"] + 10.0
+    assert data.last == pytest.approx(state.experiment_seconds)

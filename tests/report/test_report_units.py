@@ -159,10 +159,13 @@ def test_logs_without_unit_starts_and_group_units_are_drawn() -> None:
              metric_sums={}, checkpoint="c3", checkpoint_sha256="s3"),
     ]  # fmt: skip
     resumed = collect("x", CONFIG, events)
+    # One clock: the resumed session goes on from the experiment time the first one
+    # reached (8 s); the 92 s the driver was down are not on the timeline.
     assert [(u.worker, u.kind, u.start, u.end) for u in resumed.units[-2:]] == [
         ("w1", "unfinished", 7.0, 8.0),
-        ("w2", "train", 101.0, 103.0),
+        ("w2", "train", 9.0, 11.0),
     ]
+    assert resumed.last == resumed.state.experiment_seconds == 11.0
     assert ("resumed", None) in [(m.label, m.worker) for m in resumed.markers]
 
 
@@ -363,3 +366,29 @@ def gantt_text(data: Any) -> str:
     from cerebro_spark.report._figures import gantt
 
     return " ".join(str(t) for trace in gantt(data).data for t in (trace.hovertext or []))
+
+
+def test_the_timeline_counts_from_run_start_up_included() -> None:
+    """``experiment_start.startup``: the seconds from ``run`` to the first event are on the
+    timeline too, so its zero is the ``run`` the deadline and the plan count from."""
+    events = [
+        {"event": "experiment_start", "time": 100.0, "config": {}, "resumed": False,
+         "startup": 3.0},
+        {"event": "trial_added", "time": 100.0, "trial": "t", "params": {}, "seed": 1,
+         "spec": "m:S", "clone_from": None},
+        unit("unit_start", 101.0),
+        unit("unit_end", 103.0, seconds=2.0, rows=1, metric_sums={}, checkpoint="c",
+             checkpoint_sha256="s", trained_at=102.5),
+        {"event": "experiment_start", "time": 500.0, "config": {}, "resumed": True,
+         "startup": 1.0},
+        {"event": "worker_lost", "time": 501.0, "worker": "w0", "reason": "gone",
+         "bytes_read": 0, "unit": None},
+    ]  # fmt: skip
+    data = collect("x", CONFIG, events)
+    assert data.origin == 97.0  # the run: 3 s before its first event
+    [bar] = data.units
+    assert (bar.start, bar.end) == (4.0, 5.5)  # its worker was freed at trained_at
+    # The resumed session: 6 s into the run when the first driver's last event was
+    # written, then its own second of start-up, then a second more.
+    assert [(m.label, m.time) for m in data.markers] == [("resumed", 7.0), ("lost", 8.0)]
+    assert data.last == data.state.experiment_seconds == 8.0
