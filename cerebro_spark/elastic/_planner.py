@@ -305,7 +305,7 @@ def plan_deadline(spec: ExperimentSpec, deadline: float | None) -> float | None:
         raise ConfigError(
             f"the deadline asked, {deadline:g} s, differs from the deadline {own:g} s of the "
             f"{spec.procedure} search, which stops then: omit it (it defaults to {own:g} s) or "
-            "set the procedure's deadline to it"
+            "set the config's deadline (its top-level deadline:) to it"
         )
     return own
 
