@@ -113,15 +113,26 @@ def procedure_options(name: str) -> dict[str, bool]:
     }
 
 
-def check_procedure_options(name: str, options: Mapping[str, Any]) -> None:
+CONFIG_OPTIONS = frozenset({"deadline", "num_workers"})
+"""Options a config gives outside the procedure's section: the driver passes the config's
+one ``deadline`` and its ``workers`` (as ``num_workers``) to every procedure that takes
+them (``driver._procedure.build_procedure``)."""
+
+
+def check_procedure_options(
+    name: str, options: Mapping[str, Any], *, from_config: bool = True
+) -> None:
     """Check ``options`` against what procedure ``name`` accepts.
 
-    An option's old name (:func:`upgrade_options`) counts as its new one.
+    An option's old name (:func:`upgrade_options`) counts as its new one. A required
+    option of :data:`CONFIG_OPTIONS` may be missing (the config gives it) unless
+    ``from_config`` is false (:func:`make_procedure`: every argument is here).
 
     Raises:
         ConfigError: Unknown name, or an unknown or missing option (the message lists the
             accepted ones).
     """
+    supplied = CONFIG_OPTIONS if from_config else frozenset()
     options = upgrade_options(name, options, warn=False)
     accepted = procedure_options(name)
     listing = ", ".join(sorted(accepted)) or "none"
@@ -130,7 +141,9 @@ def check_procedure_options(name: str, options: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"search procedure {name!r} has no option {unknown[0]!r}; accepted options: {listing}"
         )
-    missing = sorted(o for o, required in accepted.items() if required and o not in options)
+    missing = sorted(
+        o for o, required in accepted.items() if required and o not in options and o not in supplied
+    )
     if missing:
         raise ConfigError(
             f"search procedure {name!r} needs option {missing[0]!r}; accepted options: {listing}"
@@ -169,7 +182,7 @@ def make_procedure(
             the procedure rejects.
     """
     options = upgrade_options(name, options)
-    check_procedure_options(name, options)
+    check_procedure_options(name, options, from_config=False)
     cls: Any = _lookup(name)
     procedure: SearchProcedure = cls(
         space, epochs=epochs, metric=metric, mode=mode, rng=rng, clock=clock, **options

@@ -139,3 +139,15 @@ def test_seers_budget_and_worker_seconds_together_are_refused_naming_both() -> N
 def test_an_unrenamed_option_of_another_procedure_is_still_refused() -> None:
     with pytest.raises(ConfigError, match="has no option 'budget'"):
         make("random", num_trials=2, budget=3)
+
+
+def test_a_procedures_config_options_may_be_left_to_the_config() -> None:
+    """``deadline`` and ``num_workers`` come from the config (its deadline, its workers):
+    checking a procedure's own options does not ask for them; building it does."""
+    from cerebro_spark.search import check_procedure_options
+
+    check_procedure_options("seer", {"worker_seconds": 80})
+    with pytest.raises(ConfigError, match="needs option 'deadline'"):
+        check_procedure_options("seer", {"worker_seconds": 80}, from_config=False)
+    with pytest.raises(ConfigError, match="needs option 'deadline'"):
+        make("seer", num_workers=4, worker_seconds=80)

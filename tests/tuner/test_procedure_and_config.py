@@ -87,3 +87,21 @@ def test_a_prepared_dataset_refuses_what_its_manifest_fixed(tmp_path):
     uri = str(tmp_path / "datasets" / manifest.dataset_id)
     with pytest.raises(ConfigError, match=r"is a prepared dataset.*leave label out"):
         Tuner(SPACE, backend="local", workers=1, store=str(tmp_path)).fit(uri, label="y")
+
+
+def test_a_deadline_bound_procedure_takes_the_configs_one_deadline():
+    """SEER's and HyperSched's deadline (and SEER's num_workers) are the config's: a
+    Procedure without them is whole; the Tuner refuses a search without a deadline."""
+    assert Procedure("seer", worker_seconds=120).to_config() == {
+        "name": "seer",
+        "worker_seconds": 120,
+    }
+    with pytest.raises(ConfigError, match="'sha' has no option 'deadline'"):
+        Procedure("sha", deadline=30)
+    with pytest.raises(ConfigError, match="'seer' needs a deadline: set the top-level deadline"):
+        Tuner(SPACE, procedure=Procedure("seer"))
+    tuner = Tuner(SPACE, procedure=Procedure("hypersched"), deadline=30)
+    data = {"source": "sklearn:digits"}
+    assert parse_config(load_yaml(tuner.to_yaml(data=data))).deadline == 30
+    seer = Tuner.from_config("conf/experiments/digits-seer.yaml")
+    assert parse_config(seer.to_config()) == load_config("conf/experiments/digits-seer.yaml")
