@@ -25,7 +25,8 @@ class Stage:
         round: Its number (0-based); after the last round, the number the next would have.
         trials: The live trials it trains, in id order (empty when ``final``).
         resources: Workers each trial asked for (``SearchProcedure.resources``).
-        seconds: Experiment time (seconds since the first start).
+        seconds: Experiment time: seconds since ``run``, start-up included (the clock of
+            the deadline, progress and the report).
         final: The search has ended: no round follows (the hook's last call, before the
             workers are stopped).
     """
