@@ -97,6 +97,7 @@ from cerebro_spark.mop import (
 from cerebro_spark.search import (
     Decision,
     EpochReport,
+    EpochTemplate,
     SearchProcedure,
 )
 from cerebro_spark.search.space import SearchSpace
@@ -433,18 +434,16 @@ class Experiment:
             return True
         if self.state.stopped is not None:
             return False
-        for spec in self.procedure.suggest():
+        # The epoch template's rules (search/_template.py): it refuses a resumed trial that
+        # is not paused (a failed one included), a reused id, a finished procedure's trials.
+        opening = self._template().open_round(self._statuses_for_opening())
+        for spec in opening.added:
             self._add_trial(spec.trial_id, spec.params, spec.clone_from)
-        for trial_id in self.procedure.resumed():
-            if self.state.trials[trial_id].status == FAILED:
-                logger.warning(
-                    "%s resumed trial %s, which failed: ignored", self.config.procedure, trial_id
-                )
-                continue
+        for trial_id in opening.resumed:
             self._emit("trial_resumed", trial=trial_id)
         live = self.state.live_trials()
         if not live:
-            if not self.procedure.is_finished():
+            if opening.stalled:
                 logger.warning(
                     "%s suggested no trial and has none live: stopping", self.config.procedure
                 )
@@ -523,14 +522,48 @@ class Experiment:
             )
 
     def _resources(self, trial_id: str) -> int:
-        """The procedure's number of workers for a trial's next epoch (Cerebro §5.7)."""
-        size = self.procedure.resources(trial_id)
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-            raise ConfigError(
-                f"search procedure {self.config.procedure!r} asked for resources={size!r} "
-                f"for trial {trial_id}; resources must be an integer >= 1 (workers)"
-            )
-        return int(size)
+        """The procedure's number of workers for a trial's next epoch (Cerebro §5.7).
+
+        Raises:
+            ProcedureContractError: Not an integer >= 1 (the epoch template's rule).
+        """
+        return self._template().resources(trial_id)
+
+    def _template(self) -> EpochTemplate:
+        """The epoch template's rules around this experiment's procedure."""
+        return EpochTemplate(self.procedure, name=self.config.procedure, epochs=self.config.epochs)
+
+    def _statuses_for_opening(self) -> dict[str, str]:
+        """Every trial's status as the procedure last saw it, for the template.
+
+        A driver that died after a round's opening was logged (its ``trial_added`` and
+        ``trial_resumed`` events) but before its ``round_start`` (at the stage boundary)
+        left a procedure restored from the state saved before that opening: it suggests
+        and resumes those trials again. To the template they are what that state knew:
+        not added yet, paused. Only the first opening of a resumed session can follow such
+        an opening; it reads the log once to find it.
+        """
+        statuses = {t: trial.status for t, trial in self.state.trials.items()}
+        if self.state.sessions < 2 or self.__dict__.get("_reopened", False):
+            return statuses
+        self._reopened = True
+        added: set[str] = set()
+        resumed: set[str] = set()
+        for event in self.log.read():  # the opening is what follows the last saved state
+            kind = event["event"]
+            if kind in ("round_start", "round_end"):
+                added.clear()
+                resumed.clear()
+            elif kind == "trial_added":
+                added.add(event["trial"])
+            elif kind == "trial_resumed":
+                resumed.add(event["trial"])
+        for trial_id in resumed:
+            if statuses.get(trial_id) == RUNNING:
+                statuses[trial_id] = PAUSED
+        for trial_id in added:
+            statuses.pop(trial_id, None)
+        return statuses
 
     def _imposed_group_plans(self, number: int, live: list[str]) -> dict[str, list[int]] | None:
         if self.imposed_plans is None:
@@ -753,6 +786,7 @@ class Experiment:
     def _end_round(self) -> None:
         """Let the procedure decide every live trial's fate (Cerebro §4.2 template)."""
         state = self.state
+        template = self._template()
         for trial_id in state.round_trials:
             trial = state.trials[trial_id]
             if trial.status != RUNNING:
@@ -760,12 +794,7 @@ class Experiment:
             report = EpochReport(
                 trial_id, trial.epochs, dict(trial.metrics), state.unit_seconds[trial_id]
             )
-            decision = self.procedure.on_epoch_end(report)
-            status = {
-                Decision.CONTINUE: RUNNING,
-                Decision.PAUSE: PAUSED,
-                Decision.STOP: COMPLETED if trial.epochs >= self.config.epochs else STOPPED,
-            }[decision]
+            decision, status = template.close_epoch(report)  # a Decision, or refused
             self._emit(
                 "decision",
                 round=state.round,
