@@ -468,10 +468,14 @@ class SEER(SearchProcedure):
     # -- the template ---------------------------------------------------------------------
 
     def suggest(self) -> list[TrialSpec]:
-        """Sample all ``sum(N)`` trials at the first call (Alg. 1 line 2), then none."""
+        """Sample all ``sum(N)`` trials at the first call (Alg. 1 line 2), then none.
+
+        None either once the deadline has passed (start-up alone may take it): a finished
+        procedure suggests nothing (the epoch template's rule).
+        """
         self._round_start = self._now()
         self._stage_round += 1
-        if self._stage != 0:
+        if self._stage != 0 or self.is_finished():
             return []
         specs = [self._new_trial(self.space.sample(self.rng)) for _ in range(sum(self.plan.N))]
         for spec in specs:

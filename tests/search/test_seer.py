@@ -389,3 +389,14 @@ def test_reports_out_of_protocol_are_rejected() -> None:
         proc.on_epoch_end(report("t0000", 2, 0.5))
     with pytest.raises(ValueError, match="trial 't9999', which is unknown"):
         proc.on_epoch_end(report("t9999", 1, 0.5))
+
+
+def test_a_deadline_passed_before_the_first_round_suggests_nothing() -> None:
+    """Start-up alone may take the deadline: SEER is finished then and suggests no trial
+    (the epoch template refuses a finished procedure's suggestions)."""
+    clock = FakeClock()
+    procedure = seer(clock)
+    clock.now = 10.0  # the default deadline of these tests
+    assert procedure.is_finished()
+    assert procedure.suggest() == []
+    assert procedure.resumed() == []
