@@ -18,8 +18,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger("cerebro_spark.cli")
 
 EXIT_SEARCH_FAILED = 3
-"""Exit status of ``run`` and ``resume`` when the search produced nothing (every trial
-failed); 2 is any other error of the input, 1 a replay that differs, 130 an interrupt."""
+"""Exit status of ``run`` and ``resume`` when the search produced nothing (no trial
+completed an epoch with a finite metric: every trial failed, or the procedure suggested
+none, as a deadline-bound one does once its deadline has passed); 2 is any other error of
+the input (a deadline shorter than start-up plus one unit included), 1 a replay that
+differs, 130 an interrupt."""
 
 
 def _out(text: str) -> None:

@@ -364,17 +364,33 @@ class Experiment:
     def _check_outcome(self, ranked: Sequence[TrialState]) -> None:
         """Fail a search that produced nothing; warn when only some of its trials failed.
 
+        A search produced nothing when no trial that did not fail reported a finite value
+        of the metric -- whatever the procedure, and whether or not it ever suggested a
+        trial (a deadline-bound one suggests none once its deadline has passed, which
+        start-up alone may take).
+
         Raises:
-            SearchFailedError: Trials ran but none that did not fail reported a finite
-                value of the metric (every trial failed, or none got that far). The
-                message names the first failure; the log, leaderboard and checkpoints
-                are written by then.
+            SearchFailedError: No trial completed an epoch with a finite metric: the
+                procedure suggested none, every trial failed, or none got that far. The
+                message names the first failure (or the deadline, or why the search was
+                stopped); the log, leaderboard and checkpoints are written by then.
         """
         state, experiment_id, metric = self.state, self.experiment_id, self.metric
         url = self.root.url(self.prefix)
         failed = [state.trials[t] for t in state.failures if state.trials[t].status == FAILED]
-        if ranked and best_trial(ranked) is None:
-            if failed and len(failed) == len(ranked):
+        if best_trial(ranked) is None:
+            if not ranked:
+                what = (
+                    f"search procedure {self.config.procedure!r} of experiment {experiment_id} "
+                    "suggested no trial: nothing was trained"
+                )
+                if self.config.deadline is not None:
+                    what += (
+                        f"; its deadline of {self.config.deadline:g} s (from run, start-up "
+                        f"included) had passed or was too short: the run ended at "
+                        f"{self.clock():.1f} s of experiment time"
+                    )
+            elif failed and len(failed) == len(ranked):
                 what = f"every trial of experiment {experiment_id} failed ({len(failed)} trials)"
             elif failed:
                 what = (

@@ -15,7 +15,9 @@ a cluster). Before any of that, :func:`preflight`:
 4. resolves the objective: the config's ``metric`` (default: ``accuracy`` for
    classification, ``rmse`` for regression), which every family must produce, and its
    ``mode`` (default: the metric's own; an explicit mode against it is allowed but logged
-   as a warning).
+   as a warning);
+5. refuses a ``deadline`` in which no trial can be trained (:func:`check_deadline`):
+   shorter than start-up plus one training unit.
 
 Failures raise :class:`~cerebro_spark.errors.ConfigError` (import path, params,
 metric) or :class:`~cerebro_spark.errors.TrialError` (user code raised), naming the spec
@@ -25,19 +27,32 @@ and the params.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
+import os
+import time
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import torch
 
 from cerebro_spark.data import DatasetInfo, Manifest
+from cerebro_spark.data._residence import format_bytes
 from cerebro_spark.driver._config import ExperimentConfig
 from cerebro_spark.driver._dataset import resolve_dataset
 from cerebro_spark.driver._device import check_device
+from cerebro_spark.driver._procedure import build_procedure
+from cerebro_spark.elastic import Profile, load_profile
 from cerebro_spark.errors import CerebroError, ConfigError, TrialError
+from cerebro_spark.metrics import default_metric
 from cerebro_spark.search.space import SearchSpace
 from cerebro_spark.store import Store
+from cerebro_spark.training import accepted_hyperparameters, load_spec
+from cerebro_spark.training._batches import example_features
+from cerebro_spark.training._metrics import family_metrics, overrides_batch_metrics
+from cerebro_spark.training._spec import checked_batch_size
 
 logger = logging.getLogger(__name__)
 
@@ -67,12 +82,15 @@ class Preflight:
     params: Mapping[str, Mapping[str, Any]]
 
 
-def preflight(config: ExperimentConfig, store: Store) -> Preflight:
+def preflight(config: ExperimentConfig, store: Store, *, started: float | None = None) -> Preflight:
     """Check the experiment on the driver before any worker starts (module docstring).
 
     Args:
         config: The experiment (``metric`` and ``mode`` may be ``None``).
         store: The root store (where a ``source`` is prepared).
+        started: ``time.monotonic()`` when ``run`` was called: the deadline counts from
+            there (:func:`check_deadline`). ``None`` (a ``resume``, whose experiment time
+            goes on from earlier sessions): the deadline is not checked here.
 
     Returns:
         The resolved config, the dataset and every family's metrics.
@@ -89,6 +107,8 @@ def preflight(config: ExperimentConfig, store: Store) -> Preflight:
     families = {spec: _check_family(spec, p, info) for spec, p in params.items()}
     check_worker_memory(config, manifest, params)
     resolved = resolve_objective(config, info, families)
+    if started is not None:
+        check_deadline(config, time.monotonic() - started)
     logger.info(
         "pre-flight: %d model famil%s built on the driver; optimising %s (%s)",
         len(families),
@@ -114,8 +134,6 @@ def check_search(config: ExperimentConfig) -> None:
     check_device(config)
     SearchSpace.from_config(config.space)
     check_hyperparameters(config)
-    from cerebro_spark.driver._procedure import build_procedure
-
     try:
         build_procedure(config, lambda: 0.0)
     except (TypeError, ValueError) as error:  # ConfigError included
@@ -129,9 +147,6 @@ def check_search(config: ExperimentConfig) -> None:
 
 def _check_local_source(config: ExperimentConfig) -> None:
     """Refuse a ``data.source`` naming a local file or folder that does not exist."""
-    import os
-    import urllib.parse
-
     source = config.data.source
     if source is None or source.startswith("sklearn:"):
         return
@@ -160,10 +175,6 @@ def check_hyperparameters(config: ExperimentConfig) -> None:
             with the closest declared name (:func:`difflib.get_close_matches`) and the
             declared ones.
     """
-    import difflib
-
-    from cerebro_spark.training import accepted_hyperparameters, load_spec
-
     for branch in _branches(config.space):
         names = [str(k) for k in branch if k != "model"]
         specs = _strings(branch["model"]) if "model" in branch else []
@@ -261,13 +272,6 @@ def _strings(value: Any) -> list[str]:
 
 def _check_family(spec_path: str, params: Mapping[str, Any], info: DatasetInfo) -> dict[str, Any]:
     """Import, build and run one family on a zero batch; return its metrics by name."""
-    import torch
-
-    from cerebro_spark.training import load_spec
-    from cerebro_spark.training._batches import example_features
-    from cerebro_spark.training._metrics import family_metrics, overrides_batch_metrics
-    from cerebro_spark.training._spec import checked_batch_size
-
     spec = load_spec(spec_path)  # ConfigError names the path
     trial_params = {k: v for k, v in params.items() if k != "model"}
     what = "build_model"
@@ -343,9 +347,6 @@ def check_worker_memory(
     budget = config.worker_memory
     if budget is None:
         return
-    from cerebro_spark.data._residence import format_bytes
-    from cerebro_spark.training import load_spec
-
     per_row = max(
         (-(-part.bytes // part.rows) for part in manifest.partitions if part.rows), default=0
     )
@@ -388,8 +389,6 @@ def resolve_objective(
         ConfigError: The metric is not produced by every family (the message names the
             metric, the spec and what it produces).
     """
-    from cerebro_spark.metrics import default_metric
-
     metric = config.metric if config.metric is not None else default_metric(info.task)
     modes: dict[str, str] = {}
     for spec, metrics in sorted(families.items()):
@@ -415,3 +414,88 @@ def resolve_objective(
             "larger" if config.mode == "max" else "smaller",
         )
     return config.replace(metric=metric, mode=mode)
+
+
+def check_deadline(config: ExperimentConfig, elapsed: float) -> None:
+    """Refuse a deadline shorter than start-up plus one training unit (issue 30, part 4).
+
+    A deadline counts from ``run``, start-up included (:mod:`cerebro_spark.search._clock`):
+    no trial can complete an epoch, so the search could only fail, when the deadline ends
+    before the first worker can have trained one unit. What is known at the pre-flight:
+
+    * ``elapsed``: the experiment time the pre-flight itself took (dataset resolved, every
+      family built on the driver), measured. A deadline already passed is refused with
+      any config.
+    * With an elastic section whose ``profile`` is a file: the start-up and unit times the
+      planner uses (:mod:`cerebro_spark.elastic._simulator`): SCALE (``scale_seconds``),
+      INIT_INSTANCE (``worker_start_seconds`` plus one ``partition_load_seconds``: the
+      least a worker loads, on the most workers), then one unit (``unit_seconds`` of the
+      config's ``instance_type``, else of the profile's fastest type, plus
+      ``hop_seconds``). Each is the most optimistic reading of the profile, so what is
+      refused is what the planner could not plan either.
+
+    Without a profile (a fixed cluster, or ``profile: auto``, whose pilot runs after the
+    pre-flight) no estimate of a worker's start or a unit exists: only a deadline that
+    has already passed is refused, since that one is certainly impossible. A deadline that
+    passes later, while the workers start, ends the search with no trial, which the
+    driver reports as :class:`~cerebro_spark.errors.SearchFailedError`.
+
+    Args:
+        config: The experiment.
+        elapsed: Experiment seconds since ``run``, now (the pre-flight's end).
+
+    Raises:
+        ConfigError: Naming the deadline, the seconds it must cover and where each comes
+            from.
+    """
+    deadline = config.deadline
+    if deadline is None:
+        return
+    rule = (
+        "a deadline counts from run, start-up included, and must leave time for start-up "
+        "plus at least one training unit"
+    )
+    if elapsed >= deadline:
+        raise ConfigError(
+            f"deadline {deadline:g} s has passed before any worker started: the pre-flight "
+            f"(dataset resolved, every model family built on the driver) took {elapsed:.1f} "
+            f"s of it, and no trial can be trained in what is left ({rule})"
+        )
+    needed = _profile_needs(config)
+    if needed is None:
+        return
+    seconds, parts = needed
+    if elapsed + seconds > deadline:
+        raise ConfigError(
+            f"deadline {deadline:g} s is shorter than start-up plus one training unit: "
+            f"{elapsed:.1f} s of pre-flight + {parts} = {elapsed + seconds:.1f} s ({rule})"
+        )
+
+
+def _profile_needs(config: ExperimentConfig) -> tuple[float, str] | None:
+    """Seconds from the pre-flight's end to one unit trained, by the elastic profile.
+
+    Returns:
+        The seconds and how they add up (naming the profile and each of its keys), or
+        ``None`` without a profile file.
+    """
+    elastic = config.elastic
+    if elastic is None or elastic.profile == "auto":
+        return None
+    profile: Profile = load_profile(elastic.profile)
+    units = dict(profile.unit_seconds)
+    if elastic.instance_type in units:
+        kind = elastic.instance_type
+    else:
+        kind = min(units, key=lambda name: units[name])  # the fastest: the least needed
+    start = profile.scale_seconds + profile.worker_start_seconds
+    start += profile.partition_load_seconds
+    unit = units[kind] + profile.hop_seconds
+    parts = (
+        f"{start:.1f} s to start a worker (profile {elastic.profile}: scale_seconds "
+        f"{profile.scale_seconds:g} + worker_start_seconds {profile.worker_start_seconds:g} "
+        f"+ one partition_load_seconds {profile.partition_load_seconds:g}) + {unit:.1f} s for "
+        f"one unit (unit_seconds {units[kind]:g} on {kind} + hop_seconds "
+        f"{profile.hop_seconds:g})"
+    )
+    return start + unit, parts

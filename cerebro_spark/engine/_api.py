@@ -293,7 +293,7 @@ def _run(
     check_store_writable(store)
     # Before anything is written or started: the dataset, every model family built on
     # the driver, the metric each must produce; config.json keeps the resolved metric.
-    checked = preflight(config, store)
+    checked = preflight(config, store, started=started)
     config = checked.config
     with contextlib.ExitStack() as stack:
         experiment_id, lease = stack.enter_context(

@@ -199,7 +199,11 @@ class Tuner:
         Raises:
             ConfigError: Bad settings or data arguments.
             DataError: The data cannot be prepared (the message names the column).
-            SearchFailedError: Every trial failed (when that check is available).
+            ConfigError: Also a deadline shorter than start-up plus one training unit
+                (the pre-flight's numbers).
+            SearchFailedError: The search produced nothing: no trial completed an epoch
+                with a finite metric (every trial failed, or the procedure suggested none,
+                as a deadline-bound one does once its deadline has passed).
         """
         spark = _spark_of(data)
         backend = self._raw.get("backend") or ("spark" if spark is not None else "local")
