@@ -237,7 +237,8 @@ def run_experiment(
 
     With ``config.elastic`` (and the default backend factory and no ``on_stage``), the
     search is planned first and the cluster follows the plan between its stages
-    (:mod:`cerebro_spark.engine._elastic`).
+    (:mod:`cerebro_spark.engine._elastic`); it is planned before the id is claimed, so a
+    plan refused (no plan meets the deadline or the budget) writes nothing.
 
     Raises:
         SearchFailedError: The search produced nothing: every trial failed (the message
@@ -296,11 +297,12 @@ def _run(
     checked = preflight(config, store, started=started)
     config = checked.config
     with contextlib.ExitStack() as stack:
+        if config.elastic is not None and on_stage is None and backend_factory is default_backend:
+            # Planned before the id is claimed: a plan refused (PlanInfeasible) writes nothing.
+            backend_factory, on_stage = stack.enter_context(elastic_run(config, started))
         experiment_id, lease = stack.enter_context(
             _claim(store, config, candidates, explicit=explicit, lease_timeout=lease_timeout)
         )
-        if config.elastic is not None and on_stage is None and backend_factory is default_backend:
-            backend_factory, on_stage = stack.enter_context(elastic_run(config, started))
         experiment = Experiment(
             config,
             store,

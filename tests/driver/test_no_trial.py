@@ -19,6 +19,7 @@ import yaml
 from cerebro_spark.backends import WorkerPool
 from cerebro_spark.driver import preflight as run_preflight
 from cerebro_spark.driver._preflight import check_deadline
+from cerebro_spark.elastic import PlanInfeasible
 from cerebro_spark.engine import (
     Experiment,
     load_state,
@@ -186,3 +187,11 @@ def test_without_a_profile_only_a_passed_deadline_is_refused(tmp_path: Path) -> 
     auto = elastic_config(tmp_path, deadline=2.0, profile="auto", instance_type="local-core")
     check_deadline(auto, elapsed=1.0)  # the pilot measures after the pre-flight
     check_deadline(parse_config(raw(tmp_path)), elapsed=1e9)  # no deadline: nothing to keep
+
+
+def test_an_elastic_run_no_plan_meets_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    """Issue 30: a refused elastic run left its experiment (``config.json``) behind."""
+    config = elastic_config(tmp_path, deadline=600.0, budget=1e-9, instance_type="local-core")
+    with pytest.raises(PlanInfeasible):
+        run_experiment(config, experiment_id="poor")
+    assert open_store(str(tmp_path)).list("experiments") == []
