@@ -12,6 +12,7 @@ a config exactly as ``run`` builds it (:func:`cerebro_spark.driver.experiment_sp
 
 from cerebro_spark.elastic._cynthia import GroupModel, bandwidth_from
 from cerebro_spark.elastic._planner import (
+    FASTEST_SLACK,
     Plan,
     PlanInfeasible,
     fair_at_most,
@@ -33,6 +34,7 @@ from cerebro_spark.elastic._profile import (
     parse_scaling,
     trial_epoch,
 )
+from cerebro_spark.elastic._report import format_plan
 from cerebro_spark.elastic._simulator import (
     Node,
     NodeKind,
@@ -44,6 +46,7 @@ from cerebro_spark.elastic._simulator import (
 from cerebro_spark.elastic._specs import procedure_spec
 
 __all__ = [
+    "FASTEST_SLACK",
     "GroupModel",
     "InstancePrice",
     "Latency",
@@ -60,6 +63,7 @@ __all__ = [
     "TypeProfile",
     "bandwidth_from",
     "fair_at_most",
+    "format_plan",
     "load_catalog",
     "load_profile",
     "next_lower",

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cerebro_spark.backends import Backend
+from cerebro_spark.backends import Backend, LocalBackend, SparkBackend
 from cerebro_spark.driver._config import ExperimentConfig
 from cerebro_spark.driver._device import check_spark_gpus, local_gpus, pool_device
 from cerebro_spark.driver._preflight import models_in
 from cerebro_spark.errors import ConfigError
+from cerebro_spark.spark_session import spark_session
 from cerebro_spark.training import user_code_files
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 logger = logging.getLogger(__name__)
 
@@ -18,20 +22,29 @@ logger = logging.getLogger(__name__)
 def default_backend(config: ExperimentConfig) -> Backend:
     """Build the backend a config names."""
     if config.backend == "local":
-        from cerebro_spark.backends import LocalBackend
-
         return LocalBackend(config.workers, gpus=local_gpus(config), device=pool_device(config))
     if config.backend == "spark":
-        from cerebro_spark.backends import SparkBackend
-        from cerebro_spark.spark_session import spark_session
-
         session = spark_session(
             config.spark.master, f"cerebro-spark {config.name}", config.spark.conf
         )
-        check_spark_gpus(config, session)
-        ship_user_code(session.sparkContext, config)
-        return SparkBackend(config.workers, spark=session, device=pool_device(config))
+        return spark_backend(config, session, config.workers)
     raise ConfigError(f"backend must be 'local' or 'spark', got {config.backend!r}")
+
+
+def spark_backend(config: ExperimentConfig, session: SparkSession, workers: int) -> Backend:
+    """A :class:`SparkBackend` of ``workers`` workers on ``session``'s executors.
+
+    The config's GPUs are checked against the executors' and its spec modules are shipped
+    to them (:func:`ship_user_code`) first.
+
+    Args:
+        config: The experiment.
+        session: The Spark session whose executors the workers run on.
+        workers: Workers to start.
+    """
+    check_spark_gpus(config, session)
+    ship_user_code(session.sparkContext, config)
+    return SparkBackend(workers, spark=session, device=pool_device(config))
 
 
 def ship_user_code(context: Any, config: ExperimentConfig) -> None:

@@ -40,21 +40,31 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import wait as wait_futures
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cerebro_spark.backends import Backend, WorkerInfo
-from cerebro_spark.driver._config import MANAGERS, ElasticConfig, ExperimentConfig
-from cerebro_spark.driver._device import check_spark_gpus, pool_device
+from cerebro_spark.cluster import ClusterManager, CostMeter, ResizeTimeout
+from cerebro_spark.driver._config import ElasticConfig, ExperimentConfig
 from cerebro_spark.driver._procedure import experiment_spec
 from cerebro_spark.driver._stage import Stage, StageDirective
-from cerebro_spark.engine._backend import ship_user_code
+from cerebro_spark.elastic import (
+    FASTEST_SLACK,
+    Outcome,
+    Plan,
+    PlanInfeasible,
+    PriceCatalog,
+    Profile,
+    TypeProfile,
+    load_catalog,
+    load_profile,
+    partition_moves,
+    plan,
+    plan_deadline,
+)
+from cerebro_spark.engine._managers import BackendFactory, manager_entry
 from cerebro_spark.engine._pilot import pilot_profile
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.search import ExperimentSpec
-
-if TYPE_CHECKING:
-    from cerebro_spark.cluster import ClusterManager, CostMeter
-    from cerebro_spark.elastic import Outcome, Plan, PriceCatalog, Profile, TypeProfile
 
 logger = logging.getLogger(__name__)
 
@@ -511,8 +521,6 @@ class ElasticController:
         deadline = time.monotonic() + self.resize_timeout
         while len(backend.workers()) < target:
             if time.monotonic() > deadline:
-                from cerebro_spark.cluster import ResizeTimeout
-
                 raise ResizeTimeout(
                     target,
                     len(backend.workers()),
@@ -571,8 +579,6 @@ class ElasticController:
 
 def load_plan_inputs(config: ExperimentConfig) -> tuple[Profile, PriceCatalog]:
     """The profile (a file, or a pilot on the config's backend) and the price catalog."""
-    from cerebro_spark.elastic import load_catalog, load_profile
-
     elastic = _elastic_of(config)
     catalog = load_catalog(elastic.prices)
     if elastic.profile != "auto":
@@ -591,15 +597,6 @@ def load_plan_inputs(config: ExperimentConfig) -> tuple[Profile, PriceCatalog]:
     return profile, catalog
 
 
-_MOST = {
-    "standalone": "max_executors",
-    "spark": "max_executors",
-    "databricks": "max_workers",
-    "ec2": "max_instances",
-}
-"""The option of each manager that caps its executors."""
-
-
 def planned_spec(config: ExperimentConfig, profile: Profile) -> ExperimentSpec:
     """The stages ``run`` follows, with the most executors the run may hold.
 
@@ -610,7 +607,7 @@ def planned_spec(config: ExperimentConfig, profile: Profile) -> ExperimentSpec:
     spec = experiment_spec(config)
     caps = [profile.partitions]
     elastic = _elastic_of(config)
-    key = _MOST[elastic.manager]
+    key = manager_entry(elastic.manager).cap_option
     most = elastic.options.get(key)
     if most is not None:
         if isinstance(most, bool) or not isinstance(most, int) or most < 1:
@@ -625,8 +622,6 @@ def planned_spec(config: ExperimentConfig, profile: Profile) -> ExperimentSpec:
 
 def plan_config(config: ExperimentConfig, profile: Profile, catalog: PriceCatalog) -> Plan:
     """Plan a config's search: the stages ``run`` follows, its deadline and budget."""
-    from cerebro_spark.elastic import plan, plan_deadline
-
     elastic = _elastic_of(config)
     spec = planned_spec(config, profile)
     deadline = plan_deadline(spec, config.deadline)
@@ -645,21 +640,23 @@ def plan_config(config: ExperimentConfig, profile: Profile, catalog: PriceCatalo
 @contextlib.contextmanager
 def elastic_run(
     config: ExperimentConfig, started: float | None = None
-) -> Iterator[tuple[Callable[[ExperimentConfig], Backend], ElasticController]]:
+) -> Iterator[tuple[BackendFactory, ElasticController]]:
     """Plan, start the cluster, and yield the backend factory and stage hook of a run.
 
-    The cluster starts at the first stage's size and is closed at the end. ``started`` is
-    ``time.monotonic()`` when ``run`` (or ``resume``) was called (default: now): the
-    planning, pilot and cluster start that follow count against the deadline, as they
-    do on the driver's clock.
+    Every refusal (a bad elastic section, an unknown manager, a plan file that does not
+    fit, no plan that meets the deadline and the budget) comes before the cluster
+    manager opens anything. The cluster starts at the first stage's size (opened by the
+    manager the config names, :func:`~cerebro_spark.engine._managers.manager_entry`) and
+    is closed at the end. ``started`` is ``time.monotonic()`` when ``run`` (or
+    ``resume``) was called (default: now): the planning, pilot and cluster start that
+    follow count against the deadline, as they do on the driver's clock.
 
     Raises:
         ConfigError: A bad elastic section, or a manager this build cannot run.
         PlanInfeasible: No plan meets the deadline and the budget.
     """
-    from cerebro_spark.cluster import CostMeter
-
     elastic = _elastic_of(config)
+    manager_entry(elastic.manager)  # an unknown manager is refused before any pilot
     started_at = time.time() - (0.0 if started is None else time.monotonic() - started)
     deadline = config.deadline
     assert deadline is not None  # ok: an elastic config has a deadline (parse_config)
@@ -691,7 +688,6 @@ def elastic_run(
         fields.update(instance_type=instance_type, plan_file=str(path))
     lead = _lead_seconds(profile.for_type(instance_type), stages)
     fields["lead_seconds"] = round(lead, 3)
-    first = stages[0].workers
     logger.info(
         "elastic plan on %s: workers %s, %.0f s, $%.4f",
         instance_type,
@@ -705,9 +701,6 @@ def elastic_run(
 
         When none does (the run is late), the fastest one found.
         """
-        from cerebro_spark.elastic import PlanInfeasible, plan
-        from cerebro_spark.elastic._planner import FASTEST_SLACK
-
         offset = deadline - seconds  # experiment seconds since run
         rest = dataclasses.replace(
             spec,
@@ -741,7 +734,8 @@ def elastic_run(
                 fresh = late.fastest[1]
         return stages_of(fresh, index, offset)
 
-    with build_cluster(config, elastic, first, instance_type) as (manager, factory):
+    opening = manager_entry(elastic.manager).open(config, elastic, stages[0].workers, instance_type)
+    with opening as (manager, factory):
         meter = CostMeter(manager, catalog, instance_type)
         controller = ElasticController(
             manager,
@@ -764,109 +758,11 @@ def elastic_run(
 
 def _lead_seconds(typed: TypeProfile, stages: list[StagePlan]) -> float:
     """Seconds from asking for executors to their workers ready with their partitions."""
-    from cerebro_spark.elastic._simulator import partition_moves
-
     loads, _ = partition_moves(typed.partitions, 0, max(s.workers for s in stages))
     return typed.scale.mean + typed.worker_start.mean + loads * typed.load.mean
-
-
-@contextlib.contextmanager
-def build_cluster(
-    config: ExperimentConfig, elastic: ElasticConfig, workers: int, instance_type: str
-) -> Iterator[tuple[ClusterManager, Callable[[ExperimentConfig], Backend]]]:
-    """Start (or attach to) the cluster at ``workers`` executors.
-
-    Yields its manager and a backend factory whose workers run on it; releases what was
-    started at the end.
-    """
-    from cerebro_spark.spark_session import spark_session
-
-    if elastic.manager not in MANAGERS:
-        raise ConfigError(
-            f"elastic.manager must be one of {list(MANAGERS)}, got {elastic.manager!r}"
-        )
-    options = dict(elastic.options)
-    name = f"cerebro-spark {config.name}"
-    if elastic.manager in ("standalone", "ec2"):
-        from cerebro_spark.cluster import Ec2Cluster, LocalStandaloneCluster, StandaloneCluster
-
-        cluster: StandaloneCluster
-        if elastic.manager == "ec2":
-            cluster = Ec2Cluster.from_options(
-                options, workers=workers, instance_type=instance_type, experiment=config.name
-            )
-        else:
-            _check_options(options, "standalone", {"root", "cores", "memory", "max_executors"})
-            cluster = LocalStandaloneCluster(
-                workers,
-                root=options.get("root"),
-                cores=int(options.get("cores", 1)),
-                memory=str(options.get("memory", "1g")),
-                max_executors=options.get("max_executors"),
-                instance_type=instance_type,
-            )
-        try:
-            conf = {**config.spark.conf, **cluster.spark_conf()}
-            session = spark_session(cluster.master_url, name, conf)
-            try:
-                cluster.attach(session)
-                cluster.wait(workers, elastic.resize_timeout)
-                yield cluster, _factory(session, workers)
-            finally:
-                session.stop()
-        finally:
-            cluster.close()
-        return
-    session = spark_session(config.spark.master, name, config.spark.conf)
-    manager: ClusterManager
-    if elastic.manager == "spark":
-        from cerebro_spark.cluster import SparkExecutors
-
-        _check_options(options, "spark", {"min_executors", "max_executors"})
-        manager = SparkExecutors(
-            session,
-            min_executors=int(options.get("min_executors", 1)),
-            max_executors=options.get("max_executors"),
-            instance_type=instance_type,
-        )
-    else:
-        from cerebro_spark.cluster import DatabricksCluster
-
-        manager = DatabricksCluster.from_options(session, options, instance_type=instance_type)
-    try:
-        manager.resize(workers)
-        manager.wait(workers, elastic.resize_timeout)
-        yield manager, _factory(session, workers)
-    finally:
-        manager.close()  # Databricks: back to the size it found; the session stays
-
-
-def _check_options(options: Mapping[str, Any], manager: str, known: set[str]) -> None:
-    """Refuse keys of ``elastic.<manager>`` that the manager does not read."""
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise ConfigError(
-            f"unknown field(s) {unknown} in elastic.{manager}; known: {sorted(known)}"
-        )
-
-
-def _factory(session: Any, workers: int) -> Callable[[ExperimentConfig], Backend]:
-    """Builds the run's SparkBackend: ``workers`` workers on ``session``'s executors."""
-    from cerebro_spark.backends import SparkBackend
-
-    def factory(config: ExperimentConfig) -> Backend:
-
-        check_spark_gpus(config, session)
-        ship_user_code(session.sparkContext, config)  # spec modules beside the config
-        return SparkBackend(workers, spark=session, device=pool_device(config))
-
-    return factory
 
 
 def _elastic_of(config: ExperimentConfig) -> ElasticConfig:
     if config.elastic is None:
         raise ConfigError(f"config {config.name} has no elastic section")
     return config.elastic
-
-
-# -- the table -----------------------------------------------------------------------------

@@ -1,0 +1,191 @@
+"""The registry of cluster managers: names, refusals, caps, and a run opened through it.
+
+No torch, no Spark: a run's cluster is a registered opener that yields the fake cluster of
+``test_elastic_controller`` and a WorkerPool over the in-memory fake transport.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cerebro_spark.backends import WorkerPool
+from cerebro_spark.driver._config import MANAGERS as CONFIG_MANAGERS
+from cerebro_spark.elastic import PlanInfeasible, load_profile
+from cerebro_spark.engine import (
+    ExperimentConfig,
+    _managers,
+    experiment_prefix,
+    read_events,
+    run_experiment,
+)
+from cerebro_spark.engine._elastic import elastic_run, planned_spec
+from cerebro_spark.engine._managers import MANAGERS, ManagerEntry, manager_entry, register
+from cerebro_spark.errors import ConfigError
+from cerebro_spark.store import open_store
+from tests.backends import fake_transport
+from tests.backends.fake_transport import ThreadTransport
+from tests.engine.test_elastic_controller import PoolCluster
+from tests.engine.test_elastic_resume import ROOT, elastic_sha_config
+
+PROFILE = str(ROOT / "conf/profiles/digits-local.yaml")
+
+
+@pytest.fixture(autouse=True)
+def script() -> Iterator[fake_transport.Script]:
+    yield fake_transport.reset()
+    fake_transport.reset()
+
+
+def with_elastic(config: ExperimentConfig, **changes: Any) -> ExperimentConfig:
+    assert config.elastic is not None
+    return config.replace(elastic=dataclasses.replace(config.elastic, **changes))
+
+
+class PoolClusterOpener:
+    """A registered opener: the fake cluster, and a pool whose workers are its executors."""
+
+    def __init__(self) -> None:
+        self.opened: list[tuple[int, str]] = []
+        self.closed = 0
+
+    @contextlib.contextmanager
+    def __call__(
+        self, config: ExperimentConfig, elastic: Any, workers: int, instance_type: str
+    ) -> Iterator[tuple[PoolCluster, Any]]:
+        self.opened.append((workers, instance_type))
+        cluster = PoolCluster()
+
+        def factory(c: ExperimentConfig) -> WorkerPool:
+            cluster.pool = WorkerPool(
+                ThreadTransport(), workers, heartbeat_s=0.5, heartbeat_timeout_s=10
+            )
+            return cluster.pool
+
+        try:
+            yield cluster, factory
+        finally:
+            self.closed += 1
+
+
+def test_the_names_a_config_accepts_are_the_registrys() -> None:
+    """The config parser's names (a floor below) and the registry's are the same, in order."""
+    assert MANAGERS == ("standalone", "spark", "databricks", "ec2")
+    assert MANAGERS == CONFIG_MANAGERS
+    assert [manager_entry(name).name for name in MANAGERS] == list(MANAGERS)
+
+
+def test_an_unknown_manager_is_refused_naming_the_registered_ones(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as refused:
+        manager_entry("yarn")
+    assert str(refused.value) == (
+        "elastic.manager must be one of ['standalone', 'spark', 'databricks', 'ec2'], got 'yarn'"
+    )
+    # elastic_run refuses it before reading its profile (which does not exist here).
+    config = with_elastic(elastic_sha_config(tmp_path), manager="yarn", profile="/nowhere.yaml")
+    with pytest.raises(ConfigError, match="got 'yarn'"), elastic_run(config):
+        pytest.fail("the run started")
+
+
+def test_a_name_is_registered_once() -> None:
+    opener = PoolClusterOpener()
+    with pytest.raises(ValueError, match="'spark' is registered already"):
+        register("spark", cap_option="max_executors")(opener)
+    assert manager_entry("spark").open is not opener
+
+
+@pytest.mark.parametrize(
+    ("manager", "option"),
+    [
+        ("standalone", "max_executors"),
+        ("spark", "max_executors"),
+        ("databricks", "max_workers"),
+        ("ec2", "max_instances"),
+    ],
+)
+def test_each_manager_caps_the_runs_executors_with_its_own_option(
+    tmp_path: Path, manager: str, option: str
+) -> None:
+    profile = load_profile(PROFILE)
+    config = elastic_sha_config(tmp_path)
+    assert planned_spec(config, profile).max_workers == profile.partitions  # 4: no cap
+    capped = with_elastic(config, manager=manager, options={option: 2})
+    assert planned_spec(capped, profile).max_workers == 2
+    bad = with_elastic(config, manager=manager, options={option: 0})
+    with pytest.raises(ConfigError) as refused:
+        planned_spec(bad, profile)
+    assert str(refused.value) == f"elastic.{manager}.{option} must be an integer >= 1, got 0"
+
+
+def test_the_standalone_manager_refuses_an_unknown_option_before_starting_anything(
+    tmp_path: Path,
+) -> None:
+    config = with_elastic(elastic_sha_config(tmp_path), manager="standalone", options={"cpus": 2})
+    assert config.elastic is not None
+    with pytest.raises(ConfigError) as refused:  # noqa: SIM117 (the open, then the enter)
+        with manager_entry("standalone").open(config, config.elastic, 1, "local-core"):
+            pytest.fail("the cluster started")
+    assert str(refused.value) == (
+        "unknown field(s) ['cpus'] in elastic.standalone; "
+        "known: ['cores', 'max_executors', 'memory', 'root']"
+    )
+
+
+def test_elastic_run_opens_the_registered_manager_at_the_first_stages_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opener = PoolClusterOpener()
+    monkeypatch.setitem(
+        _managers._REGISTRY, "spark", ManagerEntry("spark", opener, "max_executors")
+    )
+    with elastic_run(elastic_sha_config(tmp_path)) as (factory, controller):
+        assert opener.opened == [(controller.stages[0].workers, "local-core")]
+        assert opener.closed == 0
+        pool = factory(elastic_sha_config(tmp_path))
+        assert isinstance(controller.manager, PoolCluster) and controller.manager.pool is pool
+        pool.close()
+    assert opener.closed == 1
+
+
+def test_a_run_opens_its_cluster_through_the_registry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run_experiment`` with ``elastic:`` plans, opens the registered manager, follows it."""
+    opener = PoolClusterOpener()
+    monkeypatch.setitem(
+        _managers._REGISTRY, "spark", ManagerEntry("spark", opener, "max_executors")
+    )
+    result = run_experiment(elastic_sha_config(tmp_path), experiment_id="e1")
+    events = read_events(open_store(str(tmp_path)).child(experiment_prefix("e1")))
+    plans = [e for e in events if e["event"] == "elastic_plan"]
+    assert len(plans) == 1 and plans[0]["manager"] == "spark"
+    assert opener.opened == [(plans[0]["workers"][0], "local-core")]
+    assert opener.closed == 1
+    assert [e["event"] for e in events].count("elastic_summary") == 1
+    assert result.experiment_id == "e1"
+
+
+def refused(store: Path) -> ExperimentConfig:
+    """An elastic run no plan can afford: a budget of a ten-millionth of a dollar."""
+    return with_elastic(elastic_sha_config(store), budget=1e-7)
+
+
+def test_a_refused_elastic_run_is_refused_at_the_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget no plan meets is refused by ``elastic_run`` before any cluster opens.
+
+    (``run`` enters it before it writes anything: ``tests/driver/test_no_trial.py``.)
+    """
+    opener = PoolClusterOpener()
+    monkeypatch.setitem(
+        _managers._REGISTRY, "spark", ManagerEntry("spark", opener, "max_executors")
+    )
+    with pytest.raises(PlanInfeasible, match="budget"), elastic_run(refused(tmp_path)):
+        pytest.fail("the run started")
+    assert opener.opened == []
