@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import logging
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,7 @@ from cerebro_spark.store import Store, open_store
 from cerebro_spark.tuner._display import ProgressDisplay, showing_progress
 from cerebro_spark.tuner._procedure import Procedure
 from cerebro_spark.tuner._result import TuningResult
+from cerebro_spark.tuner._spark_log import spark_log_level
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -66,8 +67,9 @@ class Tuner:
         partitions: Partitions per split when the data is prepared (default: ``workers``).
         validation_fraction: Share of rows held out for validation when preparing.
         progress: Show a progress bar (terminal and notebook; plain lines in logs).
-        spark_log_level: Spark's log level during ``fit`` (restored afterwards); ``None``
-            leaves it as it is.
+        spark_log_level: Spark's log level during ``fit``, restored however ``fit`` ends
+            (returned or raised: :mod:`cerebro_spark.tuner._spark_log`); ``None`` leaves
+            it as it is.
         **options: Any other top-level config field (``rule``, ``visit_order``,
             ``torch_threads``, ``device``, ``worker_memory``, ``spark``, ``elastic`` ...),
             as in the YAML config (``worker_memory="4GiB"``: what each worker keeps of its
@@ -220,7 +222,7 @@ class Tuner:
         )
         if data is None and self._data is None:
             raise ConfigError("fit needs data: this tuner's config has no data section")
-        with _spark_log_level(spark, self.spark_log_level):  # preparing included
+        with spark_log_level(spark, self.spark_log_level):  # preparing included
             section = self._data if data is None else request.section(data, spark, self._store())
             config = parse_config(
                 {**self._raw, "backend": backend, "workers": workers, "data": section}
@@ -387,25 +389,3 @@ def _default_workers(backend: str, spark: SparkSession | None) -> int:
     if backend == "spark" and spark is not None:
         return max(int(spark.sparkContext.defaultParallelism), 1)
     return 2
-
-
-@contextlib.contextmanager
-def _spark_log_level(spark: SparkSession | None, level: str | None) -> Iterator[None]:
-    """Spark's (log4j's root) level set to ``level`` for the block, then restored."""
-    if spark is None or level is None:
-        yield
-        return
-    context = spark.sparkContext
-    previous: str | None
-    try:
-        jvm = context._jvm
-        assert jvm is not None
-        previous = str(jvm.org.apache.logging.log4j.LogManager.getRootLogger().getLevel())
-    except Exception:  # ok: an unknown level is left as Spark's default afterwards
-        previous = None
-    context.setLogLevel(level)
-    try:
-        yield
-    finally:
-        if previous is not None:
-            context.setLogLevel(previous)
