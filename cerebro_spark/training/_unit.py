@@ -25,7 +25,8 @@ The group unit (:mod:`._group`) is made of the same pieces, public here for it: 
 and :func:`unit_label` (how user code's errors name a unit); the seeds
 (:func:`stream_seed`, :data:`TORCH_STREAM`, :func:`batch_order`);
 :func:`unit_batch_size`; the checkpoint's keys, reads and writes (:func:`required_key`,
-:func:`read_checkpoint`, :func:`write_checkpoint`, :func:`snapshot`); the trial's live
+:func:`read_checkpoint`, :func:`load_checkpoint`, :func:`write_checkpoint`,
+:func:`snapshot`); the trial's live
 objects (:class:`LiveTrial`, :func:`open_state`); the metrics (:func:`pass_metrics`,
 :func:`add_batch`, :func:`report_metrics`). So a group unit seeds, restores, checkpoints
 and reports errors exactly as an ordinary unit does.
@@ -424,6 +425,15 @@ def _load_checkpoint(store: Store, task: UnitTask, key: str) -> _CheckpointRead:
             checkpoint = decode_checkpoint(blob)
     seconds = time.perf_counter() - started
     return _CheckpointRead(checkpoint, len(blob), seconds, 0 if hit else len(blob), hit)
+
+
+def load_checkpoint(store: Store, task: UnitTask, key: str) -> _CheckpointRead:
+    """Read checkpoint ``key`` for ``task`` as a train unit does, with what it cost.
+
+    :func:`_load_checkpoint` (verified, through the worker's cache); the packed unit reads
+    each trial's checkpoint with it and reports its bytes and cache hits as ``run_unit``.
+    """
+    return _load_checkpoint(store, task, key)
 
 
 def read_checkpoint(store: Store, task: UnitTask, key: str) -> tuple[Checkpoint, int, float]:
