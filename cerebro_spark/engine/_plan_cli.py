@@ -10,7 +10,10 @@ the search; ``--workers`` is SEER's ``num_workers`` (with a config: the config's
 priced. ``--deadline`` defaults to the config's one deadline (its top-level ``deadline``,
 the one ``run``, the procedure and the elastic controller read); a procedure that stops
 at a deadline (SEER, HyperSched, ASHA with a deadline) is planned for it, and another
-``--deadline`` is refused. An infeasible
+``--deadline`` is refused. Flags win over the config's ``elastic:`` section; with
+``--prices`` naming another catalog, the planner chooses among that catalog's types (the
+config's ``instance_type`` is not applied, with a warning) unless ``--instance-type`` is
+given. An infeasible
 deadline or budget exits with status 2 and the numbers (with ``--format json``, also as
 ``{"feasible": false, "fastest": ..., "cheapest": ..., "message": ...}``).
 
@@ -21,6 +24,7 @@ config's data and models and writes a profile (:mod:`._pilot`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -28,8 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from cerebro_spark.driver import experiment_spec, load_config
-from cerebro_spark.elastic._planner import plan_deadline
-from cerebro_spark.elastic._specs import procedure_spec
+from cerebro_spark.elastic import (
+    PlanInfeasible,
+    format_plan,
+    load_catalog,
+    load_profile,
+    plan,
+    plan_deadline,
+    procedure_spec,
+)
 from cerebro_spark.engine._elastic import planned_spec
 from cerebro_spark.engine._pilot import pilot_profile
 from cerebro_spark.errors import ConfigError
@@ -158,6 +169,11 @@ def _elastic_defaults(args: argparse.Namespace) -> Any:
     ``plan CONFIG`` then plans exactly what ``run CONFIG`` will follow: the same profile,
     prices, deadline, budget and instance type, and the same cap on executors
     (:func:`cerebro_spark.engine._elastic.planned_spec`). ``None`` without a config.
+
+    A flag wins over the config. ``--prices`` naming another catalog than the config's
+    asks what that catalog would choose: the config's ``elastic.instance_type`` (a type
+    of its own catalog) is then not applied, with a warning naming both, unless
+    ``--instance-type`` names a type.
     """
     if args.config is None:
         return None
@@ -170,15 +186,31 @@ def _elastic_defaults(args: argparse.Namespace) -> Any:
         return config
     if args.profile is None and elastic.profile != "auto":
         args.profile = elastic.profile
+    other_catalog = args.prices is not None and not _same_file(args.prices, elastic.prices)
     if args.prices is None:
         args.prices = elastic.prices
     if args.budget is None:
         args.budget = elastic.budget
-    if args.instance_type is None:
-        args.instance_type = elastic.instance_type
+    if args.instance_type is None and elastic.instance_type is not None:
+        if other_catalog:
+            logger.warning(
+                "--prices %s is not the config's catalog (elastic.prices: %s): planning on "
+                "the instance types it prices, not on the config's elastic.instance_type "
+                "%s; pass --instance-type %s to plan on that type",
+                args.prices,
+                elastic.prices,
+                elastic.instance_type,
+                elastic.instance_type,
+            )
+        else:
+            args.instance_type = elastic.instance_type
     if args.seed is None:
         args.seed = config.seed  # what run plans with
     return config
+
+
+def _same_file(a: str, b: str) -> bool:
+    return Path(a).resolve() == Path(b).resolve()
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -194,10 +226,6 @@ def run_plan(args: argparse.Namespace) -> int:
         else:
             _write(format_stages(spec))
         return 0
-    from cerebro_spark.elastic._planner import PlanInfeasible, plan
-    from cerebro_spark.elastic._prices import load_catalog
-    from cerebro_spark.elastic._profile import load_profile
-
     if args.prices is None or deadline is None:
         raise ConfigError("planning with --profile needs --prices and --deadline")
     profile = load_profile(args.profile)
@@ -228,8 +256,6 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.format == "json":
         _write(json.dumps(result.to_dict(), indent=2))
     else:
-        from cerebro_spark.elastic._report import format_plan
-
         _write(format_plan(result))
     return 0
 
@@ -299,8 +325,6 @@ def add_profile_command(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_profile(args: argparse.Namespace) -> int:
     """The ``profile`` command."""
-    import dataclasses
-
     config = load_config(args.config)
     if args.master is not None:
         config = config.replace(

@@ -185,3 +185,40 @@ def test_bad_plan_arguments(
     assert main(["-q", "plan", wrong, "--profile", p3, "--prices", PRICES,
                  "--deadline", "60"]) == 2  # fmt: skip
     assert "measured partitions=8, but the config's data.partitions is 4" in caplog.text
+
+
+def test_another_catalog_chooses_its_own_instance_type_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 30: the config's ``instance_type`` silently overrode the catalog of ``--prices``.
+
+    The rule: ``plan CONFIG`` plans on the config's type (what ``run`` does); ``--prices``
+    naming another catalog lets that catalog choose, with a warning naming both, unless
+    ``--instance-type`` names a type.
+    """
+    prof = tmp_path / "two-types.yaml"
+    profile(partitions=4, unit_seconds={"m5.xlarge": 0.02, "p3.2xlarge": 0.02},
+            validation_seconds={"m5.xlarge": 0.02, "p3.2xlarge": 0.02},
+            scale_seconds=0.0, worker_start_seconds=2.0).dump(prof)  # fmt: skip
+    own = tmp_path / "own-prices.yaml"  # the config's catalog: AWS's, under another name
+    own.write_text(Path(PRICES).read_text())
+    raw = yaml.safe_load(Path("conf/experiments/digits-elastic.yaml").read_text())
+    raw["elastic"].update(prices=str(own), instance_type="p3.2xlarge", profile=str(prof))
+    config = tmp_path / "elastic.yaml"
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    warning = (
+        f"--prices {PRICES} is not the config's catalog (elastic.prices: {own}): planning on "
+        "the instance types it prices, not on the config's elastic.instance_type p3.2xlarge; "
+        "pass --instance-type p3.2xlarge to plan on that type"
+    )
+
+    assert plan_json([str(config)], capsys)["instance_type"] == "p3.2xlarge"  # as run plans
+    same = plan_json([str(config), "--prices", str(own)], capsys)
+    assert same["instance_type"] == "p3.2xlarge" and warning not in caplog.text
+    other = plan_json([str(config), "--prices", PRICES], capsys)
+    assert other["instance_type"] == "m5.xlarge"  # the catalog's choice: as fast, cheaper
+    assert warning in caplog.text
+    assert [r.levelname for r in caplog.records if r.getMessage() == warning] == ["WARNING"]
+    caplog.clear()
+    chosen = plan_json([str(config), "--prices", PRICES, "--instance-type", "p3.2xlarge"], capsys)
+    assert chosen["instance_type"] == "p3.2xlarge" and warning not in caplog.text
