@@ -229,6 +229,9 @@ class ReportData:
         unit_failures: ``{reason: count}`` of units that failed and went back to the queue.
         data_wait: How long units waited for batches (:func:`data_wait`), or ``None``
             when no unit logged it.
+        peak_workers: The most workers present at once (:func:`peak_workers`): what
+            the run had, which may differ from the config's ``workers`` (an elastic plan,
+            fewer partitions than workers, workers lost).
     """
 
     experiment_id: str
@@ -245,6 +248,7 @@ class ReportData:
     trial_usd: dict[str, float] | None
     unit_failures: dict[str, int]
     data_wait: DataWait | None = None
+    peak_workers: int = 0
 
     @property
     def metric(self) -> str:
@@ -255,6 +259,22 @@ class ReportData:
     def mode(self) -> str:
         """``"max"`` or ``"min"``."""
         return self.config.objective[1]
+
+    @property
+    def workers_line(self) -> str:
+        """The workers the run had, as the header says it (:attr:`peak_workers`).
+
+        ``2 workers``; ``2 workers (4 configured)`` when the config asked for others;
+        ``up to 3 workers (elastic)``; ``4 workers configured`` before any joined.
+        """
+        peak, configured = self.peak_workers, self.config.workers
+        if peak == 0:
+            return f"{configured} workers configured"
+        if self.config.elastic is not None:
+            return f"up to {peak} workers (elastic)"
+        if peak == configured:
+            return f"{peak} workers"
+        return f"{peak} workers ({configured} configured)"
 
     @property
     def workers(self) -> list[str]:
@@ -539,4 +559,25 @@ def collect(
         trial_usd=trial_usd(state, seconds),
         unit_failures=failures,
         data_wait=data_wait(units),
+        peak_workers=peak_workers(events),
     )
+
+
+def peak_workers(events: Sequence[Mapping[str, Any]]) -> int:
+    """The most workers present at once: joined and not yet retired or lost.
+
+    A new driver session (``experiment_start``) starts with none: the workers of the
+    session before died with it (the driver logs them lost, too).
+    """
+    present: set[str] = set()
+    peak = 0
+    for event in events:
+        kind = event["event"]
+        if kind == "experiment_start":
+            present.clear()
+        elif kind == "worker_joined":
+            present.add(str(event["worker"]))
+            peak = max(peak, len(present))
+        elif kind in ("worker_retired", "worker_lost"):
+            present.discard(str(event["worker"]))
+    return peak

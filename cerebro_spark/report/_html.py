@@ -339,7 +339,7 @@ def render(data: ReportData, *, generated: datetime.datetime | None = None) -> s
             html.escape(str(part))
             for part in (
                 phase,
-                f"procedure {procedure}, {config.epochs} epochs, {config.workers} workers",
+                f"procedure {procedure}, {config.epochs} epochs, {data.workers_line}",
                 f"{data.metric} ({data.mode})",
                 f"{len(state.trials)} trials, {len(failed)} failed",
                 f"dataset {state.dataset_id}",
