@@ -27,7 +27,6 @@ and the params.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import logging
 import os
 import time
@@ -46,7 +45,7 @@ from cerebro_spark.driver._device import check_device
 from cerebro_spark.driver._procedure import build_procedure
 from cerebro_spark.elastic import Profile, load_profile
 from cerebro_spark.errors import CerebroError, ConfigError, TrialError
-from cerebro_spark.metrics import default_metric
+from cerebro_spark.metrics import default_metric, did_you_mean
 from cerebro_spark.search.space import SearchSpace
 from cerebro_spark.store import Store
 from cerebro_spark.training import accepted_hyperparameters, load_spec
@@ -191,12 +190,11 @@ def check_hyperparameters(config: ExperimentConfig) -> None:
             for name in names:
                 if name in accepted:
                     continue
-                close = difflib.get_close_matches(name, sorted(accepted), n=1, cutoff=0.6)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(
                     f"space.{name}: model spec {spec_path!r} has no hyperparameter "
-                    f"{name!r}{hint}; it accepts: {', '.join(sorted(accepted))} (a spec "
-                    "that reads another param declares it in its hyperparameters)"
+                    f"{name!r}{did_you_mean(name, accepted)}; it accepts: "
+                    f"{', '.join(sorted(accepted))} (a spec that reads another param "
+                    "declares it in its hyperparameters)"
                 )
 
 
@@ -394,9 +392,9 @@ def resolve_objective(
     for spec, metrics in sorted(families.items()):
         if metric not in metrics:
             raise ConfigError(
-                f"metric {metric!r} is not produced by model spec {spec!r}; it produces "
-                f"{sorted(metrics)} (set 'metric' to one of them, or add it to the spec's "
-                "build_metrics)"
+                f"metric {metric!r} is not produced by model spec {spec!r}"
+                f"{did_you_mean(metric, metrics)}; it produces {sorted(metrics)} (set "
+                "'metric' to one of them, or add it to the spec's build_metrics)"
             )
         modes[spec] = metrics[metric].mode
     natural = next(iter(modes.values()), None)

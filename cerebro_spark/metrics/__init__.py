@@ -38,6 +38,7 @@ from cerebro_spark.metrics._defaults import (
     default_metrics,
     metric_modes,
 )
+from cerebro_spark.metrics._names import did_you_mean
 from cerebro_spark.metrics._regression import R2, MeanAbsoluteError, MeanSquaredError
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "check_metrics",
     "default_metric",
     "default_metrics",
+    "did_you_mean",
     "merge_states",
     "metric_modes",
 ]

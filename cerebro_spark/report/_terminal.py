@@ -18,7 +18,7 @@ from typing import Any
 from cerebro_spark.driver import ExperimentConfig, TrialState, format_table, leaderboard_rows
 from cerebro_spark.driver._state import FAILED, improves
 from cerebro_spark.errors import ConfigError
-from cerebro_spark.metrics import default_metrics, metric_modes
+from cerebro_spark.metrics import default_metrics, did_you_mean, metric_modes
 from cerebro_spark.report._data import DataWait, ReportData
 
 TOP_TRIALS = 10
@@ -61,7 +61,10 @@ def check_metric(trials: Iterable[TrialState], metric: str) -> None:
     """
     reported = metric_names(trials)
     if reported and metric not in reported:
-        raise ConfigError(f"no trial reported metric {metric!r}; the trials report {reported}")
+        raise ConfigError(
+            f"no trial reported metric {metric!r}{did_you_mean(metric, reported)}; the "
+            f"trials report {reported}"
+        )
 
 
 def rejudge(trials: Iterable[TrialState], metric: str, mode: str) -> list[TrialState]:

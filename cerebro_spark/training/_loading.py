@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from cerebro_spark.errors import ConfigError
+from cerebro_spark.metrics import did_you_mean
 from cerebro_spark.training._spec import ModelSpec
 
 logger = logging.getLogger(__name__)
@@ -151,7 +152,11 @@ def _instantiate(path: str) -> ModelSpec:
     target: object = module
     for part in class_name.split("."):
         if not hasattr(target, part):
-            raise ConfigError(f"spec {path!r}: module {module_name!r} has no {class_name!r}")
+            classes = [n for n, v in vars(target).items() if isinstance(v, type)]
+            raise ConfigError(
+                f"spec {path!r}: module {module_name!r} has no {class_name!r}"
+                f"{did_you_mean(part, classes)}"
+            )
         target = getattr(target, part)
     if not (isinstance(target, type) and issubclass(target, ModelSpec)):
         raise ConfigError(
