@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from cerebro_spark import __version__
@@ -23,6 +25,71 @@ completed an epoch with a finite metric: every trial failed, or the procedure su
 none, as a deadline-bound one does once its deadline has passed); 2 is any other error of
 the input (a deadline shorter than start-up plus one unit included), 1 a replay that
 differs, 130 an interrupt."""
+
+
+SPARK_LOG_LEVEL = "WARN"
+"""Spark's log level in the sessions a command starts, unless ``-v`` (``spark.log.level``)."""
+
+
+@contextlib.contextmanager
+def quiet_spark(verbose: bool = False) -> Iterator[None]:
+    """Spark at :data:`SPARK_LOG_LEVEL` in the sessions started in the block, unless ``verbose``.
+
+    Under ``spark-submit`` Spark logs its start-up and every job at INFO (126 of 142 lines
+    of ``jobs/run.py``): its JVM is no interpreter, so no console threshold applies. Spark's
+    ``spark.log.level`` (set as ``SparkContext.setLogLevel`` when a context starts) is
+    given where the user gave none, and taken back when the block ends:
+
+    * under ``spark-submit`` (``PYSPARK_GATEWAY_PORT`` set: the JVM is up, and its ``spark.*``
+      system properties are the application's conf), as a JVM system property;
+    * for a JVM this process starts later, in ``PYSPARK_SUBMIT_ARGS`` (unless set).
+
+    A Spark context already running in this process is left as it is. A
+    ``spark.log.level`` of the user (``--conf``, the config's ``spark.conf``) wins.
+    """
+    if verbose:
+        yield
+        return
+    undo = _quiet_next_context()
+    try:
+        yield
+    finally:
+        undo()
+
+
+def _quiet_next_context() -> Callable[[], None]:
+    """Give the next Spark context ``spark.log.level`` (:func:`quiet_spark`); return the undo."""
+    key = "spark.log.level"
+    if "pyspark" in sys.modules and _active_spark_context() is not None:
+        return lambda: None
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        # spark-submit: pyspark is there, and Spark will start in this process anyway
+        from pyspark import SparkContext
+
+        SparkContext._ensure_initialized()  # connects to spark-submit's JVM; starts nothing
+        jvm = SparkContext._jvm
+        assert jvm is not None  # ok: set by _ensure_initialized
+        system = jvm.java.lang.System
+        if system.getProperty(key) is not None:
+            return lambda: None
+        system.setProperty(key, SPARK_LOG_LEVEL)
+        return lambda: system.clearProperty(key)
+    if "PYSPARK_SUBMIT_ARGS" in os.environ:
+        return lambda: None
+    value = f"--conf {key}={SPARK_LOG_LEVEL} pyspark-shell"
+    os.environ["PYSPARK_SUBMIT_ARGS"] = value
+
+    def undo() -> None:
+        if os.environ.get("PYSPARK_SUBMIT_ARGS") == value:
+            del os.environ["PYSPARK_SUBMIT_ARGS"]
+
+    return undo
+
+
+def _active_spark_context() -> object | None:
+    from pyspark import SparkContext  # already imported: the caller checked sys.modules
+
+    return SparkContext._active_spark_context
 
 
 def _out(text: str) -> None:
@@ -254,7 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Deep learning model selection with model hopper parallelism.",
     )
     parser.add_argument("--version", action="version", version=f"cerebro-spark {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="debug logging, and Spark's INFO lines"
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     parser.add_argument(
         "--debug", action="store_true", help="debug logging, and a traceback with every error"
@@ -364,7 +433,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     install_log_filter()  # credentials never reach the terminal or a log file
     try:
-        return int(args.handler(args))
+        with quiet_spark(args.verbose or debug):
+            return int(args.handler(args))
     except SearchFailedError as error:
         logger.error("%s", error, exc_info=debug)
         return EXIT_SEARCH_FAILED

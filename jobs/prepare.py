@@ -16,6 +16,7 @@ import argparse
 import logging
 import sys
 
+from cerebro_spark.cli import quiet_spark
 from cerebro_spark.data._prepare_cli import add_prepare_arguments, run_prepare
 from cerebro_spark.errors import CerebroError
 
@@ -26,7 +27,9 @@ def main(argv: list[str] | None = None) -> int:
         description="Shuffle, split and partition a dataset into a cerebro-spark store.",
     )
     add_prepare_arguments(parser)
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="debug logging, and Spark's INFO lines"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -34,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     try:
-        return run_prepare(args)
+        with quiet_spark(args.verbose):  # Spark at WARN unless -v
+            return run_prepare(args)
     except (CerebroError, FileNotFoundError, FileExistsError) as error:
         print(f"prepare: error: {error}", file=sys.stderr)
         return 2

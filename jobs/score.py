@@ -19,6 +19,7 @@ import argparse
 import logging
 import sys
 
+from cerebro_spark.cli import quiet_spark
 from cerebro_spark.errors import CerebroError
 from cerebro_spark.scoring._score_cli import add_score_arguments, run_score
 
@@ -29,7 +30,9 @@ def main(argv: list[str] | None = None) -> int:
         description="Score a table or a path with an experiment's best model.",
     )
     add_score_arguments(parser)
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="debug logging, and Spark's INFO lines"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -37,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     try:
-        return run_score(args)
+        with quiet_spark(args.verbose):  # Spark at WARN unless -v
+            return run_score(args)
     except (CerebroError, FileNotFoundError, FileExistsError) as error:
         print(f"score: error: {error}", file=sys.stderr)
         return 2
