@@ -53,6 +53,7 @@ from cerebro_spark.backends._control import (
 from cerebro_spark.backends._placement import initial_shares, rehome, replica_share
 from cerebro_spark.backends._serve import WorkerSpec
 from cerebro_spark.backends._transport import Transport
+from cerebro_spark.data import read_manifest
 from cerebro_spark.errors import ConfigError, WorkerLostError
 from cerebro_spark.units import GroupBrokenError, GroupSpec, UnitResult, UnitTask, check_group
 
@@ -316,8 +317,6 @@ class WorkerPool(Backend):
                 first load error is re-raised by type name (``DataError`` ...) with the
                 worker's traceback as the cause.
         """
-        from cerebro_spark.data import read_manifest
-
         if job.torch_threads < 1:
             raise ConfigError(f"WorkerJob.torch_threads must be >= 1, got {job.torch_threads}")
         if isinstance(first_worker, bool) or not isinstance(first_worker, int) or first_worker < 0:

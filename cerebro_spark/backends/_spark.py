@@ -33,6 +33,7 @@ from cerebro_spark.backends._pool import WorkerPool
 from cerebro_spark.backends._serve import TaskInfo, WorkerSpec, serve
 from cerebro_spark.backends._transport import Location, Transport
 from cerebro_spark.errors import ConfigError
+from cerebro_spark.spark_session import spark_session
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -119,8 +120,6 @@ class SparkTransport(Transport):
             TimeoutError: ``requested`` is ``None`` and no executor came in ``timeout_s``.
         """
         if self._spark is None:
-            from cerebro_spark.spark_session import spark_session
-
             self._spark = spark_session()
         sc = self._spark.sparkContext
         check_spark_conf(sc.getConf().get)

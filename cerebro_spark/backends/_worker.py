@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from cerebro_spark.backends._base import WorkerJob
+from cerebro_spark.data import read_manifest, read_partition
 from cerebro_spark.data._residence import (
     TORCH_ADDRESS_SPACE,
     Residence,
@@ -112,8 +113,6 @@ class Worker:
     def manifest(self) -> Manifest:
         """The dataset's manifest, read from storage on first use only."""
         if self._manifest is None:
-            from cerebro_spark.data import read_manifest
-
             self._manifest = read_manifest(self._job.dataset_uri)
         return self._manifest
 
@@ -180,8 +179,6 @@ class Worker:
             ValueError: An index is outside ``range(num_partitions)``.
             ConfigError: PyTorch or a partition does not fit the address-space limit.
         """
-        from cerebro_spark.data import read_partition
-
         manifest = self.manifest
         wanted = sorted(set(partitions))
         for index in wanted:
@@ -304,6 +301,7 @@ class Worker:
             cerebro_spark.errors.TrialError: The trial's user code raised.
             cerebro_spark.units.GroupBrokenError: A group unit's peer was lost.
         """
+        # torch: the training room imports it; the pool (and its fast tests) stay without
         from cerebro_spark.training import run_group_unit, run_unit
 
         with self._held(task) as data:
@@ -327,7 +325,7 @@ class Worker:
         """
         if task.kind is not UnitKind.TRAIN or task.group is not None:
             raise ValueError(f"worker {self._worker_id}: only an ordinary train unit trains alone")
-        from cerebro_spark.training import train_unit
+        from cerebro_spark.training import train_unit  # torch: as in run()
 
         with self._held(task) as data:
             return train_unit(

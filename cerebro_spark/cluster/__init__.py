@@ -14,6 +14,7 @@ import time (:class:`DatabricksCluster` is imported when first used).
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from cerebro_spark.cluster._base import Capabilities, ClusterManager, Executor, ResizeTimeout
@@ -50,7 +51,5 @@ _LAZY = {"DatabricksCluster": "cerebro_spark.cluster._databricks"}
 def __getattr__(name: str) -> Any:
     """Import a manager of :data:`_LAZY` (and its SDK) when first asked for."""
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

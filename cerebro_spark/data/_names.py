@@ -19,6 +19,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import os
 import re
 from collections.abc import Mapping
 
@@ -319,8 +320,6 @@ def find_dataset(store: str | Store, reference: str) -> str:
         DataError: No dataset with that id or name in ``store`` (the message lists the
             names there), or a name pointing at a dataset that is gone.
     """
-    import os
-
     if not isinstance(reference, str) or not reference:
         raise DataError(f"a dataset reference must be a non-empty string, got {reference!r}")
     if _looks_like_path(reference):

@@ -20,8 +20,14 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from cerebro_spark.data._names import check_dataset_name, name_dataset
 from cerebro_spark.data._options import DEFAULT_VOCABULARY_LIMIT, KindOptions
+from cerebro_spark.data._sources import load_source, read_table
+from cerebro_spark.data._spark_prepare import load_frame, prepare_with_spark
+from cerebro_spark.data._writer import prepare_dataset
 from cerebro_spark.errors import ConfigError, DataError
+from cerebro_spark.spark_session import spark_session
+from cerebro_spark.store import open_store
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -286,15 +292,10 @@ def _builtin(args: argparse.Namespace) -> tuple[pa.Table | None, dict[str, Any]]
     """Load a built-in source (``sklearn:...``) if ``--input`` names one."""
     if args.input is None or not args.input.startswith("sklearn:"):
         return None, {}
-    from cerebro_spark.data._sources import load_source
-
     return load_source(args.input)
 
 
 def _run_python(args: argparse.Namespace, common: dict[str, Any], table: pa.Table | None) -> Any:
-    from cerebro_spark.data._sources import read_table
-    from cerebro_spark.data._writer import prepare_dataset
-
     if args.table is not None:
         raise ConfigError("--table needs the spark engine; the python engine reads files")
     if args.format == "delta":
@@ -322,10 +323,7 @@ def _spark_frame(session: SparkSession, table: pa.Table) -> DataFrame:
 
 
 def _run_spark(args: argparse.Namespace, common: dict[str, Any], table: pa.Table | None) -> Any:
-    from pyspark.sql import SparkSession
-
-    from cerebro_spark.data._spark_prepare import load_frame, prepare_with_spark
-    from cerebro_spark.spark_session import spark_session
+    from pyspark.sql import SparkSession  # pyspark: only for --engine spark
 
     existing = SparkSession.getActiveSession()
     session = spark_session(args.master, "cerebro-spark prepare", dict(args.conf))
@@ -373,9 +371,6 @@ def run_prepare(args: argparse.Namespace) -> int:
         CerebroError: Bad arguments or data (:class:`~cerebro_spark.errors.DataError`,
             :class:`~cerebro_spark.errors.ConfigError`) or a failed write.
     """
-    from cerebro_spark.data._names import check_dataset_name, name_dataset
-    from cerebro_spark.store import open_store
-
     if args.name is not None:
         check_dataset_name(args.name)  # before any work
     elif args.force:

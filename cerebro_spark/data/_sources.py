@@ -7,6 +7,7 @@ Built-in sources return the table and the keyword arguments that describe it, so
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 from collections.abc import Callable
@@ -16,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from cerebro_spark.data._options import KindOptions
 from cerebro_spark.data._vectors import decode_vectors
 from cerebro_spark.errors import DataError
 from cerebro_spark.store import resolve_filesystem
@@ -57,12 +59,8 @@ def _digits() -> tuple[pa.Table, dict[str, Any]]:
 
 def _digits_png() -> tuple[pa.Table, dict[str, Any]]:
     """scikit-learn's digits as real PNG images (8x8 grayscale, pixel = value * 255 / 16)."""
-    import io
-
-    from PIL import Image
+    from PIL import Image  # Pillow and scikit-learn: optional, only for this source
     from sklearn.datasets import load_digits
-
-    from cerebro_spark.data._options import KindOptions
 
     bunch = load_digits()
     pixels = np.rint(np.asarray(bunch.images) * (255.0 / 16.0)).astype(np.uint8)

@@ -126,8 +126,10 @@ from cerebro_spark.data._format import (
     partition_path,
 )
 from cerebro_spark.data._options import KindOptions
+from cerebro_spark.data._reader import damaged_partitions, read_manifest
 from cerebro_spark.data._vectors import spark_vector_array
 from cerebro_spark.errors import CerebroError, ConfigError, DataError, StoreError
+from cerebro_spark.spark_session import spark_session
 from cerebro_spark.store import FileSystemStore, Store, open_store
 
 if TYPE_CHECKING:
@@ -1238,8 +1240,6 @@ def _select(
 
 def _complete(target: FileSystemStore, dataset_id: str) -> Manifest | None:
     """The manifest of a complete dataset ``dataset_id`` at ``target``, else ``None``."""
-    from cerebro_spark.data._reader import damaged_partitions, read_manifest
-
     if not target.exists(MANIFEST_NAME):
         return None
     manifest = read_manifest(target)
@@ -1391,8 +1391,6 @@ def prepare_with_spark(
             visible).
     """
     _require_pyspark()
-    from cerebro_spark.spark_session import spark_session
-
     started = time.perf_counter()
     seed, validation_fraction, hints = w.check_params(
         features=features,

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
+from cerebro_spark.data import _kinds as kd
 from cerebro_spark.data import _validate as v
 from cerebro_spark.data._format import MAX_STATISTICS_ELEMENTS, ColumnInfo, FeatureStatistics
 from cerebro_spark.errors import DataError
@@ -137,8 +138,6 @@ def combine(moments: Sequence[Moments]) -> FeatureStatistics:
 
 def image_moments(table: pa.Table, features: Sequence[ColumnInfo]) -> dict[str, np.ndarray]:
     """Per-channel pixel moments of each image column of one (stored) train partition."""
-    from cerebro_spark.data import _kinds as kd
-
     return {
         column.name: kd.image_moments(v.as_array(table.column(column.name)), column.shape)
         for column in features
@@ -153,8 +152,6 @@ def with_image_statistics(
 
     They come from its train partitions' moments, folded in partition order.
     """
-    from cerebro_spark.data import _kinds as kd
-
     return tuple(
         dataclasses.replace(
             column, statistics=kd.image_statistics([part[column.name] for part in moments])

@@ -67,6 +67,7 @@ from cerebro_spark.data._format import (
     partition_path,
 )
 from cerebro_spark.data._options import KindOptions
+from cerebro_spark.data._reader import damaged_partitions, read_manifest
 from cerebro_spark.data._vectors import decode_pandas_vectors, decode_vectors
 from cerebro_spark.errors import DataError
 from cerebro_spark.store import Store, open_store
@@ -863,8 +864,6 @@ def prepare_dataset(
     Returns:
         The manifest of the (new or reused) dataset.
     """
-    from cerebro_spark.data._reader import damaged_partitions, read_manifest
-
     norm = _normalize(
         data,
         features=features,

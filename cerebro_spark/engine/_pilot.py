@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from cerebro_spark.backends import Backend, WorkerJob
+from cerebro_spark.data import read_partition
 from cerebro_spark.driver._config import ExperimentConfig
 from cerebro_spark.driver._dataset import resolve_dataset
 from cerebro_spark.elastic._cynthia import GroupModel, bandwidth_from
@@ -47,6 +48,7 @@ from cerebro_spark.engine._backend import default_backend
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.search import SearchSpace
 from cerebro_spark.store import Store, open_store
+from cerebro_spark.training import decode_checkpoint, load_spec
 from cerebro_spark.units import UnitKind, UnitResult, UnitTask, group_tasks
 
 logger = logging.getLogger(__name__)
@@ -288,8 +290,6 @@ def _worker_start(
     backend: Backend, partitions: int, workers: int, store: Store, dataset_uri: str
 ) -> dict[str, float]:
     """Worker start (without its loads) and one partition's load, in seconds."""
-    from cerebro_spark.data import read_partition
-
     loads = []
     for index in range(partitions):
         begun = time.perf_counter()
@@ -315,8 +315,6 @@ def _group_model(
     measured: dict[int, float],
 ) -> GroupModel | None:
     """Cynthia's model from the baseline step time and the model's parameter bytes."""
-    from cerebro_spark.training import decode_checkpoint, load_spec
-
     family = next(iter(pilot.checkpoints))
     state = decode_checkpoint(store.get(pilot.checkpoints[family]))["model"]
     param_bytes = float(sum(t.numel() * t.element_size() for t in state.values()))

@@ -156,7 +156,7 @@ def attach_dataset(checkpoint: Checkpoint, manifest: Manifest) -> Checkpoint:
 
 def dataset_of_experiment(experiment: Store) -> str | None:
     """The dataset URI an experiment's event log names (its ``dataset`` event), if any."""
-    from cerebro_spark.driver._events import read_events
+    from cerebro_spark.driver._events import read_events  # as in _source: the driver is heavy
 
     uris: Sequence[Any] = [
         event.get("uri") for event in read_events(experiment) if event.get("event") == "dataset"

@@ -16,7 +16,9 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
+from cerebro_spark.data._spark_prepare import load_frame
 from cerebro_spark.errors import ConfigError
+from cerebro_spark.spark_session import spark_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -101,9 +103,8 @@ def run_score(args: argparse.Namespace, spark: SparkSession | None = None) -> in
         FileNotFoundError: No experiment, checkpoint or input there.
         DataError: The input lacks a feature column or holds bad values.
     """
-    from cerebro_spark.data._spark_prepare import load_frame
+    # pyspark and torch: the transformer's module imports both; the CLI parser stays light
     from cerebro_spark.scoring._transformer import ModelTransformer
-    from cerebro_spark.spark_session import spark_session
 
     _check(args)
     if args.experiment is not None:

@@ -192,7 +192,8 @@ def _logged(experiment: Store | None, key: str) -> str | None:
     checkpoint: the last ``unit_end`` that wrote it. Not an experiment (no event log), or
     a log that records no digest for it: ``None``.
     """
-    from cerebro_spark.driver._events import read_events  # here: the engine imports scoring
+    # here: the driver package (~90 modules, 1.6 s) only where a run's log is read
+    from cerebro_spark.driver._events import read_events
 
     if experiment is None:
         return None

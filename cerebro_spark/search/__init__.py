@@ -1,7 +1,5 @@
 """Search spaces and search procedures (Cerebro's epoch template)."""
 
-from typing import Any
-
 from cerebro_spark.search._asha import ASHA
 from cerebro_spark.search._base import (
     Clock,
@@ -26,6 +24,7 @@ from cerebro_spark.search._seer import SEER, SeerPlan, seer_plan
 from cerebro_spark.search._sha import SuccessiveHalving
 from cerebro_spark.search._stages import Cohort, ExperimentSpec, StageSpec
 from cerebro_spark.search._template import EpochTemplate, RoundOpening, TrialStatus
+from cerebro_spark.search._tpe import TPESearch
 from cerebro_spark.search.space import (
     Choice,
     Distribution,
@@ -75,11 +74,3 @@ __all__ = [
     "procedure_options",
     "seer_plan",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "TPESearch":  # imports optuna: only on demand
-        from cerebro_spark.search._tpe import TPESearch
-
-        return TPESearch
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -30,6 +30,8 @@ from cerebro_spark.search.space import (
     Uniform,
 )
 
+# optuna (optional, ~1 s) is imported inside the methods that sample: a config that
+# names no TPE search never loads it.
 if TYPE_CHECKING:
     import optuna
     from optuna.distributions import BaseDistribution

@@ -53,6 +53,7 @@ from typing import Any
 
 from cerebro_spark.errors import ConfigError, LeaseError, StoreError
 from cerebro_spark.store._base import Store
+from cerebro_spark.store._filesystem import FileSystemStore
 
 logger = logging.getLogger(__name__)
 
@@ -301,8 +302,6 @@ def s3_client(store_uri: str) -> Any:
 
 def lease_object(store: Store, key: str) -> LeaseObject:
     """Return the lease object for ``key`` in ``store`` (local, S3 or best effort)."""
-    from cerebro_spark.store._filesystem import FileSystemStore
-
     if isinstance(store, FileSystemStore):
         kind = store.filesystem.type_name
         if kind == "local":

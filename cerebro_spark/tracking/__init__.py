@@ -18,7 +18,9 @@ from cerebro_spark.tracking._base import (
     TrackingContext,
     TrackingThread,
 )
+from cerebro_spark.tracking._mlflow import MlflowTracker
 from cerebro_spark.tracking._setup import make_trackers, mlflow_settings, track_experiment
+from cerebro_spark.tracking._tensorboard import TensorBoardTracker
 
 __all__ = [
     "CheckpointModel",
@@ -36,17 +38,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    """The names that need MLflow or TensorBoard import them when first used."""
+    """The pyfunc names import MLflow (``_pyfunc`` subclasses its model): on first use."""
     if name in ("CheckpointModel", "save_pyfunc"):
         from cerebro_spark.tracking import _pyfunc
 
         return getattr(_pyfunc, name)
-    if name == "MlflowTracker":
-        from cerebro_spark.tracking._mlflow import MlflowTracker
-
-        return MlflowTracker
-    if name == "TensorBoardTracker":
-        from cerebro_spark.tracking._tensorboard import TensorBoardTracker
-
-        return TensorBoardTracker
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

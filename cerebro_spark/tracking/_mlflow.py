@@ -6,10 +6,13 @@ import json
 import logging
 import re
 import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cerebro_spark.data import read_manifest
 from cerebro_spark.driver import ExperimentState, TrialState, best_trial, leaderboard_csv, rank
 from cerebro_spark.tracking._base import Tracker, TrackerUnavailable, TrackingContext
 
@@ -89,7 +92,7 @@ class MlflowTracker(Tracker):
         experiment: str,
         register_model: str | None = None,
     ) -> None:
-        from mlflow.tracking import MlflowClient
+        from mlflow.tracking import MlflowClient  # mlflow: only when tracking asks for it
 
         self.context = context
         self.uri = uri
@@ -113,9 +116,6 @@ class MlflowTracker(Tracker):
         """An HTTP tracking server answers (any status) within 2 s; other URIs: assumed."""
         if not self.uri.startswith(("http://", "https://")):
             return True
-        import urllib.error
-        import urllib.request
-
         try:
             with urllib.request.urlopen(f"{self.uri.rstrip('/')}/health", timeout=2):
                 return True
@@ -407,7 +407,7 @@ class MlflowTracker(Tracker):
 
     def _log_best_model(self, best: TrialState, event: Mapping[str, Any]) -> None:
         """Log the best checkpoint as a pyfunc model in the best trial's run."""
-        from cerebro_spark.tracking._pyfunc import save_pyfunc
+        from cerebro_spark.tracking._pyfunc import save_pyfunc  # imports mlflow.pyfunc
 
         key = event.get("best_checkpoint") or best.best_checkpoint
         best_pt = f"{self.context.prefix}/best.pt"
@@ -449,8 +449,6 @@ class MlflowTracker(Tracker):
 
 def _manifest_summary(uri: str) -> dict[str, Any] | None:
     """What a dataset's manifest says about it, without its partition list."""
-    from cerebro_spark.data import read_manifest
-
     try:
         manifest = read_manifest(uri)
     except Exception as error:  # the summary is a nicety; the id is logged regardless

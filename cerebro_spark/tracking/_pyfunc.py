@@ -11,6 +11,8 @@ from typing import Any
 
 from mlflow.pyfunc.model import PythonModel
 
+from cerebro_spark.scoring import load_model
+
 CHECKPOINT_ARTIFACT = "checkpoint"
 
 
@@ -26,8 +28,6 @@ class CheckpointModel(PythonModel):
 
     def load_context(self, context: Any) -> None:
         """Load the checkpoint artifact."""
-        from cerebro_spark.scoring import load_model
-
         self.model = load_model(context.artifacts[CHECKPOINT_ARTIFACT], device="cpu")
 
     # No type hints: MLflow would read them as the model's input schema.

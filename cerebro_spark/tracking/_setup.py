@@ -8,9 +8,11 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from cerebro_spark.driver import ExperimentConfig
+from cerebro_spark.driver import ExperimentConfig, read_events
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.tracking._base import Tracker, TrackingContext, TrackingThread
+from cerebro_spark.tracking._mlflow import MlflowTracker
+from cerebro_spark.tracking._tensorboard import TensorBoardTracker
 
 if TYPE_CHECKING:
     from cerebro_spark.driver import Experiment
@@ -71,7 +73,7 @@ def make_trackers(context: TrackingContext) -> list[Tracker]:
     mlflow = mlflow_settings(config)
     if mlflow is not None:
         try:
-            from cerebro_spark.tracking._mlflow import MlflowTracker
+            tracker = MlflowTracker(context, *mlflow)  # imports mlflow
         except ImportError as error:
             if config.tracking.mlflow is None:  # only the environment asked: not an error
                 logger.warning(
@@ -86,11 +88,9 @@ def make_trackers(context: TrackingContext) -> list[Tracker]:
                     "pip install 'cerebro-spark[tracking]'"
                 ) from None
         else:
-            trackers.append(MlflowTracker(context, *mlflow))
+            trackers.append(tracker)
     if config.tracking.tensorboard is not None:
         try:
-            from cerebro_spark.tracking._tensorboard import TensorBoardTracker
-
             trackers.append(TensorBoardTracker(context, config.tracking.tensorboard))
         except ImportError as error:
             raise ConfigError(
@@ -111,8 +111,6 @@ def track_experiment(experiment: Experiment) -> Iterator[TrackingThread | None]:
     Raises:
         ConfigError: As :func:`make_trackers` (before anything runs).
     """
-    from cerebro_spark.driver import read_events
-
     config = experiment.config
     holder: dict[str, TrackingThread] = {}
 
