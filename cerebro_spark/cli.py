@@ -1,4 +1,9 @@
-"""The ``cerebro-spark`` command line."""
+"""The ``cerebro-spark`` command line.
+
+Each command imports what it runs inside its function (torch, Spark, plotly stay off
+``cerebro-spark --help`` and commands that do not need them: the CLI starts in a fraction
+of a second); those imports stay in the functions on purpose.
+"""
 
 from __future__ import annotations
 

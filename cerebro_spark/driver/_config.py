@@ -18,9 +18,11 @@ from typing import Any, Literal
 import yaml
 
 from cerebro_spark.data._options import KindOptions
+from cerebro_spark.data._residence import default_worker_memory, format_bytes, parse_memory
 from cerebro_spark.errors import ConfigError, DataError
 from cerebro_spark.search import PROCEDURES, procedure_options
 from cerebro_spark.search._registry import upgrade_options
+from cerebro_spark.training import add_code_directory
 
 VisitOrder = Literal["seeded", "dynamic"]
 Rule = Literal["randomized", "work-aware"]
@@ -358,8 +360,6 @@ def load_config(path: str | Path) -> ExperimentConfig:
     """
     path = Path(path)
     if path.is_file():
-        from cerebro_spark.training import add_code_directory
-
         add_code_directory(path.parent)
     try:
         raw = load_yaml(path.read_text())
@@ -444,8 +444,6 @@ def worker_budget(config: ExperimentConfig) -> int | None:
     """
     if config.worker_memory is not None or config.backend != "local":
         return config.worker_memory
-    from cerebro_spark.data._residence import default_worker_memory, format_bytes
-
     budget, rule = default_worker_memory(config.workers)
     logger.info("worker_memory not set: %s a worker (%s)", format_bytes(budget), rule)
     return budget
@@ -453,8 +451,6 @@ def worker_budget(config: ExperimentConfig) -> int | None:
 
 def _parse_worker_memory(value: int | str | None) -> int | None:
     """``worker_memory`` in bytes (an int, or a size such as ``"4GiB"``), or ``None``."""
-    from cerebro_spark.data._residence import parse_memory
-
     return None if value is None else parse_memory(value, "worker_memory")
 
 

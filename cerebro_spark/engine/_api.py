@@ -34,7 +34,13 @@ from cerebro_spark.engine._backend import default_backend
 from cerebro_spark.engine._elastic import elastic_run
 from cerebro_spark.errors import ConfigError, LeaseError
 from cerebro_spark.report import ReportRefresher
-from cerebro_spark.store import ExperimentLease, Store, experiment_lease, open_store
+from cerebro_spark.store import (
+    ExperimentLease,
+    FileSystemStore,
+    Store,
+    experiment_lease,
+    open_store,
+)
 from cerebro_spark.store._lease import default_timeout
 from cerebro_spark.tracking import track_experiment
 
@@ -133,8 +139,6 @@ def check_store_writable(store: Store) -> None:
     Raises:
         ConfigError: Naming the store and the rule.
     """
-    from cerebro_spark.store import FileSystemStore
-
     if not isinstance(store, FileSystemStore) or store.filesystem.type_name != "local":
         return
     existing = store.root

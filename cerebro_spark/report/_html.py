@@ -10,6 +10,9 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+
 from cerebro_spark.driver import cost_table, leaderboard_rows
 from cerebro_spark.report._data import ReportData, WaitRow
 from cerebro_spark.report._figures import (
@@ -274,8 +277,6 @@ def _data_wait(data: ReportData) -> str:
 
 def _figure(figure: Any, div_id: str) -> str:
     """The figure's ``<div>``, drawn in :data:`~cerebro_spark.report._figures.TEMPLATE`."""
-    import plotly.io as pio
-
     spec = figure.to_plotly_json()
     spec["layout"]["template"] = _template()
     body: str = pio.to_html(
@@ -292,8 +293,6 @@ def _figure(figure: Any, div_id: str) -> str:
 @functools.cache
 def _template() -> dict[str, Any]:
     """The figures' template as JSON, built once per process."""
-    import plotly.io as pio
-
     template: dict[str, Any] = pio.templates[TEMPLATE].to_plotly_json()
     return template
 
@@ -301,8 +300,6 @@ def _template() -> dict[str, Any]:
 @functools.cache
 def _plotly_js() -> str:
     """plotly.js (4.6 MB), read from plotly's package once per process."""
-    from plotly.offline import get_plotlyjs
-
     script: str = get_plotlyjs()
     return script
 

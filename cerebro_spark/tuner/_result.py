@@ -1,4 +1,8 @@
-"""What :meth:`Tuner.fit` returns: the experiment's results as pandas and Spark tables."""
+"""What :meth:`Tuner.fit` returns: the experiment's results as pandas and Spark tables.
+
+pyspark is imported inside the methods that use Spark (``to_spark``, ``best_model``), so
+that a notebook without Spark never loads it.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ from cerebro_spark.engine import (
     load_state,
     rank,
 )
+from cerebro_spark.report import build_report
+from cerebro_spark.scoring import best_checkpoint_uri, load_model
 from cerebro_spark.store import open_store
 
 if TYPE_CHECKING:
@@ -130,7 +136,7 @@ class TuningResult:
         Raises:
             RuntimeError: No session is given and none is active.
         """
-        if spark is None:
+        if spark is None:  # pyspark is imported where Spark is used (module docstring)
             from pyspark.sql import SparkSession
 
             spark = SparkSession.getActiveSession()
@@ -161,14 +167,14 @@ class TuningResult:
 
         ``transform(df)`` adds predictions (see :mod:`cerebro_spark.scoring`).
         """
-        from cerebro_spark.scoring import ModelTransformer, best_checkpoint_uri
+        # Spark ML's classes: pyspark is imported where a transformer is asked for, not by
+        # ``import cerebro_spark.tuner`` (a notebook without Spark never loads it).
+        from cerebro_spark.scoring import ModelTransformer
 
         return ModelTransformer.from_checkpoint(best_checkpoint_uri(self.store, self.experiment_id))
 
     def load_model(self) -> Any:
         """The best checkpoint as a torch module with ``predict`` (on this machine)."""
-        from cerebro_spark.scoring import load_model
-
         return load_model(self.url)
 
     def report(self) -> Any:
@@ -177,8 +183,6 @@ class TuningResult:
         In a notebook it shows itself (an iframe holding the self-contained page);
         ``.save(path)`` writes the file, ``.html`` is the page.
         """
-        from cerebro_spark.report import build_report
-
         return build_report(self.store, self.experiment_id)
 
     def __repr__(self) -> str:

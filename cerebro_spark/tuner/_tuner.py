@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from cerebro_spark.data import prepare_dataset, prepare_with_spark, read_manifest
 from cerebro_spark.data._options import KindOptions
 from cerebro_spark.driver._config import load_yaml
 from cerebro_spark.engine import parse_config, run_experiment
@@ -255,8 +256,6 @@ class _DataRequest:
     def section(self, data: Any, spark: SparkSession | None, store: Store) -> dict[str, Any]:
         """The config's data section for ``data``, preparing it first where it is a table."""
         if _is_spark_frame(data) or (isinstance(data, str) and _is_table(spark, data)):
-            from cerebro_spark.data import prepare_with_spark
-
             frame = data if _is_spark_frame(data) else spark.table(data)  # type: ignore[union-attr]
             manifest = prepare_with_spark(
                 data,
@@ -267,8 +266,6 @@ class _DataRequest:
             )
             return {"dataset": store.url(f"datasets/{manifest.dataset_id}")}
         if _is_pandas_frame(data):
-            from cerebro_spark.data import prepare_dataset
-
             options = self._prepare_options(list(data.columns))
             manifest = prepare_dataset(data, store, source="pandas DataFrame", **options)
             return {"dataset": store.url(f"datasets/{manifest.dataset_id}")}
@@ -296,8 +293,6 @@ class _DataRequest:
 
     def _named(self, data: str) -> dict[str, Any]:
         """A prepared dataset (a URI holding a manifest, or a name), or a source path."""
-        from cerebro_spark.data import read_manifest
-
         prepared = False
         with contextlib.suppress(DataError, OSError, ValueError):
             read_manifest(data)
@@ -363,7 +358,7 @@ def _is_pandas_frame(data: Any) -> bool:
 def _active_spark() -> SparkSession | None:
     if "pyspark" not in sys.modules:
         return None  # nobody started Spark in this process
-    from pyspark.sql import SparkSession
+    from pyspark.sql import SparkSession  # already imported: no cost, none for non-Spark users
 
     return SparkSession.getActiveSession()
 
