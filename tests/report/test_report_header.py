@@ -9,21 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from cerebro_spark.engine import parse_config
+from cerebro_spark.driver._config import ElasticConfig
 from cerebro_spark.report import collect
 from cerebro_spark.report._html import render
+from tests.report.test_report_units import CONFIG as TWO_EPOCHS
 
-RAW = {
-    "name": "u",
-    "store": "runs",
-    "data": {"source": "sklearn:digits"},
-    "space": {"model": "cerebro_spark.training:MLPSpec"},
-    "metric": "accuracy",
-    "mode": "max",
-    "epochs": 2,
-    "workers": 4,
-}
-CONFIG = parse_config(RAW)
+CONFIG = TWO_EPOCHS.replace(workers=4)
 
 
 def start(time: float, resumed: bool = False) -> dict[str, Any]:
@@ -43,7 +34,7 @@ def test_the_header_counts_the_workers_present_at_once() -> None:
     events = [start(100.0), member("joined", 101.0, "w0"), member("joined", 101.5, "w1")]
     assert collect("x", CONFIG, events).peak_workers == 2
     assert "2 epochs, 2 workers (4 configured)" in header(CONFIG, events)
-    same = parse_config({**RAW, "workers": 2})
+    same = CONFIG.replace(workers=2)
     assert "2 epochs, 2 workers &middot;" in header(same, events)
     # One lost and another joined: still 2 at once; a resumed session starts from none.
     events += [
@@ -57,12 +48,8 @@ def test_the_header_counts_the_workers_present_at_once() -> None:
 
 def test_before_any_worker_and_on_an_elastic_run() -> None:
     assert "2 epochs, 4 workers configured" in header(CONFIG, [start(100.0)])
-    elastic = parse_config(
-        {
-            **RAW,
-            "deadline": 600,
-            "elastic": {"manager": "standalone", "prices": "conf/prices/local.yaml"},
-        }
+    elastic = CONFIG.replace(
+        deadline=600.0, elastic=ElasticConfig("standalone", "conf/prices/local.yaml")
     )
     events = [start(100.0)] + [member("joined", 101.0, f"w{i}") for i in range(3)]
     events += [member("retired", 110.0, "w2"), member("joined", 111.0, "w3")]
