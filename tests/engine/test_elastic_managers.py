@@ -73,6 +73,16 @@ class PoolClusterOpener:
             self.closed += 1
 
 
+@pytest.fixture
+def opener(monkeypatch: pytest.MonkeyPatch) -> PoolClusterOpener:
+    """Registered as the ``spark`` manager for one test."""
+    opener = PoolClusterOpener()
+    monkeypatch.setitem(
+        _managers._REGISTRY, "spark", ManagerEntry("spark", opener, "max_executors")
+    )
+    return opener
+
+
 def test_the_names_a_config_accepts_are_the_registrys() -> None:
     """The config parser's names (a floor below) and the registry's are the same, in order."""
     assert MANAGERS == ("standalone", "spark", "databricks", "ec2")
@@ -137,12 +147,8 @@ def test_the_standalone_manager_refuses_an_unknown_option_before_starting_anythi
 
 
 def test_elastic_run_opens_the_registered_manager_at_the_first_stages_size(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, opener: PoolClusterOpener
 ) -> None:
-    opener = PoolClusterOpener()
-    monkeypatch.setitem(
-        _managers._REGISTRY, "spark", ManagerEntry("spark", opener, "max_executors")
-    )
     with elastic_run(elastic_sha_config(tmp_path)) as (factory, controller):
         assert opener.opened == [(controller.stages[0].workers, "local-core")]
         assert opener.closed == 0
@@ -153,13 +159,9 @@ def test_elastic_run_opens_the_registered_manager_at_the_first_stages_size(
 
 
 def test_a_run_opens_its_cluster_through_the_registry(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, opener: PoolClusterOpener
 ) -> None:
     """``run_experiment`` with ``elastic:`` plans, opens the registered manager, follows it."""
-    opener = PoolClusterOpener()
-    monkeypatch.setitem(
-        _managers._REGISTRY, "spark", ManagerEntry("spark", opener, "max_executors")
-    )
     result = run_experiment(elastic_sha_config(tmp_path), experiment_id="e1")
     events = read_events(open_store(str(tmp_path)).child(experiment_prefix("e1")))
     plans = [e for e in events if e["event"] == "elastic_plan"]
@@ -176,16 +178,12 @@ def refused(store: Path) -> ExperimentConfig:
 
 
 def test_a_refused_elastic_run_is_refused_at_the_call(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, opener: PoolClusterOpener
 ) -> None:
     """A budget no plan meets is refused by ``elastic_run`` before any cluster opens.
 
     (``run`` enters it before it writes anything: ``tests/driver/test_no_trial.py``.)
     """
-    opener = PoolClusterOpener()
-    monkeypatch.setitem(
-        _managers._REGISTRY, "spark", ManagerEntry("spark", opener, "max_executors")
-    )
     with pytest.raises(PlanInfeasible, match="budget"), elastic_run(refused(tmp_path)):
         pytest.fail("the run started")
     assert opener.opened == []
