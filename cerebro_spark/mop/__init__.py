@@ -1,4 +1,4 @@
-"""Model hopper parallelism: the pure MOP scheduler (with group units) and its simulator."""
+"""Model hopper parallelism: the pure MOP scheduler (groups, packs) and its simulator."""
 
 from cerebro_spark.mop._base import Assignment, SchedulingRule, Unit
 from cerebro_spark.mop._rules import RandomizedRule, WorkAwareRule
@@ -13,7 +13,11 @@ from cerebro_spark.mop._simulator import (
     homogeneous_instance,
     simulate,
 )
-from cerebro_spark.mop._visit_order import grouped_visit_orders, seeded_visit_orders
+from cerebro_spark.mop._visit_order import (
+    grouped_visit_orders,
+    packed_visit_orders,
+    seeded_visit_orders,
+)
 
 __all__ = [
     "CNN_MFLOPS",
@@ -30,6 +34,7 @@ __all__ = [
     "grouped_visit_orders",
     "heterogeneous_instance",
     "homogeneous_instance",
+    "packed_visit_orders",
     "seeded_visit_orders",
     "simulate",
 ]

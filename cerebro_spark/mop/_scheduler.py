@@ -8,6 +8,11 @@ Group units (Cerebro §5.7, the "Horovod hybrid"; SEER's resources per trial): a
 may be given ``k > 1`` workers that train ``k`` of its partitions at once, data-parallel
 (:mod:`cerebro_spark.training._group`). The scheduler then hands out *group
 assignments*; the policy that forms them is in :class:`MopScheduler`'s docstring.
+
+Packed units (issue 27; Cerebro §7's "model batching"): trials of one architecture may
+train together, up to ``pack_size`` at a time, on one worker in one pass over a
+partition (:mod:`cerebro_spark.training._pack`). The scheduler then hands out *packed
+assignments*; how it forms them is in the "Packs" paragraph of :class:`MopScheduler`.
 """
 
 from __future__ import annotations
@@ -85,13 +90,51 @@ class MopScheduler:
     idle together; there is at most one waiting group, so two groups never wait on each
     other's workers.
 
+    **Packs** (issue 27). Trials with the same *pack key* (``pack_keys``: same
+    architecture, so :func:`~cerebro_spark.training._pack.run_pack` can stack them) may
+    train one partition together on one worker: a *packed assignment* of up to
+    ``pack_size`` train units of distinct trials (:attr:`Assignment.pack`). Validate
+    units and trials with a group size ``k > 1`` (or a group plan) are never packed.
+
+    *Formation.* Packs form in :meth:`assign`, after the rule has picked a train unit
+    ``u`` (trial ``t``, partition ``p``) for idle worker ``w`` exactly as without packs:
+    if ``t`` has a pack key, its *mates* are the other idle trials with the same key
+    (and no group) whose next train unit may be ``p``: without visit orders, ``p`` is
+    among their remaining train units; with visit orders, ``p`` is the next partition of
+    their order, so every member keeps its own order and its own step
+    (:attr:`Assignment.steps`). If at most ``pack_size - 1`` mates exist, all join;
+    otherwise the rule picks them, asked again and again on the mates' units on ``p``
+    (for :class:`WorkAwareRule`, the mates with the most work left join; for
+    :class:`RandomizedRule`, uniformly random ones), so the same state and the same
+    ``rng`` form the same packs, and the rule's priorities hold within a pack as across
+    them. The pack is ``u`` first, then its mates in trial order. With ``pack_size=1``,
+    or no keys, nothing is drawn from ``rng`` beyond what the rule draws without packs:
+    the assignments are exactly those of an unpacked scheduler.
+
+    A worker never waits for a fuller pack: a pack starts with the mates that are idle
+    now (a pack of one is an ordinary assignment). Holding an idle worker would cost
+    idle time that a pack of fewer trials uses; a trial busy elsewhere joins a later
+    pack on that partition, or trains alone.
+
+    *Members.* Each member of a pack is a unit of its own trial: :meth:`complete` or
+    :meth:`fail` of one member releases that trial only (a member whose loss turned NaN
+    fails alone, its unit back to Q; or the driver calls :meth:`remove_trial`), and the
+    others run on. The worker is busy until every member completed or failed, or until
+    :meth:`free_worker` frees it for the whole pack at once (the pass is done; the
+    checkpoints are being written). A lost worker (:meth:`remove_worker`) sends every
+    member still running back to Q (§5.6). A trial leaves future packs when it is
+    removed, when :meth:`set_pack_key` clears its key, or when it gets a group size
+    ``k > 1``. The invariants hold with exclusivity read as "a worker runs one pack at
+    a time" and isolation per member: a trial is in at most one running assignment.
+
     *Cost.* With :class:`RandomizedRule` or :meth:`WorkAwareRule.per_trial`, no group
-    trial, and partitions (and validation partitions) given in ascending order, the
-    scheduler keeps the idle trials' units in an index by partition and rank
-    (:mod:`cerebro_spark.mop._offers`): a decision costs ``O(log |S|)`` per partition the
-    worker holds, and a trial's rank is recomputed only when its queue changed. The
-    choices, and the draws from ``rng``, are those of the rule on the full candidate
-    list. Otherwise (another rule, groups) every decision lists the candidates.
+    trial, no packing (``pack_size`` 1 or no keys), and partitions (and validation
+    partitions) given in ascending order, the scheduler keeps the idle trials' units in
+    an index by partition and rank (:mod:`cerebro_spark.mop._offers`): a decision costs
+    ``O(log |S|)`` per partition the worker holds, and a trial's rank is recomputed only
+    when its queue changed. The choices, and the draws from ``rng``, are those of the
+    rule on the full candidate list. Otherwise (another rule, groups, packs) every
+    decision lists the candidates, and a pack its mates: ``O(|S|)`` each.
 
     Args:
         trials: Ids of the trials trained this epoch (unique).
@@ -114,6 +157,10 @@ class MopScheduler:
             formed, imposed on its replay; overrides ``group_sizes`` for that trial. A
             planned group still shrinks to what the availability map can match. Only with
             ``visit_orders``.
+        pack_keys: Trial id to its pack key (trials with equal keys may be packed; a
+            trial without a key is never packed). Keys are non-empty strings, e.g.
+            :func:`~cerebro_spark.training._pack.pack_fingerprint`.
+        pack_size: Most trials in one pack (an integer ``>= 1``; 1: packing off).
 
     Raises:
         ConfigError: An argument breaks the rules above (the message names the value).
@@ -133,6 +180,8 @@ class MopScheduler:
         completed: Iterable[Unit] = (),
         group_sizes: Mapping[str, int] | None = None,
         group_plans: Mapping[str, Sequence[int]] | None = None,
+        pack_keys: Mapping[str, str] | None = None,
+        pack_size: int = 1,
     ) -> None:
         if len(set(trials)) != len(trials):
             raise ConfigError(f"trials {list(trials)!r} has duplicates; trial ids must be unique")
@@ -169,6 +218,10 @@ class MopScheduler:
             for trial, plan in group_plans.items():
                 self._check_trial(trial, "group_plans")
                 self._plan_ends[trial] = _plan_ends(trial, plan, len(self._partitions))
+        self._pack_size = _pack_size(pack_size)
+        self._keys: dict[str, str] = {}
+        for trial, key in (pack_keys or {}).items():
+            self._keys[self._check_trial(trial, "pack_keys")] = _pack_key(trial, key)
         self._held: dict[str, frozenset[int]] = {}
         for worker, held in workers.items():
             self._held[worker] = self._check_held(worker, held)
@@ -190,6 +243,7 @@ class MopScheduler:
         self._worker_order: list[str] | None = None  # sorted live workers, cached
         self._held_order = {w: tuple(sorted(held)) for w, held in self._held.items()}
         self._grouping = self._group_trials()
+        self._grouped = frozenset(self._grouping)
         self._offers: Offers | None = None
         self._dirty: set[str] = set()  # trials whose offers must be recomputed
         if self._indexable():
@@ -221,6 +275,16 @@ class MopScheduler:
     def group_sizes(self) -> Mapping[str, int]:
         """Every trial's group size ``k`` (1: ordinary units); see ``group_plans`` too."""
         return dict(self._sizes)
+
+    @property
+    def pack_keys(self) -> Mapping[str, str]:
+        """Every trial with a pack key, to its key (see "Packs" above)."""
+        return dict(self._keys)
+
+    @property
+    def pack_size(self) -> int:
+        """Most trials in one pack (1: packing off)."""
+        return self._pack_size
 
     @property
     def waiting_group(self) -> str | None:
@@ -257,9 +321,10 @@ class MopScheduler:
 
         The waiting group, if any, starts first if the idle workers can complete it (see
         the class docstring). Then idle workers are served in sorted id order; for each,
-        the rule picks among the units of idle trials on partitions it holds, and a pick
-        of a group trial gathers the rest of its group from the idle workers not yet
-        served. The units move from Q to Q'.
+        the rule picks among the units of idle trials on partitions it holds, a pick of a
+        group trial gathers the rest of its group from the idle workers not yet served,
+        and a pick of a train unit of a trial with a pack key gathers its mates (see
+        "Packs" in the class docstring). The units move from Q to Q'.
 
         Returns:
             The new assignments, in the order they were made.
@@ -294,7 +359,8 @@ class MopScheduler:
                     )
                 group = groups.get(unit.trial) if unit.kind is UnitKind.TRAIN else None
                 if group is None or group[1] < 2:
-                    made.append(self._start(worker, unit))
+                    mates = self._mates(worker, unit)
+                    made.append(self._start_pack(worker, unit, mates))
                     taken.add(worker)
                     break
                 free = [w for w in idle if w not in taken and w != worker]
@@ -312,7 +378,9 @@ class MopScheduler:
         """Record that a running unit finished (Alg. 2): it leaves Q' for good.
 
         For a group assignment, ``unit`` may be any of its units: the whole group
-        completes, and the trial's next train unit is at ``step + size``.
+        completes, and the trial's next train unit is at ``step + size``. For a packed
+        assignment, only ``unit``'s member completes; its worker is idle once every
+        member completed or failed (or was freed).
 
         Args:
             unit: The unit.
@@ -322,8 +390,8 @@ class MopScheduler:
         Raises:
             ConfigError: ``unit`` is not running (on ``worker``).
         """
-        assignment = self._release(unit, worker, "complete")
-        self._steps[unit.trial, unit.kind] += assignment.size
+        units = self._release(unit, worker, "complete")
+        self._steps[unit.trial, unit.kind] += len(units)
         self._dirty.add(unit.trial)
 
     def free_worker(self, worker: str, unit: Unit) -> None:
@@ -331,14 +399,16 @@ class MopScheduler:
 
         The worker is idle again and :meth:`assign` may give it work; the unit stays in Q'
         (its trial busy: isolation) until :meth:`complete` or :meth:`fail`. Only an
-        ordinary assignment frees its worker early. Nothing happens unless ``worker`` runs
-        ``unit`` (it was completed, failed or removed meanwhile).
+        ordinary or packed assignment frees its worker early; ``unit`` may be any member
+        of a pack, and frees the worker for every member at once (one pass trained them
+        all), each staying in Q' until its own completion. Nothing happens unless
+        ``worker`` runs ``unit`` (it was completed, failed or removed meanwhile).
 
         Raises:
             ConfigError: ``worker`` runs ``unit`` in a group assignment.
         """
         assignment = self._running.get(worker)
-        if assignment is None or unit not in assignment.units:
+        if assignment is None or not _member(assignment, unit):
             return
         if assignment.size != 1:
             raise ConfigError(
@@ -352,7 +422,8 @@ class MopScheduler:
 
         Its trial and worker are idle again; the worker stays live. For a group
         assignment, ``unit`` may be any of its units: all of them go back to Q and all its
-        workers are idle again.
+        workers are idle again. For a packed assignment, only ``unit`` goes back to Q;
+        the other members run on, and the worker is idle once they are all done.
 
         Args:
             unit: The unit.
@@ -361,15 +432,15 @@ class MopScheduler:
         Raises:
             ConfigError: ``unit`` is not running (on ``worker``).
         """
-        assignment = self._release(unit, worker, "fail")
-        self._requeue(assignment.units)
+        self._requeue(self._release(unit, worker, "fail"))
         self._dirty.add(unit.trial)
 
     def remove_trial(self, trial: str) -> None:
         """Drop a trial from the epoch (its user code failed, or the search stopped it).
 
-        Its units leave Q, and Q' if it is running (its workers are idle again); units it
-        completed stay complete. Completeness then holds for the other trials only.
+        Its units leave Q, and Q' if it is running (its workers are idle again; a pack's
+        worker once its other members are done too); units it completed stay complete.
+        Completeness then holds for the other trials only.
 
         Raises:
             ConfigError: ``trial`` is not a trial of this epoch.
@@ -411,8 +482,27 @@ class MopScheduler:
         self._sizes[trial] = _group_size(trial, size)
         self._plan_ends.pop(trial, None)
         self._grouping = self._group_trials()
+        self._grouped = frozenset(self._grouping)
         if self._grouping:
             self._offers = None  # group units: every decision lists the candidates
+
+    def set_pack_key(self, trial: str, key: str | None) -> None:
+        """Set ``trial``'s pack key from its next unit on (a running pack runs on).
+
+        ``None`` takes the trial out of future packs, e.g. when the kernel cannot stack
+        its model, or when its procedure paused it; a key puts it in the packs of that
+        key (see "Packs" in the class docstring).
+
+        Raises:
+            ConfigError: ``trial`` is unknown or ``key`` is not a non-empty string.
+        """
+        self._check_trial(trial, "set_pack_key")
+        if key is None:
+            self._keys.pop(trial, None)
+            return
+        self._keys[trial] = _pack_key(trial, key)
+        if self._packing():
+            self._offers = None  # packs: every decision lists the candidates
 
     # ---------------------------------------------------------------- elasticity
 
@@ -432,22 +522,32 @@ class MopScheduler:
         """Forget a worker that left or died; its running work moves back to Q (§5.6).
 
         If it was a member of a group assignment, the whole group goes back to Q and the
-        other members are idle again.
+        other members are idle again. If it ran a pack, every member still running goes
+        back to Q.
 
         Returns:
-            The unit it was running (its own rank's unit of a group), if any.
+            The unit it was running (its own rank's unit of a group, the first member
+            of a pack still running), if any.
 
         Raises:
             ConfigError: ``worker`` is not live.
         """
         self._check_worker(worker)
         assignment = self._running.get(worker)
+        back: Unit | None = None
         if assignment is not None:
-            self.fail(assignment.unit)
+            back = assignment.unit_of(worker)
+            if assignment.packed:
+                running = [u for u in assignment.pack if self._busy.get(u.trial) is assignment]
+                back = running[0]
+                for unit in running:
+                    self.fail(unit)
+            else:
+                self.fail(assignment.unit)
         del self._held[worker]
         del self._held_order[worker]
         self._worker_order = None
-        return None if assignment is None else assignment.unit_of(worker)
+        return back
 
     def set_partitions(self, worker: str, partitions: Collection[int]) -> None:
         """Re-home: ``worker`` now holds ``partitions``. A running unit runs on.
@@ -472,6 +572,7 @@ class MopScheduler:
         return (
             indexed
             and not self._grouping
+            and not self._packing()
             and list(self._partitions) == sorted(self._partitions)
             and list(self._val_partitions) == sorted(self._val_partitions)
         )
@@ -510,6 +611,10 @@ class MopScheduler:
         if self._worker_order is None:
             self._worker_order = sorted(self._held)
         return self._worker_order
+
+    def _packing(self) -> bool:
+        """Whether packs may form (a pack size above 1 and a trial with a key)."""
+        return self._pack_size > 1 and bool(self._keys)
 
     def _group_trials(self) -> tuple[str, ...]:
         """Trials whose train units may form groups (group size or plan), in trial order."""
@@ -634,6 +739,68 @@ class MopScheduler:
         self._busy[unit.trial] = assignment
         return assignment
 
+    def _mates(self, worker: str, unit: Unit) -> list[Unit]:
+        """The units that join ``unit``'s pack on ``worker`` (see "Packs" above).
+
+        Mates are chosen before anything starts: the rule sees Q as it was when it picked
+        ``unit``. Returned in trial order.
+        """
+        trial = unit.trial
+        key = self._keys.get(trial)
+        if key is None or self._pack_size < 2 or unit.kind is not UnitKind.TRAIN:
+            return []
+        if trial in self._grouped:
+            return []
+        partition = unit.partition
+        candidates: list[Unit] = []
+        for other in self._trials:
+            if other == trial or self._keys.get(other) != key:
+                continue
+            if other in self._busy or other in self._grouped:
+                continue
+            train = self._queue[other, UnitKind.TRAIN]
+            if partition not in train:
+                continue
+            if self._ordered and next(iter(train)) != partition:
+                continue
+            candidates.append(train[partition])
+        slots = self._pack_size - 1
+        if len(candidates) <= slots:
+            return candidates
+        view = _QueueView(self._trials, self._queue)
+        left = list(candidates)
+        chosen: set[Unit] = set()
+        while len(chosen) < slots:
+            pick = self._rule.choose(worker, left, view, self._rng)
+            if pick not in left:
+                raise ConfigError(
+                    f"rule {self._rule!r} chose {pick!r} as a pack mate for worker "
+                    f"{worker!r}, which is not one of the candidates {left!r}"
+                )
+            chosen.add(pick)
+            left.remove(pick)
+        return [u for u in candidates if u in chosen]
+
+    def _start_pack(self, worker: str, unit: Unit, mates: Sequence[Unit]) -> Assignment:
+        """Start ``unit`` with its pack ``mates`` on ``worker`` (no mates: ordinary)."""
+        if not mates:
+            return self._start(worker, unit)
+        pack = (unit, *mates)
+        for member in pack:
+            del self._queue[member.trial, member.kind][member.partition]
+        self._queued -= len(pack)
+        assignment = Assignment(
+            unit,
+            worker,
+            self._steps[unit.trial, unit.kind],
+            packed=tuple(mates),
+            steps=tuple(self._steps[u.trial, u.kind] for u in pack),
+        )
+        self._running[worker] = assignment
+        for member in pack:
+            self._busy[member.trial] = assignment
+        return assignment
+
     def _start_group(
         self, trial: str, workers: Sequence[str], matcher: Matcher[str, int]
     ) -> Assignment:
@@ -655,9 +822,14 @@ class MopScheduler:
         self._busy[trial] = assignment
         return assignment
 
-    def _release(self, unit: Unit, worker: str | None, verb: str) -> Assignment:
+    def _release(self, unit: Unit, worker: str | None, verb: str) -> tuple[Unit, ...]:
+        """Take ``unit``'s trial out of its running assignment; return the trial's units.
+
+        Those are a group's units, or ``unit`` alone (an ordinary assignment or a pack's
+        member).
+        """
         assignment = self._busy.get(unit.trial)
-        if assignment is None or unit not in assignment.units:
+        if assignment is None or not _member(assignment, unit):
             raise ConfigError(f"cannot {verb} {unit!r}: it is not running")
         if worker is not None and worker not in assignment.workers:
             runs_on = " and ".join(repr(w) for w in assignment.workers)
@@ -666,10 +838,16 @@ class MopScheduler:
             )
         del self._busy[unit.trial]
         self._unrun(assignment)
-        return assignment
+        return (unit,) if assignment.packed else assignment.units
 
     def _unrun(self, assignment: Assignment) -> None:
-        """Take ``assignment`` off the workers still running it (not those it freed)."""
+        """Take ``assignment`` off the workers still running it (not those it freed).
+
+        A pack stays on its worker while a member still runs.
+        """
+        busy = self._busy
+        if any(busy.get(trial) is assignment for trial in assignment.trials):
+            return
         for member in assignment.workers:
             if self._running.get(member) is assignment:
                 del self._running[member]
@@ -804,6 +982,25 @@ def _group_size(trial: str, size: int) -> int:
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
         raise ConfigError(f"group size of trial {trial!r} must be an integer >= 1, got {size!r}")
     return int(size)
+
+
+def _member(assignment: Assignment, unit: Unit) -> bool:
+    """Whether ``unit`` is one of ``assignment``'s: a group rank's or a pack member's."""
+    return unit in assignment.units or unit in assignment.packed
+
+
+def _pack_size(size: int) -> int:
+    """Validate a pack size: an integer ``>= 1``."""
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+        raise ConfigError(f"pack_size must be an integer >= 1 (1: packing off), got {size!r}")
+    return int(size)
+
+
+def _pack_key(trial: str, key: str) -> str:
+    """Validate a pack key: a non-empty string."""
+    if not isinstance(key, str) or not key:
+        raise ConfigError(f"pack key of trial {trial!r} must be a non-empty string, got {key!r}")
+    return key
 
 
 def _plan_ends(trial: str, plan: Sequence[int], num_partitions: int) -> tuple[int, ...]:

@@ -11,12 +11,20 @@ With group sizes (Cerebro §5.7), a trial with ``k > 1`` trains up to ``k`` part
 once on as many workers; a group unit takes the longest of its members' unit times
 (data-parallel ranks wait for each other at every step), and the trial-total term of the
 bound becomes ``total / k`` (each group's time is at least the mean of its members').
+
+With packs (issue 27), trials with the same pack key train one partition together, up to
+``pack_size`` at once on one worker; a pack of ``k`` takes ``pack_factors[k - 1]`` times
+its longest member's unit time (a profile's measured time for ``k`` over that for one).
+The worker-load term of the bound then prices every unit at the cheapest share of a pack,
+``min_k pack_factors[k - 1] / k``; the trial-total term stands, since a pack takes at
+least its members' unit times (``pack_factors`` starts at 1 and never decreases).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -168,6 +176,9 @@ def simulate(
     rule: SchedulingRule | None = None,
     visit_orders: Mapping[str, Sequence[int]] | None = None,
     group_sizes: Mapping[str, int] | None = None,
+    pack_keys: Mapping[str, str] | None = None,
+    pack_size: int = 1,
+    pack_factors: Sequence[float] | None = None,
 ) -> SimulationResult:
     """Run one epoch of train units of ``instance`` through a :class:`MopScheduler`.
 
@@ -182,10 +193,18 @@ def simulate(
             fully dynamic rule.
         group_sizes: Trial id to its group size ``k`` (§5.7; missing: 1). A group unit
             takes the longest of its members' unit times.
+        pack_keys: Trial id to its pack key (see :class:`MopScheduler`, "Packs").
+        pack_size: Most trials in one pack (1: packing off).
+        pack_factors: ``pack_factors[k - 1]``: the time of a pack of ``k`` over its
+            longest member's unit time, for ``k = 1 .. pack_size``; starts at 1.0 and
+            never decreases. Default ``1, 2, .., pack_size`` (a pack saves nothing).
 
     Returns:
         Makespan, lower bound and the schedule (one :class:`ScheduledUnit` per
-        assignment; a group's under its rank-0 worker).
+        assignment; a group's under its rank-0 worker, a pack as one).
+
+    Raises:
+        ConfigError: ``pack_factors`` breaks the rules above.
     """
     scheduler = MopScheduler(
         trials=instance.trials,
@@ -196,17 +215,24 @@ def simulate(
         visit_orders=visit_orders,
         validate=False,
         group_sizes=group_sizes,
+        pack_keys=pack_keys,
+        pack_size=pack_size,
     )
+    factors = _pack_factors(pack_factors, scheduler.pack_size)
     starts: dict[str, float] = {}
     events: list[tuple[float, str]] = []
     schedule: list[ScheduledUnit] = []
     now = 0.0
     while True:
         for assignment in scheduler.assign():
-            end = now + max(
-                instance.estimate(unit, worker)
-                for unit, worker in zip(assignment.units, assignment.workers, strict=True)
-            )
+            if assignment.packed:
+                longest = max(instance.estimate(u, assignment.worker) for u in assignment.pack)
+                end = now + factors[len(assignment.pack) - 1] * longest
+            else:
+                end = now + max(
+                    instance.estimate(unit, worker)
+                    for unit, worker in zip(assignment.units, assignment.workers, strict=True)
+                )
             starts[assignment.worker] = now
             heapq.heappush(events, (end, assignment.worker))
         if not events:
@@ -215,13 +241,46 @@ def simulate(
         while events and events[0][0] == now:
             _, worker = heapq.heappop(events)
             assignment = scheduler.running[worker]
-            scheduler.complete(assignment.unit)
+            for unit in assignment.pack:
+                scheduler.complete(unit)
             schedule.append(ScheduledUnit(assignment, starts[worker], now))
     schedule.sort(key=lambda s: (s.start, s.assignment.worker))
     bound = instance.lower_bound
-    if group_sizes and instance.trials:
+    if instance.trials and (group_sizes or (pack_keys and pack_size > 1)):
         workers = len(instance.workers)
-        sizes = np.array([min(max(1, group_sizes.get(t, 1)), workers) for t in instance.trials])
+        sizes = np.ones(len(instance.trials))
+        if group_sizes:
+            sizes = np.array([min(max(1, group_sizes.get(t, 1)), workers) for t in instance.trials])
+        share = np.ones(len(instance.trials))  # the cheapest time per unit, relative
+        if pack_keys and pack_size > 1:
+            cheapest = min(f / k for k, f in enumerate(factors[:pack_size], start=1))
+            share = np.array(
+                [
+                    cheapest if t in pack_keys and sizes[i] == 1 else 1.0
+                    for i, t in enumerate(instance.trials)
+                ]
+            )
         times = instance.unit_times
-        bound = float(max(times.sum(axis=0).max(), (times.sum(axis=1) / sizes).max()))
+        load = (times * share[:, None]).sum(axis=0).max()
+        bound = float(max(load, (times.sum(axis=1) / sizes).max()))
     return SimulationResult(now, bound, tuple(schedule))
+
+
+def _pack_factors(factors: Sequence[float] | None, pack_size: int) -> tuple[float, ...]:
+    """Validate the pack factors (see :func:`simulate`); default: no saving."""
+    if factors is None:
+        return tuple(float(k) for k in range(1, pack_size + 1))
+    values = tuple(float(f) for f in factors)
+    if (
+        len(values) < pack_size
+        or not values
+        or values[0] != 1.0
+        or not all(np.isfinite(values))
+        or any(b < a for a, b in itertools.pairwise(values))
+    ):
+        raise ConfigError(
+            f"pack_factors {list(values)!r} must give the time of a pack of k = 1 .. "
+            f"pack_size={pack_size} over one unit's: finite, starting at 1.0, never "
+            "decreasing"
+        )
+    return values

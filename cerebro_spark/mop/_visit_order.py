@@ -109,3 +109,55 @@ def grouped_visit_orders(
             left = [p for p in left if p not in group]
         result[trial] = reordered
     return result
+
+
+def packed_visit_orders(
+    trials: Sequence[str],
+    partitions: Sequence[int],
+    rng: np.random.Generator,
+    pack_keys: Mapping[str, str],
+    pack_size: int,
+) -> dict[str, list[int]]:
+    """Return visit orders in which trials that may be packed share an order (issue 27).
+
+    A pack forms among trials of one key whose next partition coincides
+    (:class:`~cerebro_spark.mop.MopScheduler`, "Packs"); with visit orders, that holds
+    all epoch long only if they share one order. This cuts each key's trials, in trial
+    order, into chunks of ``pack_size`` (a trial without a key is a chunk of one) and
+    gives the chunks the rotations of :func:`seeded_visit_orders` as if each were one
+    trial: chunk ``i`` starts at offset ``rank_i * P // chunks`` of one random
+    permutation, so the chunks pipeline as trials do there. With ``pack_size=1`` or no
+    keys the orders are exactly :func:`seeded_visit_orders`' for the same ``rng``.
+
+    Args:
+        trials: Trial ids (unique).
+        partitions: Partition indices (unique, at least one).
+        rng: Source of randomness.
+        pack_keys: Trial id to its pack key (missing: never packed).
+        pack_size: Most trials in one pack (an integer ``>= 1``).
+
+    Returns:
+        Trial id to its visit order, a permutation of ``partitions``.
+
+    Raises:
+        ConfigError: As :func:`seeded_visit_orders`, or ``pack_size`` is not an integer
+            ``>= 1``.
+    """
+    if isinstance(pack_size, bool) or not isinstance(pack_size, int) or pack_size < 1:
+        raise ConfigError(f"pack_size must be an integer >= 1 (1: packing off), got {pack_size!r}")
+    if len(set(trials)) != len(trials):
+        raise ConfigError(f"trials {list(trials)!r} has duplicates; trial ids must be unique")
+    chunks: list[list[str]] = []
+    open_chunk: dict[str, list[str]] = {}  # key -> its chunk being filled
+    for trial in trials:
+        key = pack_keys.get(trial)
+        chunk = open_chunk.get(key) if key is not None else None
+        if chunk is None or len(chunk) >= pack_size:
+            chunk = []
+            chunks.append(chunk)
+            if key is not None:
+                open_chunk[key] = chunk
+        chunk.append(trial)
+    heads = [chunk[0] for chunk in chunks]
+    by_head = seeded_visit_orders(heads, partitions, rng)
+    return {trial: list(by_head[chunk[0]]) for chunk in chunks for trial in chunk}
