@@ -330,6 +330,12 @@ class _Process:
     def is_alive(self) -> bool:
         return self.alive
 
+    def kill(self) -> None:  # the transport's finalizer kills what is alive
+        self.alive = False
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
 
 def test_each_worker_process_gets_the_gpu_with_the_fewest_live_workers():
     transport = LocalTransport(gpus=(0, 1))
