@@ -228,11 +228,28 @@ def _print_cost(state: ExperimentState) -> None:
     _out("")
     _out(table)
     if summary:
+        first = summary.get("first_plan") or {
+            "usd": summary["planned_usd"],
+            "seconds": summary["planned_seconds"],
+        }
         _out(
             f"the search cost ${summary['usd']:.4f} ({summary['instance_seconds']:.0f} "
             f"instance-seconds on {summary['instances']} instances) in {summary['seconds']:.0f} s; "
-            f"planned ${summary['planned_usd']:.4f} in {summary['planned_seconds']:.0f} s"
+            f"first planned ${first['usd']:.4f} in {first['seconds']:.0f} s"
+            + (
+                f", last re-planned ${summary['planned_usd']:.4f} in "
+                f"{summary['planned_seconds']:.0f} s"
+                if summary.get("replans")
+                else ""
+            )
         )
+        if summary.get("deadline_met") is not None:
+            met = "met" if summary["deadline_met"] else "MISSED"
+            _out(f"deadline {summary['deadline']:g} s: {met}" + (
+                "" if summary.get("budget") is None
+                else f"; budget ${summary['budget']:.4f}: "
+                + ("met" if summary.get("budget_met") else "MISSED")
+            ))  # fmt: skip
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from cerebro_spark.driver._state import ExperimentState
 
 
@@ -9,7 +11,12 @@ def cost_table(state: ExperimentState) -> str | None:
     """Predicted vs actual seconds and dollars per stage and in total (``None``: not elastic).
 
     Stages are numbered from 1, as ``plan`` numbers them (the log's ``stage`` from 0);
-    seconds are experiment time, the clock the deadline counts.
+    seconds are experiment time, the clock the deadline counts. Each stage row compares
+    with the plan in force when it ran; the totals compare with the *first* plan (made
+    before the run: what the user was promised) and with the *last* (in force at the end),
+    then each missed deadline or budget is said, with by how much and why
+    (``elastic_summary.misses``). A log written before first and last plans has one total
+    row, against the last.
     """
     if not state.stage_actuals:
         return None
@@ -27,15 +34,31 @@ def cost_table(state: ExperimentState) -> str | None:
         )
     summary = state.elastic_summary
     if summary is not None:
-        rows.append(
-            f"{'total':>5} {'':>9} {summary['planned_seconds']:>8.1f}/{summary['seconds']:<8.1f} "
-            f"{_err(summary['seconds'], summary['planned_seconds']):>7} "
-            f"{summary['planned_usd']:>10.4f}/{summary['usd']:<10.4f} "
-            f"{_err(summary['usd'], summary['planned_usd']):>7}"
-        )
+        first, last = summary.get("first_plan"), summary.get("last_plan")
+        if first is None or last is None:  # a log written before first and last plans
+            rows.append(_total("total", "", summary["planned_seconds"], summary["planned_usd"],
+                               summary))  # fmt: skip
+        else:
+            rows.append(_total("total", "first", first["seconds"], first["usd"], summary))
+            rows.append(_total("total", "last", last["seconds"], last["usd"], summary))
+            replans = len(summary.get("replans") or ())
+            rows.append(
+                "first: the plan made before the run; last: the plan in force at the end "
+                f"({replans} re-plan{'' if replans == 1 else 's'})"
+            )
+        rows += [str(line) for line in summary.get("misses") or ()]
         if summary.get("stopped"):
             rows.append(f"stopped early: {summary['stopped']}")
     return "\n".join(rows)
+
+
+def _total(label: str, plan: str, seconds: float, usd: float, summary: dict[str, Any]) -> str:
+    """A total row: the run's seconds and dollars against a plan's."""
+    return (
+        f"{label:>5} {plan:>9} {seconds:>8.1f}/{summary['seconds']:<8.1f} "
+        f"{_err(summary['seconds'], seconds):>7} "
+        f"{usd:>10.4f}/{summary['usd']:<10.4f} {_err(summary['usd'], usd):>7}"
+    )
 
 
 def _err(actual: float, planned: float) -> str:

@@ -67,7 +67,7 @@ Event kinds and their fields:
   (:mod:`cerebro_spark.tracking`)
 * ``trial_resumed``, ``search_stopped`` and the elastic runs' ``elastic_plan``,
   ``stage_plan``, ``stage_actual``, ``resized``, ``resize_failed``, ``replanned``,
-  ``replan_failed``, ``elastic_summary``
+  ``replan_failed``, ``calibration``, ``elastic_summary``
   (:mod:`cerebro_spark.engine._elastic`)
 
 **Counting.** The log keeps the numbering it always had, so that old logs fold and replay
@@ -183,6 +183,7 @@ EVENT_KINDS = frozenset(
         "resize_failed",
         "replanned",
         "replan_failed",
+        "calibration",
         "elastic_summary",
     }
 )

@@ -10,6 +10,16 @@ The stage spec comes from the search procedure (``SearchProcedure.stage_spec``),
 a config exactly as ``run`` builds it (:func:`cerebro_spark.driver.experiment_spec`).
 """
 
+from cerebro_spark.elastic._calibration import (
+    LOAD_CHANGE,
+    Calibration,
+    calibrated,
+    drift,
+    load_change,
+    machine_load,
+    startup_calibration,
+    units_calibration,
+)
 from cerebro_spark.elastic._cynthia import GroupModel, bandwidth_from
 from cerebro_spark.elastic._planner import (
     FASTEST_SLACK,
@@ -44,9 +54,13 @@ from cerebro_spark.elastic._simulator import (
     partition_moves,
 )
 from cerebro_spark.elastic._specs import procedure_spec
+from cerebro_spark.elastic._summary import PARTS, miss_lines, overrun, planned_parts, summarize
 
 __all__ = [
     "FASTEST_SLACK",
+    "LOAD_CHANGE",
+    "PARTS",
+    "Calibration",
     "GroupModel",
     "InstancePrice",
     "Latency",
@@ -62,20 +76,30 @@ __all__ = [
     "StageOutcome",
     "TypeProfile",
     "bandwidth_from",
+    "calibrated",
+    "drift",
     "fair_at_most",
     "format_plan",
     "load_catalog",
+    "load_change",
     "load_profile",
+    "machine_load",
+    "miss_lines",
     "next_lower",
+    "overrun",
     "parse_catalog",
     "parse_profile",
     "parse_scaling",
     "partition_moves",
     "plan",
     "plan_deadline",
+    "planned_parts",
     "procedure_spec",
+    "startup_calibration",
     "static_sizes",
     "step_candidates",
+    "summarize",
     "trial_epoch",
+    "units_calibration",
     "worker_bounds",
 ]

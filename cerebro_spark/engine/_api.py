@@ -31,7 +31,7 @@ from cerebro_spark.driver._stage import StageHook
 from cerebro_spark.driver._state import FAILED, ExperimentState, TrialState
 from cerebro_spark.driver._stored import config_key, load_experiment_config
 from cerebro_spark.engine._backend import default_backend
-from cerebro_spark.engine._elastic import elastic_run
+from cerebro_spark.engine._elastic import ElasticController, elastic_run
 from cerebro_spark.errors import ConfigError, LeaseError
 from cerebro_spark.report import ReportRefresher
 from cerebro_spark.store import (
@@ -380,11 +380,14 @@ def _run_tracked(experiment: Experiment) -> list[TrialState]:
     """Run ``experiment`` with its report and the trackers its config asks for.
 
     Both read the event log the driver writes: the report is refreshed beside the run
-    (:attr:`Experiment.reporter`), the trackers (``tracking:``) listen to the log.
+    (:attr:`Experiment.reporter`), the trackers (``tracking:``) listen to the log, as an
+    elastic controller does (its early calibration and stage parts).
     """
     experiment.reporter = ReportRefresher(
         experiment.store, experiment.experiment_id, experiment.config
     )
+    if isinstance(experiment.on_stage, ElasticController):  # it measures the units
+        experiment.log.listeners.append(experiment.on_stage.observe)
     with track_experiment(experiment):
         return experiment.run()
 

@@ -21,8 +21,20 @@ pilot), starts the cluster at the first stage's size, and hands the engine an
    boundary it waits for them up to ``resize_timeout`` and otherwise goes on with what it
    has. A lost executor is survived as always (Q/Q').
 
-Every round also checks the budget against the bill so far plus the round ahead. After the
-last round it logs the last ``stage_actual`` and an ``elastic_summary``
+Every round also checks the budget against the bill so far plus the round ahead, and the
+run calibrates early (:mod:`cerebro_spark.elastic._calibration`): the controller listens to
+the event log (:meth:`ElasticController.observe`); at its first boundary it compares the
+measured start-up with the first stage's planned lead, and at the first boundary after a
+trial-epoch's worth of units with the profile's trial-epoch. A measurement off by more than
+``replan_drift`` replaces the profile's values (a ``calibration`` event) and re-plans at
+once: from the first stage for start-up, from the stage after the current one in the middle
+of a stage (its time left less the current stage's rest at the measured pace).
+
+After the last round it logs the last ``stage_actual`` (with its ``parts``: start-up or
+resizing, units, hops, validation, waiting; :mod:`cerebro_spark.elastic._summary`) and an
+``elastic_summary``: the actual seconds and dollars against the deadline, the budget, the
+*first* plan and the *last* re-plan, each re-plan with its reason, and a line per missed
+deadline or budget saying by how much and why, each also logged as a WARNING
 (:func:`cost_table` renders the predicted-vs-actual table from the log).
 
 Mapping a plan's stages onto the engine's rounds: a stage of ``e`` epochs is ``e`` rounds
@@ -49,17 +61,25 @@ from cerebro_spark.driver._procedure import experiment_spec
 from cerebro_spark.driver._stage import Stage, StageDirective
 from cerebro_spark.elastic import (
     FASTEST_SLACK,
+    Calibration,
     Outcome,
     Plan,
     PlanInfeasible,
     PriceCatalog,
     Profile,
     TypeProfile,
+    calibrated,
     load_catalog,
+    load_change,
     load_profile,
+    machine_load,
     partition_moves,
     plan,
     plan_deadline,
+    planned_parts,
+    startup_calibration,
+    summarize,
+    units_calibration,
 )
 from cerebro_spark.engine._managers import BackendFactory, manager_entry
 from cerebro_spark.engine._pilot import pilot_profile
@@ -219,11 +239,16 @@ class ElasticController:
         lead_seconds: Seconds from a request to a new worker ready (provider latency,
             worker start, partition loads): how early growth is asked for.
         resize_timeout: Seconds a boundary waits for the cluster to reach its size.
-        replan_drift: Share of drift in a stage's seconds that triggers a re-plan.
+        replan_drift: Share of drift in a stage's seconds, start-up or first units that
+            triggers a re-plan.
         replan: Plans the remaining stages from ``(index, time left, money left,
-            workers running)``; returns the new stages (numbered from ``index``, times
-            from the plan's t = 0) or raises ``PlanInfeasible``. ``None``: never re-plan.
+            workers running, profile)``; returns the new stages (numbered from ``index``,
+            times from the plan's t = 0) or raises ``PlanInfeasible``. ``None``: never
+            re-plan.
         plan_fields: Extra fields of the ``elastic_plan`` event.
+        profile: The profile the stages were planned with (``None``: no calibration,
+            no planned parts but the lead).
+        instance_type: The type of ``profile`` the plan uses.
         clock: Unix time (for tests).
     """
 
@@ -239,8 +264,11 @@ class ElasticController:
         lead_seconds: float,
         resize_timeout: float,
         replan_drift: float,
-        replan: Callable[[int, float, float | None, int], list[StagePlan]] | None = None,
+        replan: Callable[[int, float, float | None, int, Profile | None], list[StagePlan]]
+        | None = None,
         plan_fields: Mapping[str, Any] | None = None,
+        profile: Profile | None = None,
+        instance_type: str = "",
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.manager = manager
@@ -265,6 +293,23 @@ class ElasticController:
         self._replans = 0
         self._failed_resizes = 0
         self._stopped: str | None = None
+        self.profile = profile
+        self.instance_type = instance_type
+        self._first_plan = self._totals()
+        self._first_stages = {s.index: s for s in self.stages}
+        self._replan_log: list[dict[str, Any]] = []
+        self._first_typed = self._typed()
+        self._stage_typed = {s.index: self._first_typed for s in self.stages}
+        # What the event log measured (observe): the calibration's and the stage's parts.
+        self._units: list[float] = []
+        self._hops: list[float] = []
+        self._validations: list[float] = []
+        self._validating: dict[tuple[str, int], tuple[float, int]] = {}
+        self._work = dict.fromkeys(("units", "hops", "validation"), 0.0)
+        self._lead = 0.0  # seconds of the open stage's start-up or resize
+        self._checked: set[str] = set()
+        self._first_of_session = True
+        self._actuals: list[dict[str, Any]] = []
 
     # -- the hook ----------------------------------------------------------------------------
 
@@ -281,26 +326,106 @@ class ElasticController:
             if self._current is not None:
                 events.append(("stage_actual", self._close_stage(now)))
             self.meter.stop()
-            events.append(("elastic_summary", self._summary(now)))
+            summary = self._summary(now)
+            for line in summary["misses"]:
+                logger.warning("%s", line)
+            events.append(("elastic_summary", summary))
             return StageDirective(tuple(events))
         index = self._stage_of(stage.round)
-        if index != self._current:
+        fresh_stage = index != self._current
+        off = self._calibrate(now, index, fresh_stage, events)
+        if fresh_stage:
             if self._current is not None:
                 actual = self._close_stage(now)
                 events.append(("stage_actual", actual))
-                events += self._maybe_replan(index, backend, actual, now)
+                events += self._maybe_replan(index, backend, actual, now, off)
+            elif off:  # the first boundary: start-up (or a resumed run's units) measured
+                events += self._replan_from(index, [c.reason for c in off], now, backend)
             stop = self._over_budget(self._planned(index).usd, f"stage {index + 1}")
             if stop is not None:
                 return StageDirective(tuple(events), stop)
             self._open_stage(index, now)  # the resize is the stage's first step (its SCALE)
-            events += self._resize(self._planned(index).workers, backend, index)
+            resized = self._resize(self._planned(index).workers, backend, index)
+            self._lead += sum(float(f.get("seconds", 0.0)) for _, f in resized)
+            events += resized
             self._stage_executors = len(self.manager.executors())
         else:
+            if off:  # mid-stage: the stages after this one, at the measured pace
+                ahead = max(0.0, self._planned(index).end - now) * off[-1].ratio
+                events += self._replan_from(
+                    index + 1, [c.reason for c in off], now, backend, ahead=ahead
+                )
             stop = self._over_budget(self._round_usd(index), f"round {stage.round + 1}")
             if stop is not None:
                 return StageDirective(tuple(events), stop)
         self._maybe_grow_early(stage.round, index)
         return StageDirective(tuple(events))
+
+    def observe(self, record: Mapping[str, Any]) -> None:
+        """An event log listener: what the units measured (calibration, stage parts).
+
+        Train units count toward ``units`` (compute) and ``hops`` (checkpoint I/O), and,
+        outside groups, toward the calibration; validation units toward ``validation``,
+        a trial's validation after an epoch once all its ``P`` units are in.
+        """
+        if record.get("event") != "unit_end":
+            return
+        seconds, io = float(record.get("seconds", 0.0)), float(record.get("io_seconds", 0.0))
+        if record.get("kind") == "train":
+            self._work["units"] += max(0.0, seconds - io)
+            self._work["hops"] += io
+            if record.get("group") is None:
+                self._units.append(max(0.0, seconds - io))
+                self._hops.append(io)
+            return
+        self._work["validation"] += seconds
+        if self.profile is None:
+            return
+        key = (str(record.get("trial")), int(record.get("round", 0)))
+        total, count = self._validating.get(key, (0.0, 0))
+        total, count = total + seconds, count + 1
+        if count >= self.profile.partitions:
+            self._validating.pop(key, None)
+            self._validations.append(total)
+        else:
+            self._validating[key] = (total, count)
+
+    def _typed(self) -> TypeProfile | None:
+        return None if self.profile is None else self.profile.for_type(self.instance_type)
+
+    def _calibrate(
+        self, now: float, index: int, fresh_stage: bool, events: list[tuple[str, Mapping[str, Any]]]
+    ) -> list[Calibration]:
+        """Compare start-up and the first units with the profile (module docstring).
+
+        Each is checked once, when measured; a ``calibration`` event logs it. Returns the
+        measurements that are off by more than ``replan_drift`` (the profile now holds
+        their values).
+        """
+        typed = self._typed()
+        if typed is None or self._replan is None:
+            return []
+        found: list[Calibration] = []
+        if "start-up" not in self._checked and self._current is None:
+            self._checked.add("start-up")
+            first = self._planned(index)
+            if index == 0 and fresh_stage:  # a resumed run's start-up is not the plan's
+                startup = now - self._session_began
+                found.append(startup_calibration(typed, startup, first.start - first.begin))
+        if "units" not in self._checked:
+            measured = units_calibration(typed, self._units, self._hops, self._validations)
+            if measured is not None:
+                self._checked.add("units")
+                found.append(measured)
+        off = []
+        for calibration in found:
+            events.append(("calibration", calibration.to_event(self.replan_drift)))
+            if calibration.off(self.replan_drift):
+                assert self.profile is not None  # ok: typed is not None
+                self.profile = calibrated(self.profile, self.instance_type, calibration.values)
+                logger.warning("calibrating the profile: %s; re-planning", calibration.reason)
+                off.append(calibration)
+        return off
 
     # -- stages ------------------------------------------------------------------------------
 
@@ -332,8 +457,12 @@ class ElasticController:
         self.meter.sample()
         if self._current is None:
             self._stage_began, self._stage_usd = self._session_began, 0.0
+            self._lead = now - self._session_began  # the session's start-up
         else:
             self._stage_began, self._stage_usd = now, self.meter.usd(self._clock())
+            self._lead = 0.0
+        self._first_of_session = self._current is None
+        self._work = dict.fromkeys(self._work, 0.0)
         self._current = index
 
     def _close_stage(self, now: float) -> dict[str, Any]:
@@ -343,7 +472,7 @@ class ElasticController:
         index = self._current
         planned = self._planned(index)
         seconds = now - self._stage_began
-        return {
+        actual = {
             "stage": index,
             "seconds": round(seconds, 3),
             "planned_seconds": round(planned.seconds, 3),
@@ -355,15 +484,47 @@ class ElasticController:
             "usd": round(self.meter.usd(unix) - self._stage_usd, 6),
             "planned_usd": round(planned.usd, 6),
             "spent_usd": round(self.meter.usd(unix), 6),
+            **self._parts(index, planned, seconds),
         }
+        self._actuals.append(actual)
+        return actual
+
+    def _parts(self, index: int, planned: StagePlan, seconds: float) -> dict[str, Any]:
+        """The stage's parts, measured and planned (:mod:`cerebro_spark.elastic._summary`)."""
+        lead = "start-up" if self._first_of_session else "resizing"
+        workers = max(1, self._stage_executors)
+        parts = {lead: self._lead, **{k: v / workers for k, v in self._work.items()}}
+        parts["waiting"] = max(0.0, seconds - sum(parts.values()))
+        first = self._first_stages.get(index, planned)
+        return {  # (the summary reads them from _actuals)
+            "parts": {k: round(v, 3) for k, v in parts.items()},
+            "planned_parts": self._planned_parts(planned, self._stage_typed.get(index)),
+            "first_seconds": round(first.seconds, 3),
+            "first_parts": self._planned_parts(first, self._first_typed),
+        }
+
+    def _planned_parts(self, planned: StagePlan, typed: TypeProfile | None) -> dict[str, float]:
+        lead = "start-up" if self._first_of_session else "resizing"
+        lead_seconds, train = planned.start - planned.begin, planned.end - planned.start
+        if typed is None:
+            parts = {lead: max(0.0, lead_seconds), "units": max(0.0, train)}
+        else:
+            parts = planned_parts(typed, lead_seconds, train, first=self._first_of_session)
+        return {k: round(v, 3) for k, v in parts.items()}
+
+    def _totals(self) -> tuple[float, float]:
+        """Seconds and dollars of the plan in force."""
+        return self.stages[-1].end, sum(s.usd for s in self.stages)
 
     def _summary(self, now: float) -> dict[str, Any]:
         unix = self._clock()
+        usd = self.meter.usd(unix)
+        last = self._totals()
         return {
             "seconds": round(now, 3),
-            "planned_seconds": round(self.stages[-1].end, 3),
-            "usd": round(self.meter.usd(unix), 6),
-            "planned_usd": round(sum(s.usd for s in self.stages), 6),
+            "planned_seconds": round(last[0], 3),  # the last plan's (as before first_plan)
+            "usd": round(usd, 6),
+            "planned_usd": round(last[1], 6),
             "instance_seconds": round(self.meter.instance_seconds(unix), 3),
             "instances": len(self.meter.held()),
             "replans": self._replans,
@@ -372,6 +533,16 @@ class ElasticController:
             "failed_tasks": self.manager.failed_tasks(),
             "deadline": self.deadline,
             "budget": self.budget,
+            **summarize(
+                deadline=self.deadline,
+                seconds=now,
+                budget=self.budget,
+                usd=usd,
+                first_plan=self._first_plan,
+                last_plan=last,
+                replans=self._replan_log,
+                stages=self._actuals,
+            ),
         }
 
     def _plan_event(self) -> dict[str, Any]:
@@ -532,11 +703,17 @@ class ElasticController:
     # -- re-planning -------------------------------------------------------------------------
 
     def _maybe_replan(
-        self, index: int, backend: Backend, actual: Mapping[str, Any], now: float
+        self,
+        index: int,
+        backend: Backend,
+        actual: Mapping[str, Any],
+        now: float,
+        off: list[Calibration],
     ) -> list[tuple[str, Mapping[str, Any]]]:
+        """Re-plan from stage ``index`` if the stage that ended drifted or calibrated."""
         planned = float(actual["planned_seconds"])
         drift = abs(float(actual["seconds"]) - planned) / planned if planned > 0 else 0.0
-        reasons = []
+        reasons = [c.reason for c in off]
         if drift > self.replan_drift:
             reasons.append(
                 f"stage {actual['stage'] + 1} took {actual['seconds']:.1f} s, planned "
@@ -544,30 +721,57 @@ class ElasticController:
             )
         if self._failed_resizes > self._replans:
             reasons.append("a resize failed")
+        return self._replan_from(index, reasons, now, backend)
+
+    def _replan_from(
+        self,
+        index: int,
+        reasons: list[str],
+        now: float,
+        backend: Backend,
+        *,
+        ahead: float = 0.0,
+    ) -> list[tuple[str, Mapping[str, Any]]]:
+        """Re-plan stages ``index``.. (if there are reasons), ``ahead`` seconds from now.
+
+        ``ahead`` is what the current stage still needs (a re-plan in its middle). The
+        session's first stage, re-planned at its start, keeps its span from the session's
+        start (its start-up is spent, and its own).
+        """
         if not reasons or self._replan is None or index >= len(self.stages):
             return []
-        elapsed = now  # experiment seconds since run
+        elapsed = now + ahead  # experiment seconds since run, where the re-plan starts
         money = None if self.budget is None else self.budget - self.meter.usd(self._clock())
         fields: dict[str, Any] = {
             "stage": index,
             "reason": "; ".join(reasons),
             "elapsed": round(elapsed, 3),
         }
+        running = len(backend.workers()) + backend.starting()
         try:
-            fresh = self._replan(index, self.deadline - elapsed, money, len(backend.workers()))
+            fresh = self._replan(index, self.deadline - elapsed, money, running, self.profile)
         except Exception as error:  # PlanInfeasible, a bad state: keep the plan
             self._replans += 1
             logger.warning(
                 "re-planning from stage %d failed: %s; keeping the plan", index + 1, error
             )
+            self._replan_log.append({**fields, "error": str(error)})
             return [("replan_failed", {**fields, "error": str(error)})]
         self._replans += 1
+        if self._current is None and fresh:
+            fresh[0] = dataclasses.replace(fresh[0], begin=self._session_began)
         self.stages = self.stages[:index] + fresh
+        typed = self._typed()
+        self._stage_typed.update({s.index: typed for s in fresh if typed is not None})
+        seconds, usd = self._totals()
+        self._replan_log.append({**fields, "seconds": round(seconds, 3), "usd": round(usd, 6)})
         logger.info(
-            "re-planned stages %d.. (%s): workers %s",
+            "re-planned stages %d.. (%s): workers %s, %.0f s, $%.4f",
             index + 1,
             fields["reason"],
             [s.workers for s in fresh],
+            seconds,
+            usd,
         )
         return [("replanned", {**fields, "workers": [s.workers for s in fresh]})] + [
             ("stage_plan", s.to_event(self._replans)) for s in fresh
@@ -662,7 +866,13 @@ def elastic_run(
     assert deadline is not None  # ok: an elastic config has a deadline (parse_config)
     profile, catalog = load_plan_inputs(config)
     spec = planned_spec(config, profile)
-    fields: dict[str, Any] = {"manager": elastic.manager}
+    fields: dict[str, Any] = {"manager": elastic.manager, "load": machine_load()}
+    measured = profile.extra.get("measured")
+    changed = load_change(
+        measured.get("load") if isinstance(measured, Mapping) else None, fields["load"]
+    )
+    if changed is not None:
+        logger.warning("profile %s: %s", elastic.profile, changed)
     if elastic.plan == "auto":
         planned = plan_config(config, profile, catalog)
         instance_type = planned.instance_type
@@ -696,11 +906,15 @@ def elastic_run(
         sum(s.usd for s in stages),
     )
 
-    def replan(index: int, seconds: float, usd: float | None, running: int) -> list[StagePlan]:
+    def replan(
+        index: int, seconds: float, usd: float | None, running: int, measured: Profile | None
+    ) -> list[StagePlan]:
         """The cheapest plan of the stages left that meets the time and money left.
 
-        When none does (the run is late), the fastest one found.
+        When none does (the run is late), the fastest one found. ``measured``: the profile
+        as the run calibrated it (``None``: the one it was planned with).
         """
+        profile_now = profile if measured is None else measured
         offset = deadline - seconds  # experiment seconds since run
         rest = dataclasses.replace(
             spec,
@@ -713,7 +927,7 @@ def elastic_run(
         def cheapest(deadline: float, budget: float | None) -> Outcome:
             return plan(
                 rest,
-                profile,
+                profile_now,
                 catalog,
                 deadline=deadline,
                 budget=budget,
@@ -749,6 +963,8 @@ def elastic_run(
             replan_drift=elastic.replan_drift,
             replan=replan if elastic.plan == "auto" else None,
             plan_fields=fields,
+            profile=profile,
+            instance_type=instance_type,
         )
         try:
             yield factory, controller

@@ -21,6 +21,16 @@ on the config's real data, models and backend:
    (:class:`~._cynthia.GroupModel`) with the measured step time, the model's parameter
    bytes and the bandwidth fitted to a measured group, else the given ``bandwidth``.
 4. ``scale_seconds`` is not measurable on a fixed cluster: it is given.
+5. ``measured.load``: the machine's 1-minute load average and cores before the pilot
+   started (:func:`~cerebro_spark.elastic.machine_load`); ``run`` warns when today's load
+   per core differs by more than :data:`~cerebro_spark.elastic.LOAD_CHANGE`.
+
+``scaling`` holds speedups (a group's throughput relative to one worker), not time
+fractions: ``{2: 0.413, 4: 0.203}`` (the demo profile measured on 2 cores) says a group of
+2 trains a partition 2.4 times *slower* than one worker, because its ranks share the two
+cores with each other and the driver and pay an all-reduce per step; the planner then
+never forms groups there. A group larger than the machine's cores measures that
+oversubscription, and the pilot says so.
 
 Checkpoints go under ``<store>/profiles/<name>-<time>/`` and are deleted at the end.
 """
@@ -30,6 +40,7 @@ from __future__ import annotations
 import datetime
 import logging
 import math
+import os
 import socket
 import statistics
 import time
@@ -42,6 +53,7 @@ from cerebro_spark.backends import Backend, WorkerJob
 from cerebro_spark.data import read_partition
 from cerebro_spark.driver._config import ExperimentConfig
 from cerebro_spark.driver._dataset import resolve_dataset
+from cerebro_spark.elastic import machine_load
 from cerebro_spark.elastic._cynthia import GroupModel, bandwidth_from
 from cerebro_spark.elastic._profile import Profile, Scaling
 from cerebro_spark.engine._backend import default_backend
@@ -74,6 +86,7 @@ def pilot_profile(
     """
     if epochs < 1:
         raise ConfigError(f"--epochs must be >= 1, got {epochs}")
+    load = machine_load()  # before the pilot adds its own
     root = open_store(config.store)
     dataset_uri, manifest = resolve_dataset(config, root)
     partitions = manifest.num_partitions
@@ -108,7 +121,7 @@ def pilot_profile(
         first_unit = families[first]["unit_seconds"]  # groups train the first family
         measured_groups = pilot.groups(spec, params, [g for g in groups if g > 1])
         start = _worker_start(backend, partitions, workers, root, dataset_uri)
-        load = start.pop("load")
+        partition_load = start.pop("load")
         model = _group_model(
             root, pilot, spec, params, first_unit, manifest, bandwidth, measured_groups
         )
@@ -128,6 +141,7 @@ def pilot_profile(
         workers=workers,
         units=len(units),
         groups_measured=sorted(measured_groups),
+        load=load,
         **start,
     )
     spreads = {
@@ -151,7 +165,7 @@ def pilot_profile(
         worker_start_seconds=start["worker_start_seconds"],
         scale_seconds=scale_seconds,
         scaling=Scaling(table=tuple(sorted(scaling.items()))),
-        partition_load_seconds=load,
+        partition_load_seconds=partition_load,
         partition_bytes=sum(p.bytes for p in manifest.partitions) / partitions,
         spreads=spreads,
         extra=extra,
@@ -265,6 +279,14 @@ class _Pilot:
             if g > len(workers) or g > self.partitions:
                 logger.info("group of %d not measurable on %d workers", g, len(workers))
                 continue
+            cores = os.cpu_count() or 1
+            if g > cores:
+                logger.warning(
+                    "measuring a group of %d on a machine with %d cores: its ranks share "
+                    "the cores, so its speedup is this machine's, not a cluster's",
+                    g,
+                    cores,
+                )
             runs = []
             for attempt in range(2):
                 chosen: dict[str, int] = {}

@@ -238,11 +238,21 @@ def _cost(data: ReportData) -> str:
             "replans",
             "failed_resizes",
             "deadline",
+            "deadline_met",
             "budget",
+            "budget_met",
             "stopped",
         ):
             if key in summary:
                 rows.append([key.replace("_", " "), summary[key]])
+        for which in ("first_plan", "last_plan"):
+            if which in summary:
+                rows.append([f"{which.replace('_', ' ')} seconds", summary[which]["seconds"]])
+                rows.append([f"{which.replace('_', ' ')} usd", summary[which]["usd"]])
+        for replan in summary.get("replans") or ():
+            rows.append([f"re-plan at {replan.get('elapsed', 0.0):.1f} s", replan.get("reason")])
+        for line in summary.get("misses") or ():
+            rows.append(["missed", line])
     out = _table(["", "value"], rows)
     table = cost_table(state)
     if table is not None:

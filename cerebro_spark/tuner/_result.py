@@ -18,6 +18,7 @@ from cerebro_spark.engine import (
     ExperimentState,
     TrialState,
     best_trial,
+    cost_table,
     experiment_prefix,
     leaderboard_rows,
     load_state,
@@ -185,6 +186,26 @@ class TuningResult:
         """
         return build_report(self.store, self.experiment_id)
 
+    @property
+    def elastic_summary(self) -> dict[str, Any] | None:
+        """An elastic run's totals (``None``: not elastic, or it did not end).
+
+        ``seconds`` and ``usd`` against ``deadline`` and ``budget`` (``deadline_met``,
+        ``budget_met``), the ``first_plan`` (made before the run) and the ``last_plan``
+        (in force at the end), each of the ``replans`` with its reason, and ``misses``:
+        a line per missed deadline or budget saying by how much and why.
+        """
+        summary = self.state.elastic_summary
+        return None if summary is None else dict(summary)
+
+    def plan_vs_actual(self) -> str | None:
+        """An elastic run's predicted-vs-actual table (``None``: not elastic).
+
+        A row per stage against the plan it ran under, the totals against the first plan
+        and against the last re-plan, then the misses (:func:`cerebro_spark.engine.cost_table`).
+        """
+        return cost_table(self.state)
+
     def __repr__(self) -> str:
         best = self.best
         summary = (
@@ -192,6 +213,9 @@ class TuningResult:
             if best is None
             else f"best {best.trial_id} {self.metric}={best.best_metrics[self.metric]:.4f}"
         )
+        elastic = self.state.elastic_summary
+        if elastic is not None and elastic.get("deadline_met") is False:
+            summary += f", deadline {elastic['deadline']:g} s missed ({elastic['seconds']:.1f} s)"
         return f"TuningResult({self.experiment_id!r}, {len(self.state.trials)} trials, {summary})"
 
 

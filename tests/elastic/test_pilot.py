@@ -37,8 +37,11 @@ def test_profile_then_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         assert family["validation_seconds_spread"] >= 0 and family["hop_seconds_spread"] >= 0
     measured = profile.extra["measured"]
     assert measured["groups_measured"] == [2] and measured["workers"] == 2
+    # The machine's load before the pilot, for run to compare with today's.
+    assert measured["load"]["cpus"] >= 1 and measured["load"]["loadavg_1m"] >= 0
     table = dict(profile.scaling.table)
     assert set(table) == {1, 2, 4} and table[1] == 1.0 and table[2] > 0 and table[4] > 0
+    assert all(speedup <= g for g, speedup in table.items())  # never superlinear
     group = profile.extra["group"]
     assert group["param_bytes"] > 0 and group["bandwidth"] > 0
     # Nothing of the pilot is left in the store but the dataset.

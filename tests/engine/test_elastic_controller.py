@@ -178,7 +178,10 @@ def test_the_cluster_follows_the_plan_and_every_stage_is_billed(tmp_path: Path) 
     assert all(a["usd"] > 0 for a in actuals)
     _, state = load_state(str(tmp_path), "e")
     table = cost_table(state)
-    assert table is not None and "total" in table and table.count("\n") == 2 + 3
+    # Three stages, the totals against the first and the last plan, and their legend.
+    assert table is not None and "total" in table and table.count("\n") == 2 + 3 + 2
+    assert summary["deadline_met"] and summary["budget_met"] and not summary["misses"]
+    assert summary["first_plan"] == summary["last_plan"] == {"seconds": 6.0, "usd": 0.09}
 
 
 def test_a_budget_stops_the_search_before_a_stage_would_overrun_it(tmp_path: Path) -> None:
@@ -201,7 +204,9 @@ def test_a_resize_that_times_out_goes_on_with_what_it_has_and_replans(tmp_path: 
     cfg = sha_config(tmp_path)
     asked: list[tuple[int, float, float | None, int]] = []
 
-    def replan(index: int, seconds: float, usd: float | None, running: int) -> list[StagePlan]:
+    def replan(
+        index: int, seconds: float, usd: float | None, running: int, profile: Any
+    ) -> list[StagePlan]:
         asked.append((index, seconds, usd, running))
         return [StagePlan(i, 2, 2, running, 0.0, 1.0, 0.0) for i in range(index, 3)]
 
@@ -248,7 +253,9 @@ def test_stage_times_count_from_run_on_the_drivers_clock(tmp_path: Path) -> None
     cfg = sha_config(tmp_path)
     asked: list[float] = []
 
-    def replan(index: int, seconds: float, usd: float | None, running: int) -> list[StagePlan]:
+    def replan(
+        index: int, seconds: float, usd: float | None, running: int, profile: Any
+    ) -> list[StagePlan]:
         asked.append(seconds)
         return [StagePlan(i, 2, 2, running, 0.0, 1.0, 0.0) for i in range(index, 3)]
 

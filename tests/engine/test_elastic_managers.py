@@ -8,19 +8,23 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from cerebro_spark.backends import WorkerPool
+from cerebro_spark.driver import cost_table
 from cerebro_spark.driver._config import MANAGERS as CONFIG_MANAGERS
 from cerebro_spark.elastic import PlanInfeasible, load_profile
 from cerebro_spark.engine import (
     ExperimentConfig,
     _managers,
     experiment_prefix,
+    load_state,
     read_events,
     run_experiment,
 )
@@ -187,3 +191,79 @@ def test_a_refused_elastic_run_is_refused_at_the_call(
     with pytest.raises(PlanInfeasible, match="budget"), elastic_run(refused(tmp_path)):
         pytest.fail("the run started")
     assert opener.opened == []
+
+
+def optimistic_profile(path: Path) -> str:
+    """The demo profile, a hundred times too fast: units, start-up, provider latency."""
+    raw = load_profile(PROFILE).to_dict()
+    raw["unit_seconds"] = {"local-core": 1e-4}
+    raw["validation_seconds"] = {"local-core": 1e-4}
+    raw["hop_seconds"] = 1e-5
+    raw["worker_start_seconds"] = 0.01
+    raw["scale_seconds"] = 0.01
+    for key in [k for k in raw if k.endswith("_spread")]:
+        del raw[key]
+    out = path / "optimistic.yaml"
+    out.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return str(out)
+
+
+def test_an_optimistic_profile_misses_its_deadline_aloud(
+    tmp_path: Path,
+    opener: PoolClusterOpener,
+    caplog: pytest.LogCaptureFixture,
+    script: fake_transport.Script,
+) -> None:
+    """A plan far too fast: the run calibrates at once, re-plans, and says the deadline
+    was missed against the first plan, why, and as a WARNING.
+
+    The plan says well under a second; the deadline leaves the pre-flight its time, and
+    each initial worker's first partition load takes as long as the whole deadline.
+    """
+    deadline = 20.0
+    for worker in ("w0", "w1", "w2", "w3"):
+        script.slow_loads[worker] = deadline
+    config = with_elastic(elastic_sha_config(tmp_path), profile=optimistic_profile(tmp_path))
+    config = config.replace(deadline=deadline)
+    with caplog.at_level(logging.WARNING, logger="cerebro_spark.engine._elastic"):
+        run_experiment(config, experiment_id="late")
+    events = read_events(open_store(str(tmp_path)).child(experiment_prefix("late")))
+    plan = next(e for e in events if e["event"] == "elastic_plan")
+    summary = next(e for e in events if e["event"] == "elastic_summary")
+    assert plan["seconds"] < 1.0 and plan["load"]["cpus"] >= 1
+    assert summary["first_plan"]["seconds"] == plan["seconds"]
+    assert summary["deadline"] == deadline and summary["seconds"] > deadline
+    assert summary["deadline_met"] is False and summary["budget_met"] is True
+    # Start-up was measured at the first boundary, far off the profile: re-planned at once.
+    calibrations = [e for e in events if e["event"] == "calibration"]
+    assert calibrations[0]["what"] == "start-up" and calibrations[0]["off"] is True
+    assert calibrations[0]["measured"] > 10 * calibrations[0]["planned"]
+    replans = summary["replans"]
+    assert replans and replans[0]["stage"] == 0
+    assert replans[0]["reason"].startswith("measured start-up")
+    assert summary["last_plan"]["seconds"] > summary["first_plan"]["seconds"]
+    # The miss: by how much, against the first plan, which stage and which part.
+    (miss,) = summary["misses"]
+    over = summary["seconds"] - deadline
+    assert miss.startswith(
+        f"deadline missed: {summary['seconds']:.1f} s against a deadline of 20 s"
+    )
+    assert f"({over:.1f} s over; the first plan said {plan['seconds']:.1f} s" in miss
+    assert "stage 1 ran" in miss and "over the first plan" in miss
+    assert "most in start-up" in miss
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert miss in warned
+    assert any(m.startswith("calibrating the profile: measured start-up") for m in warned)
+    # Every stage records its parts; they add up to its seconds.
+    for actual in (e for e in events if e["event"] == "stage_actual"):
+        assert sum(actual["parts"].values()) == pytest.approx(actual["seconds"], abs=0.01)
+        assert set(actual["planned_parts"]) <= set(actual["parts"])
+    # The table a user reads: the totals against the first plan and the last, then the miss.
+    _, state = load_state(str(tmp_path), "late")
+    table = cost_table(state)
+    assert table is not None
+    rows = table.splitlines()
+    first = next(r for r in rows if r.split()[:2] == ["total", "first"])
+    last = next(r for r in rows if r.split()[:2] == ["total", "last"])
+    assert f"{plan['seconds']:.1f}/{summary['seconds']:.1f}" in first.replace(" ", "")
+    assert first != last and rows[-1] == miss
