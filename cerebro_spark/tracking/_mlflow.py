@@ -60,8 +60,9 @@ class MlflowTracker(Tracker):
       keys) and as ``config.json``, the dataset's id and manifest summary, the procedure
       and seed as tags, the plan and the stages' predicted and actual seconds and dollars
       of an elastic run as metrics (``plan.*``, ``stage_plan.*``, ``stage_actual.*`` with
-      the stage as step, ``cost.*``) and as ``elastic/*.json``, why the search was stopped
-      (tag ``cerebro.stopped``, a budget), and at the end
+      the stage as step, from 1 as ``plan`` and the report number stages; ``cost.*``) and
+      as ``elastic/*.json``, why the search was stopped (tag ``cerebro.stopped``, a
+      budget), and at the end
       ``leaderboard.csv``, ``seconds`` (experiment time over all sessions), ``usd`` (when
       metered) and ``best.*`` metrics.
     * A **nested run** per trial has its params, seed and spec; each validation metric per
@@ -262,7 +263,8 @@ class MlflowTracker(Tracker):
             for k, v in fields.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "stage"
         }
-        self._log_metrics(run, numbers, int(fields.get("stage", 0) or 0), event)
+        stage = fields.get("stage")  # the log's, from 0; a user reads stages from 1
+        self._log_metrics(run, numbers, 0 if stage is None else int(stage) + 1, event)
         self._log_json(run, self._elastic[kind], f"elastic/{kind}.json")
 
     def _on_experiment_end(self, event: Mapping[str, Any]) -> None:

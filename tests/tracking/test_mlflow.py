@@ -304,7 +304,7 @@ def test_a_logged_run_replays_into_mlflow_with_its_plan_cost_and_a_registered_mo
         assert sorted(m.step for m in history) == [1, 2]  # the missed epoch 1 once, no repeat
     parent = client.get_run(next(r["run_id"] for r in recorded if r["trial"] is None))
     history = client.get_metric_history(parent.info.run_id, "stage_actual.seconds")
-    assert sorted((m.step, m.value) for m in history) == [(0, 210.0), (1, 211.0)]
+    assert sorted((m.step, m.value) for m in history) == [(1, 210.0), (2, 211.0)]  # from 1
     assert parent.info.status == "FINISHED"
     assert parent.data.metrics["stage_plan.usd"] == 0.25
     assert parent.data.metrics["plan.usd"] == 0.5
