@@ -101,10 +101,12 @@ class ProcedureContractError(CerebroError, RuntimeError):
 
 
 class SearchFailedError(CerebroError, RuntimeError):
-    """A search produced nothing: every trial failed, or none reported a finite metric.
+    """A search produced nothing: no trial completed with a finite metric.
 
-    It is raised after the event log, the leaderboard and the checkpoints are written, so
-    nothing is lost; the message names the first failure (trial id and error).
+    Every trial failed, none reported a finite metric, or the procedure suggested none
+    (its deadline passed first). It is raised after the event log, the leaderboard and
+    the checkpoints are written, so nothing is lost; the message names the first failure
+    (trial id and error), or the deadline when no trial was suggested.
 
     Attributes:
         experiment_id: The experiment.
