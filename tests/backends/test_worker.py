@@ -84,6 +84,7 @@ def test_a_failed_warm_up_fails_the_load_that_waits_for_it(
 def test_a_failed_read_among_several_loads_none_and_raises_the_first_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import cerebro_spark.backends._worker as worker_module
     import cerebro_spark.data as data
 
     dataset = make_dataset(tmp_path / "dataset")
@@ -98,7 +99,7 @@ def test_a_failed_read_among_several_loads_none_and_raises_the_first_in_order(
             raise DataError(f"broken file of partition {index}")
         return real(uri, split, index, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(data, "read_partition", flaky)
+    monkeypatch.setattr(worker_module, "read_partition", flaky)  # where the worker reads
     with pytest.raises(DataError, match="broken file of partition 1"):
         worker.load([3, 0, 1])
     assert sorted(started) == sorted((s, i) for i in (0, 1, 3) for s in ("train", "validation"))

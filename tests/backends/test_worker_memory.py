@@ -101,6 +101,7 @@ def test_a_worker_over_its_budget_spills_and_trains_bit_identical_units(tmp_path
 def test_a_load_that_fails_leaves_no_local_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import cerebro_spark.backends._worker as worker_module
     import cerebro_spark.data as data
 
     dataset = make_dataset(tmp_path / "dataset")
@@ -117,7 +118,7 @@ def test_a_load_that_fails_leaves_no_local_file(
             raise DataError("broken file of partition 2")
         return real(uri, split, index, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(data, "read_partition", flaky)
+    monkeypatch.setattr(worker_module, "read_partition", flaky)  # where the worker reads
     with pytest.raises(DataError, match="broken file of partition 2"):
         worker.load([1, 2])
     assert worker.partitions == frozenset() and worker.spilled() == []
