@@ -24,13 +24,23 @@ SPARK_INFO = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d INFO ", re.MULTILINE)
 
 @pytest.fixture
 def no_submit_args(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process with no Spark: no submit args, no gateway, no context running here.
+
+    The suite's own Spark session may run in this process; these cases are about one
+    where none does, so the check for a running context is told there is none.
+    """
     monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
-    if "pyspark" in sys.modules:  # a context running here is left alone: not this case
-        from pyspark import SparkContext
+    monkeypatch.setattr(cli, "_active_spark_context", lambda: None)
 
-        if SparkContext._active_spark_context is not None:
-            pytest.skip("a Spark context runs in this process")
+
+def test_a_context_running_here_is_left_alone(
+    no_submit_args: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "pyspark", sys.modules.get("pyspark", sys))
+    monkeypatch.setattr(cli, "_active_spark_context", object)  # a context runs
+    with cli.quiet_spark():
+        assert "PYSPARK_SUBMIT_ARGS" not in os.environ
 
 
 def test_a_jvm_started_in_the_block_gets_warn_and_the_environment_is_restored(
