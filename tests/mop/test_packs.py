@@ -21,6 +21,7 @@ import pytest
 import test_scheduler_properties
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_scheduler_groups import Prefer
 from test_scheduler_properties import Driver as UnpackedDriver
 from test_scheduler_properties import cases as unpacked_cases
 
@@ -55,22 +56,6 @@ def make(
         rng=np.random.default_rng(0),
         **kwargs,
     )
-
-
-class Prefer:
-    """A rule that picks the first candidate of the first trial in ``order``."""
-
-    def __init__(self, *order: str) -> None:
-        self.order = order
-
-    def choose(
-        self,
-        worker: str,
-        candidates: Sequence[Unit],
-        remaining: Mapping[str, Sequence[Unit]],
-        rng: np.random.Generator,
-    ) -> Unit:
-        return min(candidates, key=lambda u: self.order.index(u.trial))
 
 
 # -- Assignment ------------------------------------------------------------------------
