@@ -516,7 +516,7 @@ def cases(draw: st.DrawFn) -> Case:
     )
 
 
-class PackDriver:
+class PackDriver(UnpackedDriver):
     """Runs one epoch of ``case`` with packs under churn, checking after every call.
 
     It keeps its own record of what runs (``running``: trial to its assignment and its
@@ -524,7 +524,9 @@ class PackDriver:
     Q' against it: Q, the members and groups still running, and the units done partition
     the epoch; every trial is in one running assignment at most (isolation); a worker
     runs one assignment, a pack counting as one, until all its members are done or it is
-    freed (exclusivity).
+    freed (exclusivity). The resumed units, the count of what completed and the epoch's
+    units are the unpacked driver's (its ``__init__`` is not called: this one sets up all
+    it reads).
     """
 
     def __init__(self, case: Case) -> None:
@@ -568,31 +570,6 @@ class PackDriver:
         self.disruptions = case.disruptions
         self.removed: set[str] = set()
         self.packs_formed = 0
-
-    def _resume_units(self) -> list[Unit]:
-        units = []
-        parts = self.case.partitions
-        for trial in self.case.trials:
-            k = int(self.act.integers(len(parts) + 1))
-            order = self.orders[trial] if self.orders else list(self.act.permutation(parts))
-            units += [Unit(trial, int(p)) for p in order[:k]]
-            if k == len(parts) and self.val_parts:
-                n = int(self.act.integers(len(self.val_parts) + 1))
-                units += [Unit(trial, p, VALIDATE) for p in self.val_parts[:n]]
-        return [units[i] for i in self.act.permutation(len(units))]
-
-    def _count(self, unit: Unit) -> None:
-        self.done[unit] += 1
-        assert self.done[unit] == 1, f"{unit} completed twice"
-        (self.train_done if unit.kind is TRAIN else self.val_done)[unit.trial] += 1
-
-    def all_units(self) -> set[Unit]:
-        """Every unit of the epoch; of a removed trial, those it completed."""
-        trials = self.case.trials
-        every = {Unit(t, p) for t in trials for p in self.case.partitions} | {
-            Unit(t, p, VALIDATE) for t in trials for p in self.val_parts
-        }
-        return {u for u in every if u.trial not in self.removed or self.done[u]}
 
     def due(self, trial: str) -> set[int]:
         """Partitions whose train unit ``trial`` may run next (none if it validates)."""
