@@ -3,10 +3,9 @@
 Digits in 4 partitions on 2 LocalBackend workers, 8 MLP trials of one architecture with
 different learning rates, one epoch (the kernel's tolerance is stated for a unit and an
 epoch of units: over more epochs Adam's normalised steps (the default) let the rounding
-differences of the batched kernels grow
-past it; measured over 2 epochs: 7.6e-6 absolute at most). Checked: packs of up to 4
-form and are logged
-(``unit_start.pack``), every (trial, epoch, partition) is trained once, and every trial
+differences of the batched kernels grow past it; measured over 2 epochs: 7.6e-6 absolute
+at most). Checked: packs of up to 4 form and are logged (``unit_start.pack``), every
+(trial, epoch, partition) is trained once, and every trial
 ends with its unpacked twin's weights (the same visit orders imposed on a ``pack: off``
 run) within the kernel's tolerance and with its metrics; a trial whose loss is NaN fails
 alone while its pack mates go on; a driver killed right after one member of a pack was
