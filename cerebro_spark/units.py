@@ -501,6 +501,48 @@ def check_group(tasks: Collection[UnitTask]) -> None:
         )
 
 
+def check_pack_tasks(tasks: Sequence[UnitTask]) -> None:
+    """Check that ``tasks`` can be sent as one packed unit (issue 27), without torch.
+
+    Rules (the wire's share of :func:`cerebro_spark.training.check_pack`, which also
+    checks the data and the models when the worker runs the pack): a non-empty sequence
+    of ordinary train tasks (no ``group``) of distinct trials, one partition and one
+    spec, each with its own ``checkpoint_out``.
+
+    Raises:
+        ConfigError: A rule is broken (the message names the rule and the values).
+    """
+    if isinstance(tasks, (str, bytes)) or not isinstance(tasks, Sequence) or not tasks:
+        raise ConfigError(f"a packed unit needs a non-empty sequence of UnitTasks, got {tasks!r}")
+    first = tasks[0]
+    trials: set[str] = set()
+    outputs: set[str] = set()
+    for task in tasks:
+        if not isinstance(task, UnitTask):
+            raise ConfigError(f"a packed unit holds UnitTasks, got {task!r}")
+        name = f"trial {task.trial_id!r}"
+        if task.kind is not UnitKind.TRAIN or task.group is not None:
+            raise ConfigError(
+                f"packed units are ordinary train units; the task of {name} is a "
+                f"{task.kind.value} unit{' rank of a group' if task.group else ''}"
+            )
+        if task.partition != first.partition or task.spec != first.spec:
+            raise ConfigError(
+                f"a packed unit trains one partition with one spec: {name} has partition "
+                f"{task.partition} and spec {task.spec!r}, trial {first.trial_id!r} has "
+                f"{first.partition} and {first.spec!r}"
+            )
+        if task.trial_id in trials:
+            raise ConfigError(f"the trials of a packed unit must be distinct: {name} is twice")
+        if task.checkpoint_out is None or task.checkpoint_out in outputs:
+            raise ConfigError(
+                f"each trial of a packed unit writes its own checkpoint: {name} has "
+                f"checkpoint_out {task.checkpoint_out!r}"
+            )
+        trials.add(task.trial_id)
+        outputs.add(task.checkpoint_out)
+
+
 def _shared_fields(task: UnitTask) -> dict[str, Any]:
     """The fields every rank of a group unit has in common, as JSON."""
     out = task.to_json()

@@ -40,6 +40,29 @@ relies on (``tests/backends/contract.py`` is the shared suite):
   "each partition is read once" can be checked.
 * :meth:`Backend.close` stops every worker and is idempotent.
 
+Packed units (issue 27, semantics in :mod:`cerebro_spark.training._pack`):
+:meth:`Backend.submit_pack` runs ``k`` train units of ``k`` distinct trials on one
+partition together on one worker (one pass trains them all):
+
+* The tasks must be ordinary train units (no group rank) of distinct trials on one
+  partition, each with its own ``checkpoint_out``, else
+  :class:`~cerebro_spark.errors.ConfigError` is raised and nothing is sent; the worker
+  must be live, idle and hold the partition, else :class:`ValueError` as for
+  :meth:`Backend.submit`. A pack of one may go through :meth:`Backend.submit`.
+* It returns ``k`` futures, one per task, in task order. Each resolves to its trial's
+  :class:`~cerebro_spark.units.UnitResult` or fails on its own with
+  :class:`~cerebro_spark.errors.TrialError` (that trial alone: its loss turned NaN, its
+  own code raised; the others go on); all fail with
+  :class:`~cerebro_spark.errors.WorkerLostError` when the worker died, with
+  :class:`~cerebro_spark.errors.TrialError` when code the pack shares raised, and with a
+  store error (``OSError``: retry) when reading a checkpoint failed; a member whose own
+  checkpoint write failed fails alone with that store error.
+* The futures may be :class:`UnitFuture` s: every member's ``freed`` resolves once the
+  pack's pass is done, before the ``k`` checkpoints are written (as for one train unit).
+* A backend that cannot pack keeps the default, which runs a pack of one through
+  :meth:`Backend.submit` and raises :class:`NotImplementedError` naming the backend
+  for more.
+
 Group units (Cerebro §5.7, semantics in :mod:`cerebro_spark.training._group`):
 :meth:`Backend.submit_group` starts the ``k`` rank tasks of one group unit on ``k`` idle
 workers *together* (a rank blocks until its peers join):
@@ -257,6 +280,27 @@ class Backend(abc.ABC):
 
         It may be a :class:`UnitFuture` (its worker free before the result).
         """
+
+    def submit_pack(self, worker_id: str, tasks: Sequence[UnitTask]) -> list[Future[UnitResult]]:
+        """Run the train ``tasks`` of distinct trials together on ``worker_id`` (one pass).
+
+        See the module's rules on packed units. The default runs a pack of one through
+        :meth:`submit` and cannot run more.
+
+        Returns:
+            One future per task, in task order.
+
+        Raises:
+            ConfigError: The tasks cannot form a pack.
+            ValueError: The worker cannot take the pack now.
+            NotImplementedError: This backend cannot run packs of more than one trial.
+        """
+        if len(tasks) == 1:
+            return [self.submit(worker_id, tasks[0])]
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot run packed units (Backend.submit_pack); run with "
+            "pack: off, or on a backend that can, such as a WorkerPool"
+        )
 
     @abc.abstractmethod
     def submit_group(self, assignments: Mapping[str, UnitTask]) -> dict[str, Future[UnitResult]]:

@@ -381,8 +381,9 @@ def error_from_json(
 ) -> Exception:
     """The driver's exception for a worker's :func:`error_to_json` (its traceback as cause).
 
-    A ``run`` fails with :class:`~cerebro_spark.units.GroupBrokenError` (a peer was lost;
-    the unit is queued again), :class:`~cerebro_spark.errors.CheckpointCorruptError` (bytes
+    A ``run`` (or a whole ``pack``) fails with
+    :class:`~cerebro_spark.units.GroupBrokenError` (a peer was lost; the unit is queued again),
+    :class:`~cerebro_spark.errors.CheckpointCorruptError` (bytes
     other than those the log recorded), :class:`~cerebro_spark.errors.StoreError` (an
     ``OSError``: retried) or :class:`~cerebro_spark.errors.TrialError` (anything else: the
     trial fails); a ``load`` is re-raised as its own type when it is a known one.
@@ -391,7 +392,7 @@ def error_from_json(
     message = str(error.get("message", ""))
     text = str(error.get("traceback", ""))
     exc: Exception
-    if op == "run" and task is not None:
+    if op in ("run", "pack") and task is not None:  # a pack's: its first task's
         what = describe(task)
         if error.get("group_broken"):
             exc = GroupBrokenError(f"on worker {worker}: {message}")

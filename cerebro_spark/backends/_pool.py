@@ -55,7 +55,14 @@ from cerebro_spark.backends._serve import WorkerSpec
 from cerebro_spark.backends._transport import Transport
 from cerebro_spark.data import read_manifest
 from cerebro_spark.errors import ConfigError, WorkerLostError
-from cerebro_spark.units import GroupBrokenError, GroupSpec, UnitResult, UnitTask, check_group
+from cerebro_spark.units import (
+    GroupBrokenError,
+    GroupSpec,
+    UnitResult,
+    UnitTask,
+    check_group,
+    check_pack_tasks,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +73,7 @@ _LOCATE_WAIT_S = 3.0
 _END_WAIT_S = 1.0
 _TICK_S = 0.25
 _LOADING_LOG_S = 60.0  # how often a start says which workers it still waits for
+_UNITS = ("run", "pack")  # the commands that train or validate
 
 
 class _State(enum.IntEnum):
@@ -130,9 +138,13 @@ class _Pending:
     sent: bool = False
     trained: bool = False  # a train unit whose checkpoint the worker is writing
     peers: list[tuple[_Handle, _Pending]] | None = None  # rank 0: ranks awaiting its port
+    tasks: tuple[UnitTask, ...] = ()  # a pack's tasks (``task`` is the first)
+    members: tuple[UnitFuture, ...] = ()  # a pack's futures, one per task
 
     def message(self) -> dict[str, Any]:
-        """The command on the wire: a ``load`` of its partitions or a ``run`` of its task."""
+        """The command on the wire: a ``load``, a ``run`` of its task, a ``pack`` of its tasks."""
+        if self.op == "pack":
+            return {"op": self.op, "id": self.id, "tasks": [t.to_json() for t in self.tasks]}
         if self.task is None:
             return {"op": self.op, "id": self.id, "partitions": list(self.partitions)}
         return {"op": self.op, "id": self.id, "task": self.task.to_json()}
@@ -170,7 +182,7 @@ class _Handle:
         A unit whose checkpoint the worker is still writing is not running: the worker
         takes its next unit meanwhile.
         """
-        return next((p.task for p in self.pending if p.op == "run" and not p.trained), None)
+        return next((p.task for p in self.pending if p.op in _UNITS and not p.trained), None)
 
     def left(self, not_ready: str, not_retired: str | None) -> None:
         """Settle what waits on a worker that left, and mark it gone.
@@ -415,6 +427,30 @@ class WorkerPool(Backend):
                     "use submit_group"
                 )
             return self._send_locked(handle, "run", task=task).future
+
+    def submit_pack(self, worker_id: str, tasks: Sequence[UnitTask]) -> list[Future[UnitResult]]:
+        """Send the train ``tasks`` to ``worker_id`` as one packed unit (rules in ``_base``).
+
+        A pack of one is sent as an ordinary ``run``.
+
+        Raises:
+            ConfigError: The tasks cannot form a pack (``check_pack_tasks``).
+            ValueError: The worker cannot take it now.
+        """
+        check_pack_tasks(tasks)
+        if len(tasks) == 1:
+            return [self.submit(worker_id, tasks[0])]
+        partition = tasks[0].partition
+        members = tuple(UnitFuture() for _ in tasks)
+        with self._lock:
+            handle = self._usable_locked(worker_id, partition, f"partition {partition}")
+            pending = self._send_locked(handle, "pack", task=tasks[0], tasks=tuple(tasks))
+            pending.members = members
+            pending.future.add_done_callback(functools.partial(_settle_pack, members))
+        logger.debug(
+            "pack of %d trials on partition %d sent to worker %s", len(tasks), partition, worker_id
+        )
+        return list(members)
 
     def submit_group(self, assignments: Mapping[str, UnitTask]) -> dict[str, Future[UnitResult]]:
         """Start the ``k`` ranks of one group unit, one per worker (rules in ``_base``).
@@ -873,6 +909,8 @@ class WorkerPool(Backend):
                 if pending.task is not None and pending.task.group:  # carry its rendezvous
                     outcome = dataclasses.replace(outcome, task=pending.task)
                 pending.future.set_result(outcome)
+            elif pending.op == "pack":
+                pending.future.set_result(_pack_outcomes(handle.worker_id, pending, message))
             else:  # a first load's value is the worker's start-up phases
                 pending.future.set_result(message.get("value") if pending.op == "load" else None)
         except Exception as exc:  # a worker of another version? It cannot be trusted now
@@ -892,11 +930,13 @@ class WorkerPool(Backend):
                 if handle.state < _State.LEFT:
                     raise ValueError(f"trained for command {message.get('id')!r}, not pending")
                 return
-            if pending.op != "run" or not pending.sent or pending.trained:
+            if pending.op not in _UNITS or not pending.sent or pending.trained:
                 raise ValueError(f"trained for command {pending.id}, which trains no unit")
             pending.trained = True
         if isinstance(pending.future, UnitFuture):
             pending.future.free()
+        for member in pending.members:  # one pass trained the whole pack
+            member.free()
 
     def _on_rendezvous(self, handle: _Handle, message: Mapping[str, Any]) -> None:
         """Rank 0 bound its port: send the held ranks their tasks with its address and port."""
@@ -947,11 +987,15 @@ class WorkerPool(Backend):
         *,
         task: UnitTask | None = None,
         held: bool = False,
+        tasks: tuple[UnitTask, ...] = (),
     ) -> _Pending:
-        """Queue a ``load`` of ``partitions`` or a ``run`` of ``task`` (``held``: not sent yet)."""
+        """Queue a ``load`` of ``partitions``, a ``run`` of ``task`` or a ``pack`` of ``tasks``.
+
+        ``held``: not sent yet.
+        """
         partitions = tuple(int(p) for p in partitions)
         future = UnitFuture() if op == "run" else _running_future()
-        pending = _Pending(handle.next_id, op, partitions, task, future, held)
+        pending = _Pending(handle.next_id, op, partitions, task, future, held, tasks=tasks)
         handle.next_id += 1
         handle.pending.append(pending)
         self._flush_locked(handle)
@@ -1020,7 +1064,11 @@ class WorkerPool(Backend):
         self._transport.kill(handle.worker_id)
         logger.warning("worker %s is lost: %s", handle.worker_id, reason)
         for pending in lost:
-            if pending.op == "run" and pending.task is not None:
+            if pending.op == "pack":
+                trials = [t.trial_id for t in pending.tasks]
+                where = f"partition {pending.tasks[0].partition}"
+                what = f"while it ran the packed unit of trials {trials} ({where})"
+            elif pending.op == "run" and pending.task is not None:
                 what = f"while it ran the {describe(pending.task)}"
             else:
                 stage = "while it loaded" if before >= _State.READY else "before it had loaded"
@@ -1219,6 +1267,38 @@ def _tell_stop(handle: _Handle) -> bool:
             handle.channel.send({"op": "stop"})
             return True
     return False
+
+
+def _pack_outcomes(
+    worker_id: str, pending: _Pending, message: Mapping[str, Any]
+) -> list[UnitResult | Exception]:
+    """Each member's outcome from a ``pack``'s reply: its result, or its own error."""
+    outcomes = message["value"]["members"]
+    if not isinstance(outcomes, list) or len(outcomes) != len(pending.tasks):
+        raise ValueError(
+            f"a pack of {len(pending.tasks)} tasks was answered with {outcomes!r} outcomes"
+        )
+    out: list[UnitResult | Exception] = []
+    for task, outcome in zip(pending.tasks, outcomes, strict=True):
+        if outcome.get("ok"):
+            out.append(UnitResult.from_json(outcome["value"]))
+        else:
+            out.append(error_from_json(outcome["error"], worker_id, "run", task, ()))
+    return out
+
+
+def _settle_pack(members: tuple[UnitFuture, ...], pack: Future[Any]) -> None:
+    """Resolve a pack's member futures from the pack's command: its outcomes, or its error."""
+    error = pack.exception()
+    if error is not None:
+        for member in members:
+            _fail(member, error)
+        return
+    for member, outcome in zip(members, pack.result(), strict=True):
+        if isinstance(outcome, BaseException):
+            _fail(member, outcome)
+        elif not member.done():
+            member.set_result(outcome)
 
 
 def _group_of(task: UnitTask | None) -> GroupSpec:

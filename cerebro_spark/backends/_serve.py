@@ -10,13 +10,17 @@ thread), so every backend speaks the production wire format (:mod:`._control`). 
    that registered before, so a task attempt Spark retried after its executor died ends
    at once instead of serving as a ghost of a lost worker;
 4. serves commands in order with a :class:`~._worker.Worker`: ``load`` and ``drop``
-   (``id``, ``partitions``), ``run`` (``id``, ``task``: :meth:`UnitTask.to_json`), each
-   answered by a ``reply`` (``id``, ``ok``, ``value`` or ``error``, ``state``: partitions
-   held, bytes read); ``ping`` gets no answer. The value of the first ``load`` that
+   (``id``, ``partitions``), ``run`` (``id``, ``task``: :meth:`UnitTask.to_json`),
+   ``pack`` (``id``, ``tasks``: a packed unit, issue 27), each answered by a ``reply``
+   (``id``, ``ok``, ``value`` or ``error``, ``state``: partitions held, bytes read);
+   ``ping`` gets no answer. The value of the first ``load`` that
    succeeds is ``{"startup": {phase: time.time()}}``: when the worker's process started
    (``process``, where the OS says), :func:`serve` began (``serve``), it was connected
    (``connected``) and welcomed (``welcomed``), torch was imported (``torch``), its
-   partitions were read (``partitions``) and it answered (``ready``). Meanwhile it
+   partitions were read (``partitions``) and it answered (``ready``). A ``pack``'s
+   value is ``{"members": [...]}``, one ``{"ok", "value" or "error"}`` per task in
+   task order: a member fails alone (its loss turned NaN, its checkpoint write failed),
+   while an error of the whole pack is the reply's own. Meanwhile it
    sends a ``heartbeat`` every ``heartbeat_s``. Rank 0 of a group unit whose port is 0
    binds the rendezvous port and sends ``rendezvous`` (``id`` of the ``run``, ``port``)
    before it waits for its peers;
@@ -332,11 +336,16 @@ class _Writer:
         self._worker = worker
         self._channel = channel
         self._train: Callable[[UnitTask], Any] | None = getattr(worker, "train", None)
+        self._train_pack: Callable[[list[UnitTask]], list[Any]] | None = getattr(
+            worker, "train_pack", None
+        )
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"cerebro-write-{worker_id}")
         self._writing: Future[None] | None = None
 
     def takes(self, message: Mapping[str, Any]) -> bool:
-        """Whether ``message`` is a ``run`` this writer trains and writes in two steps."""
+        """Whether ``message`` is a ``run`` or ``pack`` to train and write in two steps."""
+        if message["op"] == "pack":
+            return True  # a worker that cannot pack says so in the reply
         if self._train is None or message["op"] != "run":
             return False
         task = message.get("task")
@@ -344,10 +353,16 @@ class _Writer:
 
     def train(self, message: Mapping[str, Any]) -> None:
         """Train the unit; report it ``trained``, then (once written) its ``reply``."""
-        assert self._train is not None  # ok: takes() said so
         command_id = message.get("id")
         try:
-            trained = self._train(UnitTask.from_json(message["task"]))
+            trained: Any
+            if message["op"] == "pack":
+                if self._train_pack is None:
+                    raise ValueError(f"worker {type(self._worker).__name__} cannot run packs")
+                trained = _Pack(self._train_pack([UnitTask.from_json(t) for t in message["tasks"]]))
+            else:
+                assert self._train is not None  # ok: takes() said so
+                trained = self._train(UnitTask.from_json(message["task"]))
         except Exception as exc:
             self.wait()
             self._channel.send(self._reply(command_id, False, error_to_json(exc)))
@@ -383,6 +398,29 @@ class _Writer:
         reply["value" if ok else "error"] = value
         reply["state"] = _state(self._worker)
         return reply
+
+
+class _Pack:
+    """A trained pack: each member's trained unit, or the error that failed it alone."""
+
+    def __init__(self, members: list[Any]) -> None:
+        self._members = members
+
+    def write(self) -> _Pack:
+        """Write each member's checkpoint (a failed write fails that member alone)."""
+        self._outcomes: list[dict[str, Any]] = []
+        for member in self._members:
+            try:
+                if isinstance(member, BaseException):
+                    raise member
+                self._outcomes.append({"ok": True, "value": member.write().to_json()})
+            except Exception as exc:
+                self._outcomes.append({"ok": False, "error": error_to_json(exc)})
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        """The reply's value: ``{"members": [...]}``."""
+        return {"members": self._outcomes}
 
 
 def _startup_phases(worker: _Served, startup: dict[str, float]) -> dict[str, float]:

@@ -53,6 +53,7 @@ from cerebro_spark.data._residence import (
     format_bytes,
     is_out_of_address_space,
 )
+from cerebro_spark.errors import TrialError
 from cerebro_spark.units import UnitKind, UnitResult, UnitTask
 
 if TYPE_CHECKING:
@@ -330,6 +331,29 @@ class Worker:
         with self._held(task) as data:
             return train_unit(
                 task,
+                data,
+                self._job.store,
+                self.manifest.info,
+                worker_id=self._worker_id,
+                device=self._device,
+            )
+
+    def train_pack(self, tasks: list[UnitTask]) -> list[TrainedUnit | TrialError]:
+        """Train a packed unit (issue 27); each checkpoint is written by ``.write()`` later.
+
+        Returns:
+            Per task, in order: its trained unit, or the error that failed its trial alone.
+
+        Raises:
+            ConfigError: The tasks cannot form a pack.
+            ValueError: Their partition is not held by this worker.
+            cerebro_spark.errors.TrialError: Code the pack shares raised (every trial).
+        """
+        from cerebro_spark.training import train_pack  # torch: as in run()
+
+        with self._held(tasks[0]) as data:
+            return train_pack(
+                tasks,
                 data,
                 self._job.store,
                 self.manifest.info,

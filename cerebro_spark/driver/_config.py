@@ -223,6 +223,13 @@ class ExperimentConfig:
             divided by the workers on that host
             (:func:`~cerebro_spark.data._residence.default_worker_memory`). A budget
             smaller than one batch is refused by the pre-flight.
+        pack: How many trials of one architecture a worker trains together in one visit
+            of a partition (issue 27, :mod:`cerebro_spark.training._pack`): ``"off"``
+            (the default: one trial a unit), an int ``N >= 1`` (packs of up to ``N``
+            trials whose models share a :func:`~cerebro_spark.training.pack_fingerprint`;
+            1 is off), or ``"auto"`` (``N`` chosen by the pre-flight from a throughput
+            curve measured once per architecture, :func:`resolve_pack`). A YAML
+            ``pack: off`` (a boolean false to YAML 1.1) reads as ``"off"``.
     """
 
     name: str
@@ -247,6 +254,7 @@ class ExperimentConfig:
     elastic: ElasticConfig | None = None
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
     worker_memory: int | None = None
+    pack: int | str = "off"
 
     def to_dict(self) -> dict[str, Any]:
         """Return the config as plain JSON values (the inverse of :func:`parse_config`)."""
@@ -275,6 +283,8 @@ class ExperimentConfig:
             del out["worker_memory"]
         if out["deadline"] is None:
             del out["deadline"]
+        if out["pack"] == "off":
+            del out["pack"]
         tracking = _tracking_dict(self.tracking)
         if tracking:
             out["tracking"] = tracking
@@ -429,6 +439,7 @@ def parse_config(raw: Any, *, stored: bool = False) -> ExperimentConfig:
         elastic=_parse_elastic(elastic_raw),
         tracking=_parse_tracking(top.take("tracking", dict, {})),
         worker_memory=_parse_worker_memory(top.take("worker_memory", (int, str), None)),
+        pack=parse_pack(top.take("pack", (int, str, bool), "off")),
     )
     top.finish()
     _check_device(config.device, config.backend)
@@ -447,6 +458,34 @@ def worker_budget(config: ExperimentConfig) -> int | None:
     budget, rule = default_worker_memory(config.workers)
     logger.info("worker_memory not set: %s a worker (%s)", format_bytes(budget), rule)
     return budget
+
+
+PACK_RULE = (
+    "'off', 'auto' or an int >= 1 (the most trials of one architecture a worker trains "
+    "together in one visit of a partition; 1 is off)"
+)
+
+
+def parse_pack(value: Any) -> int | str:
+    """``pack``: ``"off"``, ``"auto"`` or an int ``>= 1`` (YAML's ``off``, false, is ``"off"``).
+
+    Raises:
+        ConfigError: Any other value (naming it and the rule).
+    """
+    if value is False or value == "off":
+        return "off"
+    if value == "auto":
+        return "auto"
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise ConfigError(f"pack must be {PACK_RULE}, got {value!r}")
+
+
+def pack_size(config: ExperimentConfig) -> int | None:
+    """The config's most trials in one pack: 1 when ``pack`` is off, ``None`` for ``auto``."""
+    if config.pack == "auto":
+        return None
+    return 1 if config.pack == "off" else int(config.pack)
 
 
 def _parse_worker_memory(value: int | str | None) -> int | None:

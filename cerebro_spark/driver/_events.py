@@ -24,8 +24,12 @@ Event kinds and their fields:
   ``visit_orders`` ({trial: [partitions]} or null when dynamic), ``resources`` ({trial:
   workers it asked for, ``SearchProcedure.resources``}), ``group_plans`` (null, or
   {trial: [group sizes]} imposed on a replay; trials not named train one unit at a
-  time), ``procedure_state``
-* ``unit_start``: ``round``, ``trial``, ``epoch``, ``kind``, ``partition``, ``step``, ``worker``
+  time), ``procedure_state``; with packing on (``pack``, issue 27) also ``pack_size``
+  (the most trials in one packed unit this round; absent: 1, off)
+* ``unit_start``: ``round``, ``trial``, ``epoch``, ``kind``, ``partition``, ``step``,
+  ``worker``; a member of a packed unit (``k`` trials trained in one pass on one worker)
+  also ``pack``: the pack's trial ids in pack order (so are its ``unit_end`` and
+  ``unit_failed``, each its own trial's, as an ordinary unit's)
 * ``unit_end``: those fields and ``seconds``, ``io_seconds``, ``data_wait_seconds`` (the
   part of ``seconds`` the unit's loop waited for its batches; absent in older logs),
   ``rows``, ``metric_sums``

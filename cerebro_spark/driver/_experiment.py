@@ -18,6 +18,15 @@ round start the procedure says how many workers each live trial trains on
 ``Backend.submit_group``; its ``k`` results are combined only when all ``k`` are in (one
 ``unit_end`` per partition, see :mod:`~cerebro_spark.driver._events`), and a group that
 fails goes back to the queue whole (§5.6).
+Packed units (issue 27): with ``pack`` on, each round's MOP scheduler is given the
+round's ``pack_size`` (logged in ``round_start``, so a resumed round packs as it began)
+and a pack key per live trial: its spec and :func:`~cerebro_spark.training.pack_fingerprint`
+(trials training on groups of workers get none: they are never packed). The seeded visit
+orders are drawn so that trials of one key share an order
+(:func:`~cerebro_spark.mop.packed_visit_orders`). A pack goes to ``Backend.submit_pack``;
+its members are handled, retried and failed each as its own trial's unit. Each round
+builds a fresh scheduler from the live trials: a trial that a procedure stopped, paused
+or that failed is in no later pack, and a PBT clone gets its own key.
 Replays reproduce groups: the logged visit order, the same
 group sizes and the same workers form the same groups, and :func:`logged_group_plans`
 recovers the groups a run actually formed (after worker losses, too) to impose them.
@@ -39,6 +48,7 @@ membership the round then uses.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -92,6 +102,7 @@ from cerebro_spark.mop import (
     Unit,
     WorkAwareRule,
     grouped_visit_orders,
+    packed_visit_orders,
     seeded_visit_orders,
 )
 from cerebro_spark.search import (
@@ -102,7 +113,7 @@ from cerebro_spark.search import (
 )
 from cerebro_spark.search.space import SearchSpace
 from cerebro_spark.store import ExperimentLease, Store
-from cerebro_spark.training import load_spec
+from cerebro_spark.training import load_spec, pack_fingerprint
 from cerebro_spark.training._metrics import family_metrics
 from cerebro_spark.units import (
     UnitKind,
@@ -207,6 +218,8 @@ class Experiment:
         self._unit_counts: dict[tuple[str, UnitKind], int] = {}
         self._counters = RoundCounters()  # of this driver session, across its rounds
         self.reporter: Reporter | None = None
+        self._pack_size = self.preflight.pack_size
+        self._fingerprints: dict[str, str | None] = {}  # by spec and params (JSON)
         self._report_due = False  # a round ended: refresh once the next round is under way
 
     # -- events ---------------------------------------------------------------------------
@@ -466,6 +479,8 @@ class Experiment:
             return False
         number = self.state.round + 1
         resources = {t: self._resources(t) for t in live}
+        pack = self._pack_size
+        keys = self._pack_keys(live, resources) if pack > 1 else {}
         stop = self._stage_boundary(
             Stage(number, tuple(live), resources, seconds=self.clock()), backend
         )
@@ -479,10 +494,11 @@ class Experiment:
             round=number,
             trials=live,
             epochs={t: self.state.trials[t].epochs for t in live},
-            visit_orders=self._visit_orders(number, live, resources),
+            visit_orders=self._visit_orders(number, live, resources, keys, pack),
             resources=resources,
             group_plans=self._imposed_group_plans(number, live),
             procedure_state=self.procedure.state_dict(),
+            **({"pack_size": pack} if pack > 1 else {}),  # off: the events of old
         )
         return True
 
@@ -604,7 +620,12 @@ class Experiment:
         )
 
     def _visit_orders(
-        self, number: int, live: list[str], resources: Mapping[str, int]
+        self,
+        number: int,
+        live: list[str],
+        resources: Mapping[str, int],
+        keys: Mapping[str, str],
+        pack: int,
     ) -> dict[str, list[int]] | None:
         if self.imposed_orders is not None:
             orders = self.imposed_orders.get(number, {})
@@ -617,11 +638,39 @@ class Experiment:
         if self.config.visit_order == "dynamic":
             return None
         assert self.manifest is not None  # ok: set in run() before any round
-        orders = seeded_visit_orders(
-            live, range(self.manifest.num_partitions), self._round_rng(number)
-        )
+        partitions, rng = range(self.manifest.num_partitions), self._round_rng(number)
+        if pack > 1:  # trials that may pack share an order, so their packs last the epoch
+            orders = packed_visit_orders(live, partitions, rng, keys, pack)
+        else:
+            orders = seeded_visit_orders(live, partitions, rng)
         # Orders in which every group can be formed on the current workers (§5.7).
         return grouped_visit_orders(orders, resources, self.state.ready_workers())
+
+    def _pack_keys(self, live: Sequence[str], sizes: Mapping[str, int]) -> dict[str, str]:
+        """Each live trial's pack key: its spec and model structure (issue 27).
+
+        Trials trained by groups of workers (``sizes`` above 1) get none, nor do trials
+        whose model cannot be built from their params (their units fail as they would).
+        """
+        assert self.manifest is not None  # ok: set in run() before any round
+        keys: dict[str, str] = {}
+        for trial_id in live:
+            if sizes.get(trial_id, 1) > 1:
+                continue
+            trial = self.state.trials[trial_id]
+            params = {k: v for k, v in trial.params.items() if k != "model"}
+            cached = f"{trial.spec}\n{json.dumps(params, sort_keys=True, default=str)}"
+            if cached not in self._fingerprints:
+                try:
+                    digest = pack_fingerprint(load_spec(trial.spec), params, self.manifest.info)
+                    self._fingerprints[cached] = f"{trial.spec}:{digest}"
+                except Exception as error:  # user code: its own units will report it
+                    logger.info("trial %s is not packed: %s", trial_id, error)
+                    self._fingerprints[cached] = None
+            key = self._fingerprints[cached]
+            if key is not None:
+                keys[trial_id] = key
+        return keys
 
     def _round_rng(self, number: int) -> np.random.Generator:
         return np.random.default_rng(
@@ -646,6 +695,9 @@ class Experiment:
         orders = state.visit_orders
         if orders is not None:  # a resumed round: trials that failed in it are out
             orders = {t: order for t, order in orders.items() if t in alive}
+        pack = state.round_pack_size
+        unpacked = {t: 2 for t in (plans or {})} | sizes  # group trials are never packed
+        keys = self._pack_keys(live, unpacked) if pack > 1 else None
         scheduler = MopScheduler(
             trials=live,
             partitions=partitions,
@@ -657,6 +709,8 @@ class Experiment:
             completed=done,
             group_sizes=sizes,
             group_plans=plans or None,
+            pack_keys=keys,
+            pack_size=pack,
         )
         epoch = max((state.trials[t].epochs for t in live), default=0)
         self.progress.start_round(state.round, 2 * len(live) * len(partitions), len(done), epoch)

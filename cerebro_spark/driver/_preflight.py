@@ -39,7 +39,7 @@ import torch
 
 from cerebro_spark.data import DatasetInfo, Manifest
 from cerebro_spark.data._residence import format_bytes
-from cerebro_spark.driver._config import ExperimentConfig
+from cerebro_spark.driver._config import ExperimentConfig, pack_size
 from cerebro_spark.driver._dataset import resolve_dataset
 from cerebro_spark.driver._device import check_device
 from cerebro_spark.driver._procedure import build_procedure
@@ -72,6 +72,8 @@ class Preflight:
         families: Per spec import path, the metrics its trials report, by name
             (``"loss"`` included): the driver merges validation states with them.
         params: Per spec import path, the params its model was built with.
+        pack_size: The most trials in one packed unit (1: ``pack`` off; ``auto``
+            resolved, :func:`resolve_pack`).
     """
 
     config: ExperimentConfig
@@ -79,6 +81,7 @@ class Preflight:
     manifest: Manifest
     families: Mapping[str, Mapping[str, Any]]
     params: Mapping[str, Mapping[str, Any]]
+    pack_size: int = 1
 
 
 def preflight(config: ExperimentConfig, store: Store, *, started: float | None = None) -> Preflight:
@@ -106,6 +109,7 @@ def preflight(config: ExperimentConfig, store: Store, *, started: float | None =
     families = {spec: _check_family(spec, p, info) for spec, p in params.items()}
     check_worker_memory(config, manifest, params)
     resolved = resolve_objective(config, info, families)
+    packing = resolve_pack(config)
     if started is not None:
         check_deadline(config, time.monotonic() - started)
     logger.info(
@@ -115,7 +119,22 @@ def preflight(config: ExperimentConfig, store: Store, *, started: float | None =
         resolved.metric,
         resolved.mode,
     )
-    return Preflight(resolved, dataset_uri, manifest, families, params)
+    return Preflight(resolved, dataset_uri, manifest, families, params, packing)
+
+
+def resolve_pack(config: ExperimentConfig) -> int:
+    """The most trials in one packed unit: ``pack``'s N, 1 when off.
+
+    Raises:
+        ConfigError: ``pack: auto``, which this version cannot resolve yet.
+    """
+    size = pack_size(config)
+    if size is None:
+        raise ConfigError(
+            "pack: auto is not supported yet (the throughput curve is not measured in the "
+            "pre-flight yet): give pack: N, the most trials trained together (e.g. 4), or off"
+        )
+    return size
 
 
 def check_search(config: ExperimentConfig) -> None:

@@ -5,7 +5,10 @@ assignments, submits each to the backend (one unit, or a group of ranks, §5.7),
 one queue for whichever finishes first, and logs each outcome through its ``emit`` sink:
 ``unit_end`` (:func:`~cerebro_spark.driver._running.unit_end_fields`, the one builder), or
 ``unit_failed`` with a reason, after which the unit is retried (a lost worker, an I/O
-error, a broken group), or its trial fails (its own error, a corrupt checkpoint). What the
+error, a broken group), or its trial fails (its own error, a corrupt checkpoint). A packed
+assignment (issue 27) goes to ``Backend.submit_pack`` and each member is then handled as an
+ordinary unit of its own trial (a member that failed alone is retried or fails its trial
+alone; the pack's worker is freed once for all). What the
 round needs from the run around it comes in :class:`RoundHooks`; it knows nothing else of
 the driver.
 """
@@ -18,6 +21,7 @@ import logging
 import queue
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from typing import Any
 
 from cerebro_spark.backends import Backend
@@ -153,10 +157,10 @@ class RoundRunner:
         while not scheduler.finished:
             requeued = False
             for assignment in scheduler.assign():
-                started = self._submit(assignment)
-                if started is None:
+                submitted = self._submit(assignment)
+                if submitted is None:
                     requeued = True
-                else:
+                for started in submitted or ():
                     running[started.number] = started
                     started.watch(finished)
             self.hooks.units_out()  # the round's first units are out (or none can be)
@@ -197,7 +201,7 @@ class RoundRunner:
             for item in freed:  # its checkpoint being written, its worker takes other work
                 if item.number in running:
                     self.freed_at[item.number] = time.time()  # unit_end says when
-                    scheduler.free_worker(item.assignment.worker, item.assignment.unit)
+                    scheduler.free_worker(item.assignment.worker, item.unit)
                     self.membership.depart(item.assignment.workers)  # unless it left
             self.progress.maybe_log()
         self.progress.maybe_log(force=True)
@@ -234,23 +238,33 @@ class RoundRunner:
             f"workers: {dict(sorted(scheduler.workers.items()))}"
         )
 
-    def _task(self, assignment: Assignment) -> UnitTask:
-        """The task of an assignment (rank 0's, for a group)."""
-        trial = self.state.trials[assignment.unit.trial]
-        return unit_task(assignment, trial, self.prefix, self.epoch_units)
+    def _task(self, assignment: Assignment, member: int = 0) -> UnitTask:
+        """The task of an assignment (rank 0's, for a group; a member's, for a pack)."""
+        trial = self.state.trials[assignment.pack[member].trial]
+        return unit_task(assignment, trial, self.prefix, self.epoch_units, member)
 
-    def _where(self, assignment: Assignment, index: int, group: str | None) -> dict[str, Any]:
-        """The fields that place rank ``index`` of an assignment in the event log."""
-        epoch = self.state.trials[assignment.unit.trial].epochs
-        return unit_where(assignment, index, group, self.state.round, epoch)
+    def _where(
+        self, assignment: Assignment, index: int, group: str | None, member: int = 0
+    ) -> dict[str, Any]:
+        """The fields that place rank ``index`` (or pack member ``member``) in the event log."""
+        epoch = self.state.trials[assignment.pack[member].trial].epochs
+        return unit_where(assignment, index, group, self.state.round, epoch, member)
 
-    def _submit(self, assignment: Assignment) -> Running | None:
-        """Start an assignment on the backend; None if it went back to the queue."""
+    def _submit(self, assignment: Assignment) -> list[Running] | None:
+        """Start an assignment on the backend; None if it went back to the queue.
+
+        Returns one :class:`Running` per pack member (one for any other assignment).
+        """
         backend, scheduler = self.backend, self.scheduler
         task = self._task(assignment)
         group: str | None = None
+        members: list[Future[UnitResult]] = []
         try:
-            if assignment.size == 1:
+            if assignment.packed:
+                pack = [self._task(assignment, m) for m in range(len(assignment.pack))]
+                members = backend.submit_pack(assignment.worker, pack)
+                futures = {}
+            elif assignment.size == 1:
                 futures = {assignment.worker: backend.submit(assignment.worker, task)}
             else:
                 group = self._group_id(assignment)
@@ -262,7 +276,8 @@ class RoundRunner:
             live = backend.workers()
             if all(w in live for w in assignment.workers):
                 raise
-            scheduler.fail(assignment.unit)
+            for unit in assignment.pack:
+                scheduler.fail(unit)
             self.hooks.sync(backend)
             unexplained = [
                 w for w in assignment.workers if w not in live and w in scheduler.workers
@@ -273,9 +288,17 @@ class RoundRunner:
                     "change for them (Backend.changes)"
                 ) from None
             return None
+        if assignment.packed:
+            started = []
+            for member, future in enumerate(members):
+                self.log.append("unit_start", **self._where(assignment, 0, None, member))
+                number = next(self.counters.submissions)
+                where = {assignment.worker: future}
+                started.append(Running(assignment, where, None, number, member))
+            return started
         for index in range(assignment.size):
             self.log.append("unit_start", **self._where(assignment, index, group))
-        return Running(assignment, futures, group, next(self.counters.submissions))
+        return [Running(assignment, futures, group, next(self.counters.submissions))]
 
     def _group_id(self, assignment: Assignment) -> str:
         """A group id unique to this attempt, also across resumed driver sessions."""
@@ -286,10 +309,11 @@ class RoundRunner:
         )
 
     def _handle(self, item: Running) -> None:
+        """Handle an ordinary unit's outcome, or one pack member's (as its trial's unit)."""
         scheduler = self.scheduler
         assignment = item.assignment
-        unit = assignment.unit
-        where = self._where(assignment, 0, None)
+        unit = item.unit
+        where = self._where(assignment, 0, None, item.member)
         future = item.futures[assignment.worker]
         try:
             result = future.result()

@@ -4,7 +4,10 @@ The driver submits each assignment of the MOP scheduler (Cerebro §5.5) to the b
 (:func:`unit_task`), tracks it as :class:`Running` until every rank has reported (a group
 unit, Cerebro §5.7, has one future per rank), and logs each rank's outcome placed by
 :func:`unit_where`: ``unit_end`` with :func:`unit_end_fields`, or ``unit_failed`` with the
-reason :func:`group_failure` gives a group.
+reason :func:`group_failure` gives a group. A packed assignment (issue 27: ``k`` trials
+trained in one pass on one worker) is tracked as ``k`` :class:`Running` s, one per member
+(:attr:`Running.member`), each handled as an ordinary unit of its trial; each member's
+events carry a ``pack`` field, the pack's trial ids in pack order.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 from cerebro_spark.backends import UnitFuture
 from cerebro_spark.driver._state import TrialState
 from cerebro_spark.errors import StoreError, TrialError, WorkerLostError
-from cerebro_spark.mop import Assignment
+from cerebro_spark.mop import Assignment, Unit
 from cerebro_spark.units import GroupBrokenError, UnitKind, UnitResult, UnitTask, pack_states
 
 
@@ -32,6 +35,13 @@ class Running:
     group: str | None = None
     number: int = 0
     """Submission number (the order the driver handles finished assignments in)."""
+    member: int = 0
+    """The member of a packed assignment this tracks (its position in the pack)."""
+
+    @property
+    def unit(self) -> Unit:
+        """The unit this tracks: the assignment's unit, or its pack member's."""
+        return self.assignment.pack[self.member]
 
     def done(self) -> bool:
         """Whether every rank has reported."""
@@ -166,22 +176,24 @@ def unit_end_fields(
     }
 
 
-def unit_task(assignment: Assignment, trial: TrialState, prefix: str, epoch_units: int) -> UnitTask:
-    """The task of an assignment (rank 0's, for a group) of ``trial``.
+def unit_task(
+    assignment: Assignment, trial: TrialState, prefix: str, epoch_units: int, member: int = 0
+) -> UnitTask:
+    """The task of an assignment (rank 0's, for a group; a member's, for a pack) of ``trial``.
 
     Args:
         assignment: What the scheduler assigned.
-        trial: Its trial, as the log has it now.
+        trial: Its trial (the member's, for a pack), as the log has it now.
         prefix: The experiment's folder in the store (checkpoints go under it).
         epoch_units: Training units in an epoch (the dataset's partitions).
+        member: The member of a packed assignment (its position in the pack).
     """
-    unit = assignment.unit
+    unit = assignment.pack[member]
+    step = assignment.steps[member]
     params = {k: v for k, v in trial.params.items() if k != "model"}
     checkpoint_out = None
     if unit.kind is UnitKind.TRAIN:
-        checkpoint_out = (
-            f"{prefix}/checkpoints/{trial.trial_id}/e{trial.epochs:04d}-s{assignment.step:04d}.pt"
-        )
+        checkpoint_out = f"{prefix}/checkpoints/{trial.trial_id}/e{trial.epochs:04d}-s{step:04d}.pt"
     return UnitTask(
         kind=unit.kind,
         trial_id=trial.trial_id,
@@ -190,7 +202,7 @@ def unit_task(assignment: Assignment, trial: TrialState, prefix: str, epoch_unit
         trial_seed=trial.seed,
         epoch=trial.epochs,
         partition=unit.partition,
-        step=assignment.step,
+        step=step,
         epoch_units=epoch_units,
         checkpoint_in=trial.checkpoint,
         checkpoint_out=checkpoint_out,
@@ -199,19 +211,29 @@ def unit_task(assignment: Assignment, trial: TrialState, prefix: str, epoch_unit
 
 
 def unit_where(
-    assignment: Assignment, index: int, group: str | None, round_: int, epoch: int
+    assignment: Assignment,
+    index: int,
+    group: str | None,
+    round_: int,
+    epoch: int,
+    member: int = 0,
 ) -> dict[str, Any]:
-    """The fields that place rank ``index`` of an assignment in the event log."""
-    unit = assignment.unit
+    """The fields that place rank ``index`` (or pack member ``member``) in the event log.
+
+    A pack's members also carry ``pack``: its trial ids in pack order.
+    """
+    unit = assignment.pack[member]
     where: dict[str, Any] = {
         "round": round_,
         "trial": unit.trial,
         "epoch": epoch,
         "kind": unit.kind.value,
         "partition": assignment.partitions[index],
-        "step": assignment.step + index,
+        "step": assignment.steps[member] + index,
         "worker": assignment.workers[index],
     }
+    if assignment.packed:
+        where["pack"] = list(assignment.trials)
     if group is not None:
         where["group"] = group
         where["group_partitions"] = list(assignment.partitions)

@@ -197,6 +197,8 @@ class ExperimentState:
     visit_orders: dict[str, list[int]] | None = None
     round_resources: dict[str, int] = dataclasses.field(default_factory=dict)
     round_group_plans: dict[str, list[int]] | None = None
+    round_pack_size: int = 1
+    """The open round's most trials in one packed unit (``round_start.pack_size``; 1: off)."""
     procedure_state: dict[str, Any] | None = None
     done_units: list[DoneUnit] = dataclasses.field(default_factory=list)
     reported: set[str] = dataclasses.field(default_factory=set)
@@ -397,6 +399,7 @@ class ExperimentState:
         self.round_resources = {t: int(k) for t, k in (event.get("resources") or {}).items()}
         plans = event.get("group_plans")
         self.round_group_plans = None if plans is None else {t: list(p) for t, p in plans.items()}
+        self.round_pack_size = int(event.get("pack_size", 1))
         self.procedure_state = event["procedure_state"]
         self._open_groups = {}
         self.done_units = []

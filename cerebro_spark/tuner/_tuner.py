@@ -74,7 +74,9 @@ class Tuner:
         **options: Any other top-level config field (``rule``, ``visit_order``,
             ``torch_threads``, ``device``, ``worker_memory``, ``spark``, ``elastic`` ...),
             as in the YAML config (``worker_memory="4GiB"``: what each worker keeps of its
-            partitions in RAM; the rest is streamed from its local disk).
+            partitions in RAM; the rest is streamed from its local disk; ``pack=4``: up
+            to 4 trials of one architecture trained together in one visit of a partition,
+            ``"off"`` by default, issue 27).
 
     Raises:
         ConfigError: A field breaks a rule (checked here, before any data is touched).

@@ -26,7 +26,7 @@ import pytest
 
 from cerebro_spark.backends import Backend, Membership, WorkerJob
 from cerebro_spark.data import Manifest, write_dataset
-from cerebro_spark.errors import TrialError, WorkerLostError
+from cerebro_spark.errors import ConfigError, TrialError, WorkerLostError
 from cerebro_spark.store import Store, open_store
 from cerebro_spark.units import UnitKind, UnitResult, UnitTask
 
@@ -34,6 +34,8 @@ NUM_PARTITIONS = 4
 MLP = "cerebro_spark.training:MLPSpec"
 GATED = "tests.backends.failing_spec:GatedSpec"
 FAILING = "tests.backends.failing_spec:FailingSpec"
+POISON = "tests.backends.failing_spec:PoisonSpec"
+PACK_RTOL, PACK_ATOL = 1e-5, 1e-6  # a packed trial's weights against its unpacked twin's
 FAILURE_MESSAGE = "FailingSpec.build_model always raises"  # failing_spec.FAILURE_MESSAGE
 PARAMS: Mapping[str, Any] = {"hidden_units": [16], "lr": 0.01, "batch_size": 16}
 RESULT_TIMEOUT_S = 120.0
@@ -365,6 +367,69 @@ class BackendContract(abc.ABC):
             result(failed)
         assert worker_id in backend.workers()
         assert result(backend.submit(worker_id, train_task("good", partition))).rows > 0
+
+    # -- packed units (issue 27) ---------------------------------------------------------------
+
+    def test_a_pack_trains_each_trial_as_alone_and_a_nan_trial_fails_alone(
+        self, backend: Backend, dataset: Dataset, store: Store
+    ) -> None:
+        from cerebro_spark.training import decode_checkpoint  # torch: the workers train
+
+        partition = 3
+        worker_id = holder(backend, partition)
+        params = [{**PARAMS, "lr": 0.01}, {**PARAMS, "poison": True}, {**PARAMS, "lr": 0.2}]
+        tasks = [
+            train_task(f"p{i}", partition, spec=POISON, params=p, out=f"pack/p{i}.pt")
+            for i, p in enumerate(params)
+        ]
+        with pytest.raises(ConfigError, match="distinct"):  # refused before anything is sent
+            backend.submit_pack(worker_id, [tasks[0], tasks[0]])
+        futures = backend.submit_pack(worker_id, tasks)
+        assert len(futures) == 3
+        with pytest.raises(ValueError, match=worker_id):  # one pack at a time, as one unit
+            backend.submit(worker_id, train_task("busy", partition))
+        with pytest.raises(TrialError, match="not finite"):
+            result(futures[1])
+        rows = dataset.manifest.partition("train", partition).rows
+        for index in (0, 2):
+            packed = result(futures[index])
+            assert packed.task == tasks[index]
+            assert packed.worker_id == worker_id
+            assert packed.rows == rows
+            key = tasks[index].checkpoint_out
+            assert key is not None
+            blob = store.get(key)
+            assert packed.checkpoint_sha256 == hashlib.sha256(blob).hexdigest()
+            twin_task = dataclasses.replace(tasks[index], checkpoint_out=f"{key}.alone")
+            alone = result(backend.submit(worker_id, twin_task))
+            assert packed.metric_sums == pytest.approx(alone.metric_sums, rel=1e-5, abs=1e-6)
+            weights = decode_checkpoint(blob)["model"]
+            twin = decode_checkpoint(store.get(f"{key}.alone"))["model"]
+            assert weights.keys() == twin.keys()
+            for name, tensor in twin.items():
+                assert np.allclose(weights[name], tensor, rtol=PACK_RTOL, atol=PACK_ATOL), name
+        assert not store.exists(str(tasks[1].checkpoint_out))
+        assert worker_id in backend.workers()
+        (single,) = backend.submit_pack(worker_id, [train_task("one", partition)])
+        assert result(single).rows == rows  # a pack of one is an ordinary unit
+
+    def test_a_worker_killed_mid_pack_fails_every_member(
+        self, started: Callable[[int], Backend], tmp_path: Path
+    ) -> None:
+        backend = started(1)
+        (victim,) = backend.workers()
+        begun = tmp_path / "started"
+        params = gated(begun, [tmp_path / "never"])
+        tasks = [
+            train_task(f"k{i}", 0, spec=GATED, params={**params, "lr": 0.01 * (i + 1)})
+            for i in range(2)
+        ]
+        futures = backend.submit_pack(victim, tasks)
+        wait_until(begun.exists, "the pack to start")
+        self.kill_worker(backend, victim)
+        for future in futures:
+            with pytest.raises(WorkerLostError):
+                future.result(timeout=RESULT_TIMEOUT_S)
 
     # -- failures ----------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """Model specs for the backend contract suite, loaded by workers from their import path.
 
-``tests.backends.failing_spec:FailingSpec`` raises in user code; ``...:GatedSpec`` is an
+``tests.backends.failing_spec:FailingSpec`` raises in user code; ``...:PoisonSpec``'s
+loss is NaN for a trial with ``poison`` set; ``...:GatedSpec`` is an
 :class:`MLPSpec` that announces when a unit has started and can wait for other units, so
 tests can kill a worker mid-unit or prove that two units overlap without timing anything.
 The repository root is put on ``sys.path`` by ``tests/backends/conftest.py``; spawned
@@ -56,6 +57,31 @@ class GatedSpec(MLPSpec):
                 time.sleep(0.02)
         time.sleep(float(params.get("sleep_s", 0.0)))
         return super().build_model(params, info)
+
+
+class _Poison(nn.Module):
+    """Multiplies the outputs by a buffer: NaN for a poisoned trial, 1 otherwise."""
+
+    def __init__(self, poisoned: bool) -> None:
+        super().__init__()
+        self.register_buffer("factor", torch.tensor(float("nan") if poisoned else 1.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.factor
+
+
+class PoisonSpec(MLPSpec):
+    """An MLP whose loss is NaN from the first batch when its trial's ``poison`` is set.
+
+    Poisoned or not, its trials have one structure, so they can share a packed unit.
+    """
+
+    hyperparameters = MLPSpec.hyperparameters | {"poison"}
+
+    def build_model(self, params: Mapping[str, Any], info: DatasetInfo) -> nn.Module:
+        return nn.Sequential(
+            super().build_model(params, info), _Poison(params.get("poison", False))
+        )
 
 
 def _exit_now() -> Any:

@@ -71,6 +71,15 @@ def test_bad_settings_are_refused_before_any_data_is_touched():
         Tuner.from_config("no/such/config.yaml")
 
 
+def test_pack_is_a_config_field_of_the_tuner():
+    tuner = Tuner(SPACE, workers=1, pack=4)
+    assert tuner.to_config()["pack"] == 4
+    assert parse_config({**tuner.to_config(), "data": {"source": "sklearn:digits"}}).pack == 4
+    assert "pack" not in Tuner(SPACE, workers=1).to_config()
+    with pytest.raises(ConfigError, match=r"pack must be 'off', 'auto' or an int >= 1.*got 0"):
+        Tuner(SPACE, workers=1, pack=0)
+
+
 def test_grid_values_stay_literal():
     tuner = Tuner({**SPACE, "lr": Grid([0.1, 0.01])}, workers=1)
     assert tuner.to_config()["space"]["lr"] == {"grid": [0.1, 0.01]}
