@@ -41,7 +41,12 @@ class BuildError(RuntimeError):
 
 
 def needed(session: pytest.Session, fixture: str) -> bool:
-    """Whether a collected test uses ``fixture`` (directly or through another fixture)."""
+    """Whether a collected test uses ``fixture`` (directly or through another fixture).
+
+    False under ``--collect-only``: no test will run.
+    """
+    if session.config.option.collectonly:
+        return False
     return any(fixture in getattr(item, "fixturenames", ()) for item in session.items)
 
 
