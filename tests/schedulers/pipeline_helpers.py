@@ -8,6 +8,7 @@ local backend, on scikit-learn's wine data (178 rows).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -109,3 +110,26 @@ def check_outputs(directory: Path, experiment_id: str, epochs: int = 1) -> None:
     predictions = set(scored.column("prediction").to_pylist())
     assert predictions <= {0, 1, 2} and predictions
     assert "probability" in scored.column_names
+
+
+@dataclasses.dataclass(frozen=True)
+class Airflow:
+    """Python of Airflow's venv, and a database to copy to ``AIRFLOW_HOME/airflow.db``."""
+
+    python: Path
+    database: Path
+
+
+def airflow_env(home: Path) -> dict[str, str]:
+    """Airflow's environment: nothing of the project (no PYTHONPATH, no CEREBRO_*)."""
+    return {
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("CEREBRO_", "AIRFLOW")) and k != "PYTHONPATH"
+        },
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "schedulers" / "airflow"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    }

@@ -1,20 +1,18 @@
 """The Airflow DAG (schedulers/airflow/cerebro_nightly.py) under Airflow's own ``dag.test()``.
 
-Airflow lives in a virtual environment of its own that this test builds with pip (pinned,
-cached in pytest's cache directory, so one CI run builds it once: ~1 minute on a shared
-2-core machine). The DAG's tasks call the project's CLI through schedulers/steps.sh; the
-first try of ``run`` is killed like a dying driver once its experiment started, and the
-retry must resume that experiment rather than start another.
+Airflow lives in a virtual environment of its own (``conftest.py``: installed with uv,
+pinned, cached in pytest's cache directory, begun in the background once collection is
+done). The DAG's tasks call the project's CLI through schedulers/steps.sh; the first try of
+``run`` is killed like a dying driver once its experiment started, and the retry must
+resume that experiment rather than start another.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,6 +20,8 @@ import pytest
 from pipeline_helpers import (
     BIN,
     ROOT,
+    Airflow,
+    airflow_env,
     check_outputs,
     pipeline_env,
     requires_report,
@@ -30,7 +30,6 @@ from pipeline_helpers import (
 
 pytestmark = [pytest.mark.spark, pytest.mark.torch, pytest.mark.slow, requires_report]
 
-AIRFLOW_VERSION = "3.3.2"
 DAG_FILE = ROOT / "schedulers" / "airflow" / "cerebro_nightly.py"
 RUNNER = Path(__file__).with_name("airflow_runner.py")
 EXPERIMENT = "nightly-20261124"
@@ -68,43 +67,8 @@ exec {real} "$@"
 """
 
 
-def _airflow_python(venv: Path) -> Path | None:
-    python = venv / "bin" / "python"
-    if not python.exists():
-        return None
-    probe = subprocess.run(
-        [str(python), "-c", "import airflow; print(airflow.__version__)"],
-        capture_output=True,
-        text=True,
-    )
-    return python if probe.stdout.strip() == AIRFLOW_VERSION else None
-
-
-@pytest.fixture(scope="session")
-def airflow_python(request: pytest.FixtureRequest) -> Path:
-    """Python of a virtual environment with apache-airflow, built once per CI run."""
-    venv = Path(request.config.cache.mkdir(f"airflow-{AIRFLOW_VERSION}-venv"))
-    python = _airflow_python(venv)
-    if python is not None:
-        return python
-    shutil.rmtree(venv, ignore_errors=True)
-    started = time.monotonic()
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    install = subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "--quiet", f"apache-airflow=={AIRFLOW_VERSION}"],
-        capture_output=True,
-        text=True,
-    )
-    if install.returncode != 0:
-        pytest.fail(f"pip could not install apache-airflow=={AIRFLOW_VERSION}:\n{install.stderr}")
-    logger.warning("built the Airflow venv in %.0f s", time.monotonic() - started)
-    python = _airflow_python(venv)
-    assert python is not None, "apache-airflow installed but not importable"
-    return python
-
-
 def test_dag_runs_every_step_and_its_retry_resumes_the_search(
-    tmp_path: Path, airflow_python: Path
+    tmp_path: Path, airflow: Airflow
 ) -> None:
     store = tmp_path / "store"
     cli = tmp_path / "crashing-cerebro-spark"
@@ -128,29 +92,18 @@ def test_dag_runs_every_step_and_its_retry_resumes_the_search(
     }
     space = {"model": "slow_spec:SlowMLP", "hidden_units": [16], "lr": {"grid": [0.003, 0.01]}}
     write_config(tmp_path, epochs=EPOCHS, space={**space, "batch_size": 16})
+    home = tmp_path / "airflow"
+    home.mkdir()
+    shutil.copyfile(airflow.database, home / "airflow.db")  # `airflow db migrate`d
     env = {
-        **{
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("CEREBRO_", "AIRFLOW")) and k != "PYTHONPATH"
-        },
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "AIRFLOW_HOME": str(tmp_path / "airflow"),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(DAG_FILE.parent),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        **airflow_env(home),
         "AIRFLOW_VAR_CEREBRO_SPARK": json.dumps(settings),
         "CEREBRO_RETRIES": "1",
         "CEREBRO_RETRY_DELAY_SECONDS": "0",
     }
-    subprocess.run(
-        [str(airflow_python.parent / "airflow"), "db", "migrate"],
-        env=env,
-        check=True,
-        capture_output=True,
-    )
     started = time.monotonic()
     result = subprocess.run(
-        [str(airflow_python), str(RUNNER), str(DAG_FILE), "2026-11-24"],
+        [str(airflow.python), str(RUNNER), str(DAG_FILE), "2026-11-24"],
         env=env,
         capture_output=True,
         text=True,
