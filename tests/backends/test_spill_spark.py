@@ -1,16 +1,18 @@
 """``worker_memory`` on Spark executors: spilled partitions on ``local-cluster[2,1,1024]``.
 
 One child driver (this module, run with ``python -m``: a process has one SparkContext)
-runs two applications on ``local-cluster[2,1,1024]``, each executor's scratch space under
-the test's folder (``SPARK_LOCAL_DIRS``):
+runs two applications, each executor's scratch space under the test's folder
+(``SPARK_LOCAL_DIRS``):
 
-1. with ``spark.executor.pyspark.memory=1536m`` (PySpark caps each Python worker's
-   address space, ``RLIMIT_AS``, at 1536 MiB): a probe task measures the cap and what
-   importing PyTorch takes in an executor's Python worker; then the same search (2 MLPs
-   on the digits, 4 partitions, 2 epochs, 2 workers) runs with ample ``worker_memory``
-   and with a quarter of what each worker holds, while a thread lists the spill folders;
-2. with ``spark.executor.pyspark.memory=512m``, too small for PyTorch: the search must
-   fail with an error naming the setting.
+1. on ``local-cluster[2,1,1024]`` with ``spark.executor.pyspark.memory=1536m`` (PySpark
+   caps each Python worker's address space, ``RLIMIT_AS``, at 1536 MiB): a probe task
+   measures the cap and what importing PyTorch takes in an executor's Python worker;
+   then the same search (2 MLPs on the digits, 4 partitions, 2 epochs, 2 workers) runs
+   with ample ``worker_memory`` and with a quarter of what each worker holds, while a
+   thread lists the spill folders;
+2. on ``local-cluster[1,1,1024]`` (one executor: its one worker is enough to fail) with
+   ``spark.executor.pyspark.memory=512m``, too small for PyTorch: the search (1 worker)
+   must fail with an error naming the setting.
 
 The spilled run must end as the in-memory one (checkpoint digests, metrics, best epochs),
 read each partition from the store once, spill on the executors (each worker its own
@@ -36,6 +38,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MASTER = "local-cluster[2,1,1024]"
+SMALL_CAP_MASTER = "local-cluster[1,1,1024]"
 CAP_MIB = 1536
 SMALL_CAP = "512m"
 CHILD_TIMEOUT_S = 900
@@ -166,11 +169,11 @@ def _probe(_: object) -> dict[str, Any]:
     }
 
 
-def _session(local: Path, pyspark_memory: str) -> Any:
+def _session(local: Path, pyspark_memory: str, master: str = MASTER) -> Any:
     from cerebro_spark.spark_session import spark_session
 
     return spark_session(
-        MASTER,
+        master,
         "cerebro-spill-spark",
         {
             "spark.ui.enabled": "false",
@@ -185,7 +188,9 @@ def _session(local: Path, pyspark_memory: str) -> Any:
     )
 
 
-def _run(tmp: Path, name: str, worker_memory: int | str) -> dict[str, Any]:
+def _run(
+    tmp: Path, name: str, worker_memory: int | str, master: str = MASTER, workers: int = 2
+) -> dict[str, Any]:
     """One search; what it left and produced, and the spill folders seen while it ran."""
     from cerebro_spark.data import read_manifest, read_partition
     from cerebro_spark.engine import parse_config, run_experiment
@@ -202,7 +207,8 @@ def _run(tmp: Path, name: str, worker_memory: int | str) -> dict[str, Any]:
             "lr": {"grid": [0.01, 0.05]},
             "batch_size": 32,
         },
-        spark={"master": MASTER},
+        spark={"master": master},
+        workers=workers,
         worker_memory=worker_memory,
     )
     seen: dict[str, set[str]] = {}
@@ -281,10 +287,12 @@ def _child_main(tmp: Path, out: Path) -> None:
         finally:
             session.stop()
         start = time.monotonic()
-        session = _session(tmp / "local", SMALL_CAP)
+        session = _session(tmp / "local", SMALL_CAP, SMALL_CAP_MASTER)
         seconds["small-cap session"] = round(time.monotonic() - start, 1)
         try:
-            report["runs"]["small-cap"] = _run(tmp, "small-cap", "64MiB")
+            report["runs"]["small-cap"] = _run(
+                tmp, "small-cap", "64MiB", master=SMALL_CAP_MASTER, workers=1
+            )
         finally:
             session.stop()
     except Exception:

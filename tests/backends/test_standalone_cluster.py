@@ -18,6 +18,7 @@ Run alone: ``pytest tests/backends/test_standalone_cluster.py``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -97,10 +98,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("standalone")
     cluster = Cluster(root)
     try:
-        cluster.start_master()
-        for instance in (1, 2):
-            cluster.start_worker(instance)
-        _wait(lambda: cluster.alive_workers() == 2, "two worker daemons to register", 120)
+        cluster.start_master(timeout_s=180)  # a loaded 2-core machine: JVMs start slowly
+        # Both daemons at once (spark-daemon.sh waits seconds for each); they register
+        # while the child driver starts, which waits for their two executors.
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            for started in [pool.submit(cluster.start_worker, i) for i in (1, 2)]:
+                started.result()
         yield cluster
     finally:
         for instance in cluster.worker_instances():
@@ -223,7 +226,9 @@ def _scenario_backend(cluster: Cluster, session: Any, tmp: Path) -> dict[str, An
     report: dict[str, Any] = {}
     dataset = make_dataset(tmp / "dataset")
     job = WorkerJob(dataset.uri, open_store(str(tmp / "store")), torch_threads=1)
-    _wait(lambda: len(_executors(session)) == 2, "two executors", 120)
+    # The worker daemons were started with this driver: both register, then their executors.
+    _wait(lambda: cluster.alive_workers() == 2, "two worker daemons to register", 180)
+    _wait(lambda: len(_executors(session)) == 2, "two executors", 180)
     backend = SparkBackend(spark=session, heartbeat_s=1.0, heartbeat_timeout_s=10.0, poll_s=1.0)
     try:
         begun = time.monotonic()
