@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -126,11 +127,17 @@ def master(tmp_path: Path) -> Any:
 
 @pytest.fixture
 def daemons(master: SparkDaemons) -> SparkDaemons:
-    """The master and two worker daemons of one core each."""
-    for instance in (1, 2):
-        master.start_worker(instance, cores=1, memory="1g")
-    wait_until(lambda: master.alive_workers() == 2, "two worker daemons", 120)
+    """The master and two worker daemons of one core each, started at once (each start
+    waits seconds for its JVM), and maybe not registered yet: :func:`registered`."""
+    with ThreadPoolExecutor(2) as starting:
+        for done in [starting.submit(master.start_worker, i, 1, "1g") for i in (1, 2)]:
+            done.result()
     return master
+
+
+def registered(daemons: SparkDaemons, workers: int = 2) -> None:
+    """Wait until the master counts ``workers`` alive worker daemons."""
+    wait_until(lambda: daemons.alive_workers() == workers, f"{workers} worker daemons", 120)
 
 
 def small_sha(tmp_path: Path, elastic: dict[str, Any], spark: dict[str, Any]) -> Path:
@@ -170,7 +177,8 @@ def test_spark_submit_follows_a_plan_file_on_a_standalone_cluster(
         tmp_path,
         {"manager": "spark", "spark": {"max_executors": 2}},
         {"conf": {"spark.ui.enabled": False}},
-    )
+    )  # (written while the worker daemons register)
+    registered(daemons)
     submit = Path(sys.executable).with_name("spark-submit")
     done = subprocess.run(
         [
@@ -210,7 +218,6 @@ def test_a_databricks_cluster_follows_a_plan_file(tmp_path: Path, master: SparkD
 
     daemons = master
     with FakeDatabricks(2, daemons=daemons, resize_s=1.0) as fake:
-        wait_until(lambda: daemons.alive_workers() == 2, "the fake's two nodes", 120)
         spark = {
             "master": daemons.url,
             "conf": {
@@ -224,6 +231,7 @@ def test_a_databricks_cluster_follows_a_plan_file(tmp_path: Path, master: SparkD
         }
         databricks = {"host": fake.host, "token_env": "FAKE_DBX_TOKEN", "resize_retry_s": 60}
         path = small_sha(tmp_path, {"manager": "databricks", "databricks": databricks}, spark)
+        registered(daemons)  # the fake's two nodes (they register while the plan is written)
         command = [str(Path(sys.executable).with_name("cerebro-spark")), "run", str(path),
                    "--experiment-id", "databricks"]  # fmt: skip
         done = subprocess.run(
