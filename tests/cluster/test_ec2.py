@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -595,7 +596,13 @@ def _scenario(
             cluster.resize(1)  # before the new instance booted (2 s)
             surplus = sorted({i["InstanceId"] for i in cluster.fleet.describe()} - before)
             report["surplus"] = surplus
-            time.sleep(machines.boot_latency_s + 1.5)  # it would have booted by now
+            # Its boot thread ends (given up): had it booted, its machine would run by then.
+            boot = f"cerebro-boot-{surplus[0]}"
+            _wait(
+                lambda: boot not in {t.name for t in threading.enumerate() if t.is_alive()},
+                "the surplus instance's boot to end",
+                60,
+            )
             report["surplus_booted"] = [i for i in surplus if i in machines.machines]
             report["surplus_state"] = machines.state(surplus[0])
             report["after_surplus"] = executors(cluster)

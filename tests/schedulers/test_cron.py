@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -44,7 +46,12 @@ def test_two_nights_at_once_one_runs_the_pipeline_the_other_exits_75(tmp_path: P
         CEREBRO_EXPERIMENT_ID="nightly-20261124",
     )
     first = subprocess.Popen(
-        ["bash", str(SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        ["bash", str(SCRIPT)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own group: a failed test stops every step it started
     )
     try:
         holder = _wait_for_lock_holder(logs / "nightly.lock", first, timeout=60)
@@ -60,7 +67,9 @@ def test_two_nights_at_once_one_runs_the_pipeline_the_other_exits_75(tmp_path: P
         out, err = first.communicate(timeout=540)
     finally:
         if first.poll() is None:
-            first.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(first.pid, signal.SIGKILL)
+            first.communicate()
     assert first.returncode == 0, (out, err)
     for step in ("etl", "prepare", "plan", "run", "report", "score"):
         assert f"nightly.sh: {step} done in" in out
