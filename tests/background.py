@@ -14,6 +14,7 @@ meanwhile copy no lock it could hold.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import shutil
 import subprocess
@@ -43,9 +44,11 @@ class BuildError(RuntimeError):
 def needed(session: pytest.Session, fixture: str) -> bool:
     """Whether a collected test uses ``fixture`` (directly or through another fixture).
 
-    False under ``--collect-only``: no test will run.
+    False under ``--collect-only`` (no test will run) and in a pytest-xdist worker: every
+    worker collects every test but runs only its share, so there the fixture sets up when
+    its test runs, while the other workers go on with theirs.
     """
-    if session.config.option.collectonly:
+    if session.config.option.collectonly or hasattr(session.config, "workerinput"):
         return False
     return any(fixture in getattr(item, "fixturenames", ()) for item in session.items)
 
@@ -83,6 +86,13 @@ def build_venv(venv: Path, requirement: str, check: str, timeout: float = 900) -
         BuildError: A step failed or ran past ``timeout`` seconds; the installer's output
             is in the message.
     """
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{venv}.lock", "w") as lock:  # one build at a time (several pytest processes)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_venv(venv, requirement, check, timeout)
+
+
+def _build_venv(venv: Path, requirement: str, check: str, timeout: float) -> Path:
     python = venv / "bin" / "python"
     built = venv / BUILT
     if python.exists() and built.is_file() and built.read_text() == requirement:
