@@ -99,19 +99,34 @@ def write_config(tmp_path: Path, model: str | None, **changes: Any) -> Path:
     return path
 
 
-def cli(*args: str, script: str = "-m cerebro_spark.cli") -> subprocess.CompletedProcess[str]:
+def start(*args: str, script: str = "-m cerebro_spark.cli") -> subprocess.Popen[str]:
+    """Start the CLI (or ``script``) in ``ROOT`` with ``args``; its output piped."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
-    return subprocess.run(
+    return subprocess.Popen(
         [sys.executable, *script.split(), *args],
         env=env,
         cwd=ROOT,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
     )
+
+
+def finish(process: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+    """Wait at most 300 s for a process from :func:`start`; kill it if it still runs."""
+    try:
+        stdout, stderr = process.communicate(timeout=300)
+    finally:
+        process.kill()
+        process.wait()
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def cli(*args: str, script: str = "-m cerebro_spark.cli") -> subprocess.CompletedProcess[str]:
+    return finish(start(*args, script=script))
 
 
 def test_every_trial_failing_raises_from_the_python_api(tmp_path: Path) -> None:
@@ -131,16 +146,24 @@ def test_every_trial_failing_raises_from_the_python_api(tmp_path: Path) -> None:
 
 def test_the_cli_and_the_job_exit_non_zero_when_every_trial_failed(tmp_path: Path) -> None:
     path = write_config(tmp_path, FAILING)
-    run = cli("run", str(path), "--experiment-id", "cli")
-    assert run.returncode == 3, run.stderr[-3000:]
-    assert "every trial of experiment cli failed (2 trials); the first failure: trial t000" in (
-        run.stderr
-    )
-    assert TRAINING_FAILURE in run.stderr
-    assert run.stdout.count("error: ") == 2  # the table shows each trial's error
-    resumed = cli("resume", str(tmp_path / "store" / "experiments" / "cli"))
-    assert resumed.returncode == 3 and "every trial of experiment cli failed" in resumed.stderr
-    job = cli(str(path), "--experiment-id", "job", script=str(ROOT / "jobs" / "run.py"))
+    (tmp_path / "job").mkdir()
+    job_path = write_config(tmp_path / "job", FAILING)  # its own store: the two run at once
+    running = start("run", str(path), "--experiment-id", "cli")
+    job_running = start(str(job_path), "--experiment-id", "job", script=str(ROOT / "jobs/run.py"))
+    try:
+        run = finish(running)
+        assert run.returncode == 3, run.stderr[-3000:]
+        assert "every trial of experiment cli failed (2 trials); the first failure: trial t000" in (
+            run.stderr
+        )
+        assert TRAINING_FAILURE in run.stderr
+        assert run.stdout.count("error: ") == 2  # the table shows each trial's error
+        resumed = cli("resume", str(tmp_path / "store" / "experiments" / "cli"))
+        assert resumed.returncode == 3 and "every trial of experiment cli failed" in resumed.stderr
+        job = finish(job_running)
+    finally:
+        job_running.kill()
+        job_running.wait()
     assert job.returncode == 3, job.stderr[-3000:]
     assert "every trial of experiment job failed" in job.stderr
 

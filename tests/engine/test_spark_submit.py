@@ -1,10 +1,19 @@
-"""The digits experiment submitted with spark-submit to a local-cluster (2 executors)."""
+"""The digits experiment submitted with spark-submit to a local-cluster (2 executors).
+
+It is submitted once, with its dataset and checkpoints on S3 (moto's server, as the
+``s3_server`` fixture runs it), and two tests check that one run: what the local-cluster
+did (every unit once, each worker read its partitions once) and what landed on S3. A
+submission costs three JVMs (the driver and two executors); one proves both.
+"""
 
 import json
 import os
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -15,6 +24,12 @@ from cerebro_spark.store import open_store
 pytestmark = [pytest.mark.spark, pytest.mark.torch, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
+REGION = "us-east-1"
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": REGION,
+}
 
 
 def submit(tmp_path, store, extra_conf=()):
@@ -65,13 +80,56 @@ def submit(tmp_path, store, extra_conf=()):
     assert completed.returncode == 0, completed.stderr[-4000:]
 
 
-def test_spark_submit_to_local_cluster(tmp_path):
-    submit(tmp_path, str(tmp_path / "store"))
-    _, state = load_state(str(tmp_path / "store"), "submitted")
+class Submitted:
+    """The one submission: its store's URI, and the bucket holding it (a boto3 client)."""
+
+    def __init__(self, store: str, bucket: str, client: Any) -> None:
+        self.store = store
+        self.bucket = bucket
+        self.client = client
+
+
+@pytest.fixture(scope="module")
+def submitted(_moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Submitted]:
+    """The experiment submitted to local-cluster[2,1,1024] with its store on S3.
+
+    The fake credentials are in this process's environment while the module's tests read
+    the store, and reach the executors through ``spark.executorEnv``.
+    """
+    import boto3
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in {
+            **CREDENTIALS,
+            "AWS_REGION": REGION,
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }.items():
+            patch.setenv(name, value)
+        patch.delenv("AWS_SESSION_TOKEN", raising=False)
+        patch.delenv("AWS_PROFILE", raising=False)
+        bucket = f"test-{uuid.uuid4().hex[:16]}"
+        client = boto3.client(
+            "s3",
+            endpoint_url=f"http://{_moto_endpoint}",
+            region_name=REGION,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        client.create_bucket(Bucket=bucket)
+        store = f"s3://{bucket}/lake?endpoint_override={_moto_endpoint}&scheme=http&region={REGION}"
+        credentials = [f"spark.executorEnv.{name}={value}" for name, value in CREDENTIALS.items()]
+        tmp_path = tmp_path_factory.mktemp("submitted")
+        submit(tmp_path, store, [arg for pair in credentials for arg in ("--conf", pair)])
+        yield Submitted(store, bucket, client)
+
+
+def test_spark_submit_to_local_cluster(submitted):
+    store = submitted.store
+    _, state = load_state(store, "submitted")
     assert state.finished
     assert all(t.status == "completed" and t.epochs == 2 for t in state.trials.values())
     assert max(t.metrics["accuracy"] for t in state.trials.values()) > 0.85
-    events = read_events(open_store(str(tmp_path / "store")).child("experiments/submitted"))
+    events = read_events(open_store(store).child("experiments/submitted"))
     joined = [e for e in events if e["event"] == "worker_joined"]
     assert len(joined) == 2
     assert len({e["host"] for e in joined}) >= 1
@@ -83,9 +141,7 @@ def test_spark_submit_to_local_cluster(tmp_path):
     assert len(ends) == len(set(ends)) == 2 * 2 * 4 * 2
     # each worker read exactly the partitions it holds, once, over the whole run
     dataset = next(e for e in events if e["event"] == "dataset")
-    manifest = json.loads(
-        open_store(str(tmp_path / "store")).get(f"datasets/{dataset['dataset_id']}/manifest.json")
-    )
+    manifest = json.loads(open_store(store).get(f"datasets/{dataset['dataset_id']}/manifest.json"))
     held = {e["worker"]: set(e["partitions"]) for e in events if e["event"] == "worker_ready"}
     assert len(held) == 2
     read = {e["worker"]: e["bytes_read"] for e in events if e["event"] == "worker_bytes"}
@@ -94,19 +150,12 @@ def test_spark_submit_to_local_cluster(tmp_path):
         assert read[worker] == expected
 
 
-def test_spark_submit_with_dataset_and_checkpoints_on_s3(tmp_path, s3_server):
-    store = s3_server.uri("lake")
-    credentials = [
-        f"spark.executorEnv.{name}={os.environ[name]}"
-        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
-    ]
-    submit(tmp_path, store, [arg for pair in credentials for arg in ("--conf", pair)])
-    _, state = load_state(store, "submitted")
+def test_spark_submit_with_dataset_and_checkpoints_on_s3(submitted):
+    _, state = load_state(submitted.store, "submitted")
     assert state.finished
     assert all(t.status == "completed" for t in state.trials.values())
-    keys = [
-        o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_server.bucket)["Contents"]
-    ]
+    listed = submitted.client.list_objects_v2(Bucket=submitted.bucket)
+    keys = [o["Key"] for o in listed["Contents"]]
     assert any(
         k.startswith("lake/experiments/submitted/checkpoints/") and k.endswith(".pt") for k in keys
     )

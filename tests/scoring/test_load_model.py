@@ -11,7 +11,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from scoring_fixtures import train_experiment
 
 import cerebro_spark
 from cerebro_spark.data import load_source, prepare_dataset, read_manifest, read_partition
@@ -29,11 +28,6 @@ from cerebro_spark.training import (
 from cerebro_spark.units import UnitKind, UnitTask
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    return train_experiment(tmp_path_factory.mktemp("bc"))
 
 
 @pytest.fixture(scope="module")

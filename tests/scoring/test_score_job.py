@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from scoring_fixtures import train_experiment
 
 from cerebro_spark.engine import read_events
 from cerebro_spark.scoring import load_model
@@ -20,11 +19,6 @@ from cerebro_spark.store import open_store
 pytestmark = [pytest.mark.spark, pytest.mark.torch, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    return train_experiment(tmp_path_factory.mktemp("bc"))
 
 
 def environment() -> dict[str, str]:
@@ -82,32 +76,26 @@ def test_score_job_scores_every_row_as_load_model_does(trained, tmp_path, master
 
 
 def test_a_missing_experiment_fails_fast_with_exit_status_2(trained, tmp_path):
-    completed = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "jobs/score.py"),
-            "--store",
-            trained.store,
-            "--experiment",
-            "nope",
-            "--input",
-            trained.held_out_path,
-            "--output",
-            str(tmp_path / "out"),
-        ],
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert completed.returncode == 2
-    assert "score: error: no experiment at" in completed.stderr
-    completed = subprocess.run(
-        [sys.executable, str(ROOT / "jobs/score.py"), "--store", trained.store],
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert completed.returncode == 2
-    assert "exactly one of --experiment" in completed.stderr
+    score = [sys.executable, str(ROOT / "jobs/score.py"), "--store", trained.store]
+    missing = ["--experiment", "nope", "--input", trained.held_out_path]
+    # two independent processes (each mostly Python's and torch's imports): run side by side
+    running = [
+        subprocess.Popen(
+            command,
+            env=environment(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for command in ([*score, *missing, "--output", str(tmp_path / "out")], score)
+    ]
+    try:
+        (_, no_experiment), (_, no_source) = [p.communicate(timeout=120) for p in running]
+    finally:
+        for process in running:
+            process.kill()
+            process.wait()
+    assert running[0].returncode == 2
+    assert "score: error: no experiment at" in no_experiment
+    assert running[1].returncode == 2
+    assert "exactly one of --experiment" in no_source

@@ -10,7 +10,6 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
-from scoring_fixtures import train_experiment
 
 from cerebro_spark.errors import ConfigError, DataError
 from cerebro_spark.scoring import ModelTransformer, best_checkpoint_uri, load_model
@@ -18,11 +17,6 @@ from cerebro_spark.scoring import _transformer as transformer_module
 from cerebro_spark.training import decode_checkpoint, encode_checkpoint
 
 pytestmark = [pytest.mark.spark, pytest.mark.torch, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    return train_experiment(tmp_path_factory.mktemp("bc"))
 
 
 def scored_rows(frame) -> pd.DataFrame:
