@@ -4,7 +4,9 @@ Every case here is a bad input or a fault, the exact error it must end in, and a
 that nothing was lost. The helpers:
 
 * :func:`tiny_config`: a config small enough that a whole run takes seconds (iris, two
-  partitions, MLPs of a few units), so runs can be killed, resumed and compared;
+  partitions, MLPs of a few units), so runs can be killed, resumed and compared; the
+  ``tiny_reference`` fixture: its uninterrupted run, once a session, for every module that
+  compares a faulted run with it;
 * :func:`strict_events`: parses an ``events.jsonl`` as *standard* JSON (a bare ``NaN``
   fails) and folds it, i.e. "the log is readable";
 * :func:`outcome`: what a finished run produced (final checkpoint digests, best trial,
@@ -21,6 +23,7 @@ that nothing was lost. The helpers:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -39,7 +42,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cerebro_spark.engine import ExperimentState, read_events
+from cerebro_spark.engine import ExperimentState, parse_config, read_events, run_experiment
 from cerebro_spark.store import open_store
 
 TINY_SPACE: dict[str, Any] = {
@@ -64,6 +67,29 @@ def tiny_config(store: str | Path, **changes: Any) -> dict[str, Any]:
     }
     raw.update(changes)
     return raw
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """An uninterrupted run: its store, its experiment id and its :func:`outcome`."""
+
+    store: Path
+    experiment_id: str
+    outcome: dict[str, Any]
+
+
+@pytest.fixture(scope="session")
+def tiny_reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    """The uninterrupted run of ``tiny_config`` (local backend), experiment ``reference``.
+
+    Run once a session: its outcome does not depend on the store or the backend (the
+    faulted runs compared with it run on a local disk, on S3 and on Spark). Read-only: a
+    module that adds to a store or damages a log copies ``store`` (or the experiment) first.
+    """
+    store = tmp_path_factory.mktemp("tiny-reference")
+    result = run_experiment(parse_config(tiny_config(store)), experiment_id="reference")
+    assert len(result.trials) == 4
+    return Reference(store, "reference", outcome(strict_events(str(store), "reference")[1]))
 
 
 def write_config(path: Path, raw: dict[str, Any]) -> Path:
@@ -156,10 +182,24 @@ class Driver:
     def wait_for(
         self, events_file: Path, ready: Callable[[list[dict[str, Any]]], bool], timeout: float = 240
     ) -> list[dict[str, Any]]:
-        """Poll the log until ``ready(events)``; fail if the driver ends first."""
+        """Poll the log until ``ready(events)``; fail if the driver ends first.
+
+        Only the lines appended since the last poll are parsed: the log of 200 trials is
+        1.2 MB halfway, and parsing all of it at every poll kept most of a core busy beside
+        the driver it waits for. A log that shrank (a torn tail cut off) is read again.
+        """
         deadline = time.monotonic() + timeout
+        events: list[dict[str, Any]] = []
+        offset = 0
         while time.monotonic() < deadline:
-            events = whole_lines(events_file)
+            with contextlib.suppress(FileNotFoundError), events_file.open("rb") as log:
+                if os.fstat(log.fileno()).st_size < offset:
+                    events, offset = [], 0
+                log.seek(offset)
+                data = log.read()
+                whole = data.rfind(b"\n") + 1  # a torn last line waits for its end
+                events.extend(strict_lines(data[:whole]))
+                offset += whole
             if ready(events):
                 return events
             if self.process.poll() is not None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cerebro_spark.cli import main
-from cerebro_spark.engine import parse_config, resume_experiment, run_experiment
+from cerebro_spark.engine import resume_experiment
 from tests.reliability.conftest import (
     Driver,
     outcome,
@@ -31,14 +31,17 @@ UNITS = 4 * 2 * 2 * 2  # trials x epochs x partitions x (train, validate)
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return tmp_path_factory.mktemp("store")
+def store(tmp_path_factory, tiny_reference):
+    """This module's store: a copy of the session's reference store (its prepared dataset
+    and ``experiments/reference``, the uninterrupted run), which the cases add to."""
+    store = tmp_path_factory.mktemp("store") / "store"
+    shutil.copytree(tiny_reference.store, store)
+    return store
 
 
 @pytest.fixture(scope="module")
-def reference(store):
-    run_experiment(parse_config(tiny_config(store)), experiment_id="reference")
-    return outcome(strict_events(str(store), "reference")[1])
+def reference(tiny_reference):
+    return tiny_reference.outcome
 
 
 def start(store: Path, tmp_path: Path, experiment_id: str, **changes) -> Driver:

@@ -27,6 +27,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
+from multiprocessing.pool import Pool
 from pathlib import Path
 from typing import Any
 
@@ -112,22 +113,21 @@ def ranks(out: str, token: str, timeout_s: float = RENDEZVOUS_S) -> tuple[UnitTa
 
 
 def run_together(
-    tasks: list[UnitTask], store_uri: str, first: int | None = None
+    pool: Pool, tasks: list[UnitTask], store_uri: str, first: int | None = None
 ) -> list[UnitResult | Exception]:
-    """Run ``tasks`` in rank processes at once; their outcomes in order.
+    """Run ``tasks`` in rank processes of ``pool`` at once; their outcomes in order.
 
-    With ``first``, the tasks before it start, task ``first`` runs to its end, and only then
-    do the rest start.
+    ``pool`` has a process for every task (each runs one task at a time, so that all of
+    them are in the rendezvous together). With ``first``, the tasks before it start, task
+    ``first`` runs to its end, and only then do the rest start.
     """
-    context = multiprocessing.get_context("spawn")
     limit = RENDEZVOUS_S + TIMEOUT_S * 2
-    with context.Pool(len(tasks)) as pool:
-        cut = len(tasks) if first is None else first + 1
-        pending = [pool.apply_async(run_rank, (task, store_uri)) for task in tasks[:cut]]
-        if first is not None:
-            pending[first].wait(limit)
-        pending += [pool.apply_async(run_rank, (task, store_uri)) for task in tasks[cut:]]
-        return [p.get(limit) for p in pending]
+    cut = len(tasks) if first is None else first + 1
+    pending = [pool.apply_async(run_rank, (task, store_uri)) for task in tasks[:cut]]
+    if first is not None:
+        pending[first].wait(limit)
+    pending += [pool.apply_async(run_rank, (task, store_uri)) for task in tasks[cut:]]
+    return [p.get(limit) for p in pending]
 
 
 @pytest.mark.torch
@@ -135,14 +135,19 @@ def test_a_process_with_a_wrong_token_cannot_take_a_rank_and_the_group_trains(
     tmp_path: Path,
 ) -> None:
     store_uri = str(tmp_path / "store")
-    clean = run_together(list(ranks("clean.pt", "a" * 32)), store_uri)
-    assert all(isinstance(r, UnitResult) for r in clean), clean
-    rank0, rank1 = ranks("attacked.pt", "b" * 32)
-    assert rank1.group is not None
-    intruder = dataclasses.replace(rank1, group=dataclasses.replace(rank1.group, token="c" * 32))
-    # The intruder meets rank 0 at the rendezvous, and is turned away, before the real rank 1
-    # starts (were it to come after the real group had trained, it would find no one).
-    real0, refused, real1 = run_together([rank0, intruder, rank1], store_uri, first=1)
+    # One pool of spawned rank processes for both groups: each imports torch once.
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
+        clean = run_together(pool, list(ranks("clean.pt", "a" * 32)), store_uri)
+        assert all(isinstance(r, UnitResult) for r in clean), clean
+        rank0, rank1 = ranks("attacked.pt", "b" * 32)
+        assert rank1.group is not None
+        intruder = dataclasses.replace(
+            rank1, group=dataclasses.replace(rank1.group, token="c" * 32)
+        )
+        # The intruder meets rank 0 at the rendezvous, and is turned away, before the real
+        # rank 1 starts (were it to come after the real group had trained, it would find no
+        # one).
+        real0, refused, real1 = run_together(pool, [rank0, intruder, rank1], store_uri, first=1)
     assert isinstance(refused, GroupBrokenError)
     assert "presented a token that is not the group's" in str(refused)
     assert "c" * 32 not in str(refused) and "b" * 32 not in str(refused)

@@ -206,19 +206,29 @@ def test_s3_lease_uses_conditional_writes(s3_server):
 
 CONFIG = """\
 name: leased
-data: {source: "sklearn:digits", partitions: 2}
+data: {source: "sklearn:iris", partitions: 2}
 model: cerebro_spark.training:MLPSpec
 epochs: 3
 workers: 2
 store: STORE
-space: {hidden_units: {grid: [[32], [64], [16]]}, lr: 0.01}
+space: {hidden_units: {grid: [[4], [8], [16]]}, lr: 0.01}
 """
 
+# Logged by the driver's main thread after it took the lease and wrote its first events,
+# before it starts its workers (no worker_memory in CONFIG).
+HELD_AT = "worker_memory not set"
 
-def _driver(*args: str, cwd: Path) -> subprocess.Popen[str]:
+
+def _driver(*args: str, cwd: Path, release: Path | None = None) -> subprocess.Popen[str]:
+    """The CLI in a child process; with ``release``, held still once it logs ``HELD_AT``
+    until a file exists at ``release`` (``tests.reliability.held_driver``)."""
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    module = ["cerebro_spark.cli"]
+    if release is not None:
+        env["CEREBRO_TEST_HOLD_RELEASE"] = str(release)
+        module = ["tests.reliability.held_driver", HELD_AT, "300"]
     return subprocess.Popen(
-        [sys.executable, "-m", "cerebro_spark.cli", *args],
+        [sys.executable, "-m", *module, *args],
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
@@ -243,28 +253,37 @@ def _error_lines(output: str) -> list[str]:
 @pytest.mark.slow
 def test_second_driver_is_refused_while_the_first_runs(tmp_path):
     store = tmp_path / "store"
-    # long enough that the others start (imports, config) while it runs, even on a loaded host
-    config = CONFIG.replace("STORE", str(store)).replace("epochs: 3", "epochs: 12")
+    config = CONFIG.replace("STORE", str(store)).replace("epochs: 3", "epochs: 1")
     (tmp_path / "c.yaml").write_text(config)
-    first = _driver("run", "c.yaml", "--experiment-id", "e1", cwd=tmp_path)
-    experiment = store / "experiments" / "e1"
-    _wait_for(experiment / "events.jsonl", first)
-    log_before = (experiment / "events.jsonl").read_bytes()
-    second = _driver("resume", "e1", "--store", str(store), cwd=tmp_path)
-    third = _driver("run", "c.yaml", "--experiment-id", "e1", "--if-exists", "resume",
-                    cwd=tmp_path)  # fmt: skip
-    out, _ = second.communicate(timeout=120)
-    assert second.returncode == 2, out
-    errors = _error_lines(out)
-    assert len(errors) == 1 and "Traceback" not in out, out
-    assert (
-        f"experiment e1 in {store} is driven by another driver: host {socket.gethostname()}, "
-        f"pid {first.pid}, since "
-    ) in errors[0]
-    out3, _ = third.communicate(timeout=120)
-    assert third.returncode == 2 and f"pid {first.pid}, since " in out3, out3
-    out1, _ = first.communicate(timeout=300)
-    assert first.returncode == 0, out1
+    # Held mid-run (lease taken, heartbeat going, first events written) until the others
+    # have been refused, however long they take to start on a loaded host.
+    release = tmp_path / "release"
+    first = _driver("run", "c.yaml", "--experiment-id", "e1", cwd=tmp_path, release=release)
+    try:
+        experiment = store / "experiments" / "e1"
+        _wait_for(experiment / "events.jsonl", first)
+        log_before = (experiment / "events.jsonl").read_bytes()
+        second = _driver("resume", "e1", "--store", str(store), cwd=tmp_path)
+        third = _driver("run", "c.yaml", "--experiment-id", "e1", "--if-exists", "resume",
+                        cwd=tmp_path)  # fmt: skip
+        out, _ = second.communicate(timeout=120)
+        assert second.returncode == 2, out
+        errors = _error_lines(out)
+        assert len(errors) == 1 and "Traceback" not in out, out
+        assert (
+            f"experiment e1 in {store} is driven by another driver: host {socket.gethostname()}, "
+            f"pid {first.pid}, since "
+        ) in errors[0]
+        out3, _ = third.communicate(timeout=120)
+        assert third.returncode == 2 and f"pid {first.pid}, since " in out3, out3
+        assert first.poll() is None  # still held: the others were refused while it ran
+        release.touch()
+        out1, _ = first.communicate(timeout=300)
+        assert first.returncode == 0, out1
+    finally:
+        if first.poll() is None:  # a failed check: the held driver is not left behind
+            first.kill()
+            first.communicate()
     events = [json.loads(line) for line in (experiment / "events.jsonl").read_text().splitlines()]
     assert (experiment / "events.jsonl").read_bytes().startswith(log_before)
     starts = [e for e in events if e["event"] == "experiment_start"]

@@ -9,6 +9,8 @@ exactly once, the units done before the kill kept.
 from __future__ import annotations
 
 import signal
+import threading
+from typing import Any
 
 import pytest
 
@@ -40,15 +42,39 @@ def config(store):
 
 def test_200_trials_driver_killed_halfway_resume_equals_uninterrupted(tmp_path):
     store = tmp_path / "store"
-    run_experiment(parse_config(config(store)), experiment_id="whole")
-    whole_events, whole = strict_events(str(store), "whole")
-    assert len(whole.trials) == TRIALS and len(unit_ends(whole_events)) == UNITS
-
     path = write_config(tmp_path / "many.yaml", config(store))
     driver = Driver(["run", str(path), "--experiment-id", "killed"])
     events_file = store / "experiments/killed/events.jsonl"
-    before = driver.wait_for(events_file, lambda events: len(unit_ends(events)) >= UNITS // 2)
-    driver.kill(signal.SIGKILL)
+    halfway: dict[str, Any] = {}
+
+    def kill_halfway() -> None:
+        try:
+            halfway["before"] = driver.wait_for(
+                events_file, lambda events: len(unit_ends(events)) >= UNITS // 2, timeout=900
+            )
+        except BaseException as error:  # pytest.fail's, re-raised below
+            halfway["error"] = error
+        finally:
+            driver.kill(signal.SIGKILL)
+
+    # The uninterrupted run goes on here, in a store of its own, while the driver runs (and
+    # is killed) beside it.
+    whole_store = tmp_path / "whole"
+    watcher = threading.Thread(target=kill_halfway, daemon=True)
+    watcher.start()
+    try:
+        run_experiment(parse_config(config(whole_store)), experiment_id="whole")
+    except BaseException:
+        driver.kill(signal.SIGKILL)  # not left to run to its end
+        raise
+    finally:
+        watcher.join()
+    if "error" in halfway:
+        raise halfway["error"]
+    before = halfway["before"]
+    whole_events, whole = strict_events(str(whole_store), "whole")
+    assert len(whole.trials) == TRIALS and len(unit_ends(whole_events)) == UNITS
+
     _, state = strict_events(str(store), "killed")
     assert not state.finished
 

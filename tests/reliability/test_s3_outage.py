@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -36,21 +37,61 @@ def proxied_uri(s3_server, proxy: TcpProxy, prefix: str) -> str:
     )
 
 
-def restore_after(proxy: TcpProxy, seconds: float) -> threading.Thread:
-    thread = threading.Thread(target=lambda: (time.sleep(seconds), proxy.restore()), daemon=True)
+class Noticed(logging.Handler):
+    """Set once the store has logged that it looks unreachable (in any thread)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.event = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "the store looks unreachable" in record.getMessage():
+            self.event.set()
+
+
+@pytest.fixture
+def noticed() -> Iterator[threading.Event]:
+    """An event set when ``cerebro_spark.store`` first warns that it is retrying: the store
+    has given up on pyarrow's own retries and waits for the endpoint (its level is the
+    test's, e.g. ``caplog.at_level(logging.WARNING, ...)``)."""
+    handler = Noticed()
+    logger = logging.getLogger("cerebro_spark.store")
+    logger.addHandler(handler)
+    yield handler.event
+    logger.removeHandler(handler)
+
+
+def restore_when(proxy: TcpProxy, noticed: threading.Event, least_s: float) -> threading.Thread:
+    """Restore the endpoint once the store noticed the outage, and not before ``least_s``."""
+
+    def restore() -> None:
+        begun = time.monotonic()
+        noticed.wait(OUTAGE_LIMIT_S)
+        time.sleep(max(0.0, least_s - (time.monotonic() - begun)))
+        proxy.restore()
+
+    thread = threading.Thread(target=restore, daemon=True)
     thread.start()
     return thread
 
 
-def test_a_put_and_a_get_wait_for_the_endpoint_to_come_back(s3_server, proxy, caplog):
+# The longest an outage lasts when the store never notices it (the test then fails on the
+# missing warning): generous, for a loaded machine.
+OUTAGE_LIMIT_S = 120.0
+
+
+def test_a_put_and_a_get_wait_for_the_endpoint_to_come_back(s3_server, proxy, caplog, noticed):
     store = open_store(proxied_uri(s3_server, proxy, "wait"))
     store.put("a", b"before")
     proxy.cut()
-    thread = restore_after(proxy, 10.0)  # longer than pyarrow's own retries
+    # Back once the store found it gone and waits for it (pyarrow's own retries given up,
+    # its first warning logged), and not before a second.
+    thread = restore_when(proxy, noticed, least_s=1.0)
     with caplog.at_level(logging.WARNING, logger="cerebro_spark.store"):
         store.put("b", b"during")
         assert store.get("a") == b"before"
     thread.join()
+    assert noticed.is_set()
     assert store.get("b") == b"during"
     assert "the store looks unreachable" in caplog.text
     assert "succeeded after" in caplog.text
@@ -103,12 +144,10 @@ def test_a_bad_retry_budget_is_refused_by_name(monkeypatch, value):
 @pytest.mark.torch
 @pytest.mark.slow
 def test_the_s3_endpoint_lost_mid_run_the_run_waits_and_goes_on(
-    s3_server, proxy, monkeypatch, tmp_path, caplog
+    s3_server, proxy, monkeypatch, tiny_reference, caplog, noticed
 ):
     monkeypatch.setenv(RETRY_SECONDS_ENV, "180")  # workers inherit it
-    reference_store = tmp_path / "reference"
-    run_experiment(parse_config(tiny_config(reference_store)), experiment_id="reference")
-    reference = outcome(strict_events(str(reference_store), "reference")[1])
+    reference = tiny_reference.outcome  # the uninterrupted run (local disk)
 
     uri = proxied_uri(s3_server, proxy, "lake")
     direct = open_store(s3_server.uri("lake")).child("experiments/outage")  # not via proxy
@@ -122,7 +161,12 @@ def test_the_s3_endpoint_lost_mid_run_the_run_waits_and_goes_on(
                 if ends >= 6:
                     proxy.cut()
                     outage["ends"] = ends
-                    time.sleep(15.0)
+                    # Back once the driver has found the store gone and waits for it (it
+                    # writes an event per unit), and not before a few seconds.
+                    begun = time.monotonic()
+                    noticed.wait(OUTAGE_LIMIT_S)
+                    time.sleep(max(0.0, 3.0 - (time.monotonic() - begun)))
+                    outage["noticed"] = noticed.is_set()
                     proxy.restore()
                     return
             time.sleep(0.05)
@@ -133,7 +177,7 @@ def test_the_s3_endpoint_lost_mid_run_the_run_waits_and_goes_on(
         run_experiment(parse_config(tiny_config(uri)), experiment_id="outage")
     thread.join()
     assert outage["ends"] < 4 * 2 * 2 * 2, "the outage came after the run's last unit"
-    assert "the store looks unreachable" in caplog.text
+    assert outage["noticed"] and "the store looks unreachable" in caplog.text
     events, state = strict_events(uri, "outage")
     assert state.finished and outcome(state) == reference
     ends = unit_ends(events)

@@ -25,10 +25,9 @@ from tests.reliability.conftest import outcome, strict_events, tiny_config, unit
 pytestmark = [pytest.mark.spark, pytest.mark.torch, pytest.mark.slow]
 
 
-def test_a_spark_worker_killed_while_it_loads_partitions(spark, tmp_path):
+def test_a_spark_worker_killed_while_it_loads_partitions(spark, tmp_path, tiny_reference):
     store = tmp_path / "store"
-    run_experiment(parse_config(tiny_config(store)), experiment_id="reference")
-    reference = outcome(strict_events(str(store), "reference")[1])
+    reference = tiny_reference.outcome  # the uninterrupted run (local backend)
 
     backends: list[SparkBackend] = []
     killed: dict[str, int] = {}

@@ -125,18 +125,31 @@ time.sleep(600)
 """
 
 
-def _spilling_worker(dataset: str, store: Path, local: Path, worker_id: str) -> tuple[Any, Path]:
-    """A worker process that spilled partitions 0 and 1; and its local directory."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", _SPILLING_WORKER, dataset, str(store), str(local), worker_id],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert child.stdout is not None
-    line = child.stdout.readline().strip()
-    assert line, f"worker {worker_id} did not start (exit {child.poll()})"
-    return child, Path(line)
+def _spilling_workers(
+    dataset: str, store: Path, local: Path, worker_ids: list[str]
+) -> list[tuple[Any, Path]]:
+    """Worker processes (started at once) that spilled partitions 0 and 1; and their local
+    directories, once each has spilled."""
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SPILLING_WORKER, dataset, str(store), str(local), worker_id],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for worker_id in worker_ids
+    ]
+    started = []
+    for worker_id, child in zip(worker_ids, children, strict=True):
+        assert child.stdout is not None
+        line = child.stdout.readline().strip()
+        if not line:
+            for other in children:
+                other.kill()
+                other.wait(timeout=30)
+        assert line, f"worker {worker_id} did not start (exit {child.poll()})"
+        started.append((child, Path(line)))
+    return started
 
 
 @pytest.mark.torch
@@ -146,8 +159,7 @@ def test_a_worker_killed_by_sigkill_leaves_its_spills_and_the_next_worker_remove
     dataset = make_dataset(tmp_path / "dataset")
     local = tmp_path / "local"
     store = tmp_path / "store"
-    killed, stale = _spilling_worker(dataset.uri, store, local, "w0")
-    alive, kept = _spilling_worker(dataset.uri, store, local, "w1")
+    (killed, stale), (alive, kept) = _spilling_workers(dataset.uri, store, local, ["w0", "w1"])
     try:
         spills = sorted(f"{s}-0000{i}.arrow" for s in ("train", "validation") for i in (0, 1))
         assert sorted(p.name for p in stale.iterdir()) == spills
