@@ -24,11 +24,11 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-# The suite runs in TEST_PROCESSES pytest processes (pytest-xdist), a test file each at a
-# time: most of its time is Spark JVMs, workers and subprocesses waiting on one another, so
-# two processes keep a 2-core machine busy. TEST_PROCESSES=0 runs it in this process.
+# TEST_PROCESSES=N runs the suite in N pytest processes (pytest-xdist, a test file each at
+# a time); the default, 0, runs it in this one. Measured on a 2-core machine: 2 processes
+# took 4,345 s where one took 4,159 s on a slightly smaller suite (it is CPU-bound).
 # pytest exits 5 when it collected no test: report it, don't fail on it.
-TEST_PROCESSES ?= 2
+TEST_PROCESSES ?= 0
 test: lint typecheck
 	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc
 

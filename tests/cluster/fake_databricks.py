@@ -138,7 +138,8 @@ class FakeDatabricks:
         self._closed = False
         self._closing = threading.Event()
         self._set_state("RUNNING")
-        self._add_nodes(workers)
+        for _ in range(workers):
+            self._add_node()
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(
@@ -254,44 +255,6 @@ class FakeDatabricks:
         with self._lock:
             self.nodes.append(Node(instance, time.time(), self.node_ip(instance)))
         logger.info("fake databricks: node %d added", instance)
-
-    def _add_nodes(self, count: int) -> None:
-        """The cluster's first ``count`` nodes, their daemons started side by side.
-
-        ``spark-daemon.sh start`` takes seconds per daemon (it sleeps 2 s after the
-        launch), so the first nodes' daemons start at once, as a new cluster's nodes boot;
-        the nodes are listed in instance order.
-        """
-        if self.daemons is None or count < 2:
-            for _ in range(count):
-                self._add_node()
-            return
-        daemons = self.daemons
-        instances = list(range(self._next_instance, self._next_instance + count))
-        self._next_instance += count
-        errors: list[BaseException] = []
-
-        def start(instance: int) -> None:
-            try:
-                daemons.start_worker(instance, cores=1, memory=self.worker_memory)
-            except BaseException as error:  # raised below, in the constructor's thread
-                errors.append(error)
-
-        starts = [
-            threading.Thread(target=start, args=(i,), name=f"fake-databricks-node-{i}")
-            for i in instances
-        ]
-        for thread in starts:
-            thread.start()
-        for thread in starts:
-            thread.join()
-        if errors:
-            for instance in instances:
-                daemons.crash_worker(instance)
-            raise errors[0]
-        now = time.time()
-        self.nodes += [Node(i, now, self.node_ip(i)) for i in instances]
-        logger.info("fake databricks: nodes %s added", instances)
 
     def _remove_newest_node(self) -> None:
         with self._lock:

@@ -357,14 +357,13 @@ def _kill_tree(pid: int) -> None:
 def test_resize_a_real_spark_application(tmp_path: Path) -> None:
     """2 → 3 → 1 → close (2): executors appear and disappear in Spark; wait waits for them."""
     from cerebro_spark.cluster import SparkDaemons
-    from cerebro_spark.cluster._daemons import MASTER_CLASS, WORKER_CLASS, alive
+    from cerebro_spark.cluster._daemons import MASTER_CLASS, WORKER_CLASS, alive, wait_until
 
     daemons = SparkDaemons(tmp_path / "standalone")
+    daemons.start_master()
     try:
-        daemons.start_master()
-        with FakeDatabricks(2, daemons=daemons, resize_s=0.5) as fake:
-            # The driver starts while the two worker daemons register: it waits for their
-            # two executors itself (cluster.wait(2)) before the first resize.
+        with FakeDatabricks(2, daemons=daemons, resize_s=1.0) as fake:
+            wait_until(lambda: daemons.alive_workers() == 2, "two worker daemons", 120)
             report = tmp_path / "report.json"
             args = {
                 "master": daemons.url,
