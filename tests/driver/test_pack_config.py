@@ -5,17 +5,7 @@ import pytest
 from cerebro_spark.driver._config import load_yaml, pack_size, validate_config
 from cerebro_spark.engine import parse_config
 from cerebro_spark.errors import ConfigError
-
-
-def minimal(**changes):
-    raw = {
-        "name": "exp",
-        "data": {"source": "sklearn:digits"},
-        "model": "cerebro_spark.training:MLPSpec",
-        "space": {"lr": {"grid": [0.001]}},
-    }
-    raw.update(changes)
-    return raw
+from tests.driver.test_config import minimal
 
 
 def test_pack_defaults_to_off_and_is_left_out_of_the_stored_config():
