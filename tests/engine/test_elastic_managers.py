@@ -23,6 +23,7 @@ from cerebro_spark.driver._preflight import preflight
 from cerebro_spark.elastic import PlanInfeasible, load_profile
 from cerebro_spark.engine import (
     ExperimentConfig,
+    _api,
     _managers,
     experiment_prefix,
     load_state,
@@ -214,21 +215,23 @@ def test_an_optimistic_profile_misses_its_deadline_aloud(
     opener: PoolClusterOpener,
     caplog: pytest.LogCaptureFixture,
     script: fake_transport.Script,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A plan far too fast: the run calibrates at once, re-plans, and says the deadline
     was missed against the first plan, why, and as a WARNING.
 
-    The plan says well under a second; the deadline leaves the pre-flight its time (it
-    ran once before, untimed: the dataset is prepared, the model built once, what they
-    import imported, and the run's own pre-flight takes well under a second), and each
-    initial worker's first partition load takes as long as the whole deadline.
+    The plan says well under a second, and each initial worker's first partition load
+    takes as long as the whole deadline. The pre-flight runs once before, untimed, and the
+    run is handed its result: on a slow machine the run's own pre-flight (importing torch,
+    preparing the dataset) could take the whole deadline and the plan would be refused.
     """
-    deadline = 8.0
+    deadline = 5.0
     for worker in ("w0", "w1", "w2", "w3"):
         script.slow_loads[worker] = deadline
     config = with_elastic(elastic_sha_config(tmp_path), profile=optimistic_profile(tmp_path))
     config = config.replace(deadline=deadline)
-    preflight(config, open_store(str(tmp_path)))
+    checked = preflight(config, open_store(str(tmp_path)))
+    monkeypatch.setattr(_api, "preflight", lambda *args, **kwargs: checked)
     with caplog.at_level(logging.WARNING, logger="cerebro_spark.engine._elastic"):
         run_experiment(config, experiment_id="late")
     events = read_events(open_store(str(tmp_path)).child(experiment_prefix("late")))
