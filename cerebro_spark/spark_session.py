@@ -3,6 +3,10 @@
 Two traps, measured: executors bind to the wrong interface unless ``SPARK_LOCAL_IP`` is
 set, and run the wrong Python unless ``PYSPARK_PYTHON`` is. Both are set (when the user has
 not set them) before the JVM starts.
+
+A session whose Python workers train or score (``preload_torch``) on executors that run
+this very Python (a ``local`` or ``local-cluster`` master) has PySpark's daemon import
+torch once, before it forks them (:mod:`cerebro_spark.spark_daemon`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+DAEMON_MODULE = "cerebro_spark.spark_daemon"
+"""``spark.python.daemon.module`` of sessions whose workers import torch (module docstring)."""
 
 
 def prepare_environment() -> None:
@@ -27,6 +34,8 @@ def spark_session(
     master: str | None = None,
     app_name: str = "cerebro-spark",
     conf: Mapping[str, str] | None = None,
+    *,
+    preload_torch: bool = False,
 ) -> SparkSession:
     """Return the active Spark session, or create one.
 
@@ -35,6 +44,9 @@ def spark_session(
             ``None`` keeps what ``spark-submit`` or the environment set.
         app_name: Application name.
         conf: Extra Spark settings.
+        preload_torch: The session's Python workers will import torch: with a ``local``
+            or ``local-cluster`` master, and unless ``conf`` names a daemon module,
+            PySpark's daemon imports it before it forks them (:data:`DAEMON_MODULE`).
     """
     prepare_environment()
     from pyspark.sql import SparkSession
@@ -42,6 +54,16 @@ def spark_session(
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
-    for key, value in (conf or {}).items():
+    for key, value in session_settings(master, conf, preload_torch=preload_torch).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def session_settings(
+    master: str | None, conf: Mapping[str, str] | None, *, preload_torch: bool
+) -> dict[str, str]:
+    """``conf`` and the daemon module of :func:`spark_session` (its ``preload_torch``)."""
+    settings = dict(conf or {})
+    if preload_torch and master is not None and master.startswith("local"):
+        settings.setdefault("spark.python.daemon.module", DAEMON_MODULE)
+    return settings

@@ -22,7 +22,7 @@ FLOORS: tuple[frozenset[str], ...] = tuple(
     frozenset(floor.split())
     for floor in (
         "errors _redact units",  # words everyone shares
-        "store metrics search mop spark_session",  # rooms with small seams
+        "store metrics search mop spark_session spark_daemon",  # rooms with small seams
         "data",
         "training",
         "backends elastic",  # the worker pool; the planner (pure)

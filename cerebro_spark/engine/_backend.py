@@ -25,7 +25,10 @@ def default_backend(config: ExperimentConfig) -> Backend:
         return LocalBackend(config.workers, gpus=local_gpus(config), device=pool_device(config))
     if config.backend == "spark":
         session = spark_session(
-            config.spark.master, f"cerebro-spark {config.name}", config.spark.conf
+            config.spark.master,
+            f"cerebro-spark {config.name}",
+            config.spark.conf,
+            preload_torch=True,
         )
         return spark_backend(config, session, config.workers)
     raise ConfigError(f"backend must be 'local' or 'spark', got {config.backend!r}")

@@ -179,7 +179,9 @@ def _on_application(
 
 def _application_session(config: ExperimentConfig) -> SparkSession:
     """The session of the config's own master (``spark.master``)."""
-    return spark_session(config.spark.master, _session_name(config), config.spark.conf)
+    return spark_session(
+        config.spark.master, _session_name(config), config.spark.conf, preload_torch=True
+    )
 
 
 @register("spark", cap_option="max_executors")

@@ -126,7 +126,11 @@ def run_score(args: argparse.Namespace, spark: SparkSession | None = None) -> in
             batchSize=args.batch_size,
             device=args.device,
         )
-    session = spark if spark is not None else spark_session(args.master, "cerebro-spark score")
+    session = (
+        spark
+        if spark is not None
+        else spark_session(args.master, "cerebro-spark score", preload_torch=True)
+    )
     source = args.table if args.table is not None else args.input
     fmt = "table" if args.table is not None else args.format
     frame, description = load_frame(session, source, fmt, dict(args.option))

@@ -95,6 +95,7 @@ def _child_main(tmp: str, report: str) -> None:
             "spark.dynamicAllocation.enabled": "false",
             "spark.executorEnv.PYTHONPATH": str(ROOT),
         },
+        preload_torch=True,
     )
 
     def kill(backend: Any, executor: str) -> None:

@@ -68,6 +68,7 @@ def spark() -> Iterator[Any]:
         f"local[{SLOTS}]",
         "cerebro-spark-backend-tests",
         {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"},
+        preload_torch=True,
     )
     try:
         yield session

@@ -185,6 +185,7 @@ def _session(local: Path, pyspark_memory: str, master: str = MASTER) -> Any:
             "spark.executor.pyspark.memory": pyspark_memory,
             "spark.executorEnv.PYTHONPATH": str(ROOT),
         },
+        preload_torch=True,
     )
 
 

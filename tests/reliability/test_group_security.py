@@ -269,7 +269,7 @@ def test_no_byte_of_the_control_secret_is_in_spark_job_groups_or_descriptions(
     from cerebro_spark.backends import SparkBackend
     from cerebro_spark.spark_session import spark_session
 
-    session = spark_session("local[2]", conf={"spark.ui.enabled": "false"})
+    session = spark_session("local[2]", conf={"spark.ui.enabled": "false"}, preload_torch=True)
     job = WorkerJob(dataset.uri, open_store(str(tmp_path / "store")))
     with SparkBackend(2, spark=session, heartbeat_s=0.5, heartbeat_timeout_s=30.0) as backend:
         backend.start(job)
