@@ -39,8 +39,14 @@ def test_local_masters_of_training_sessions_get_the_daemon(master: str) -> None:
     [("spark://10.0.0.5:7077", True), ("yarn", True), (None, True), ("local[2]", False)],
 )
 def test_other_sessions_keep_pysparks_daemon(master: str | None, preload: bool) -> None:
-    """Executors elsewhere may lack the module at start (a ``--py-files`` archive)."""
+    """Executors elsewhere may lack the module when they start (a ``--py-files`` archive)."""
     assert session_settings(master, None, preload_torch=preload) == {}
+
+
+def test_a_pyspark_memory_cap_keeps_pysparks_daemon() -> None:
+    """The cap applies after the fork: the worker checks PyTorch fits before importing it."""
+    conf = {"spark.executor.pyspark.memory": "1536m"}
+    assert session_settings("local-cluster[2,1,1024]", conf, preload_torch=True) == conf
 
 
 def test_the_users_daemon_module_wins() -> None:
