@@ -13,6 +13,12 @@ its thread pools start at the first parallel operation, in the workers. numpy's 
 (imported by torch) starts its threads at import and resets them on fork, as it does for
 :mod:`multiprocessing`.
 
+Not under ``spark.executor.pyspark.memory``: PySpark caps each worker's address space
+(``RLIMIT_AS``) after the fork, and a worker checks that PyTorch fits under its cap before
+it imports it, naming the setting (:mod:`cerebro_spark.data._residence`); one forked with
+torch already mapped would be over its cap from the start. Spark gives the daemon the
+cap's environment variable (``PYSPARK_EXECUTOR_MEMORY_MB``) whatever set it.
+
 The module must be importable by the executors' Python when they start (installed, or on
 ``spark.executorEnv.PYTHONPATH``; a ``--py-files`` archive is not): :func:`spark_session`
 uses it on its own only where the executors run the driver's Python (``local`` masters).
@@ -24,14 +30,25 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
+from collections.abc import Mapping
 
 PRELOAD = ("torch",)
 """What the daemon imports before it forks."""
 
 
+def preloaded(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """What a daemon started with ``environ`` imports before it forks.
+
+    :data:`PRELOAD`, or nothing under a memory cap (``PYSPARK_EXECUTOR_MEMORY_MB``; see
+    the module docstring).
+    """
+    return () if environ.get("PYSPARK_EXECUTOR_MEMORY_MB", "").strip() else PRELOAD
+
+
 def main() -> None:
-    """Import :data:`PRELOAD`, then run PySpark's daemon (it never returns)."""
-    for name in PRELOAD:
+    """Import what :func:`preloaded` says, then run PySpark's daemon (it never returns)."""
+    for name in preloaded(os.environ):
         with contextlib.suppress(ImportError):  # the workers say what is missing
             importlib.import_module(name)
     from pyspark.daemon import manager

@@ -62,15 +62,8 @@ def spark_session(
 def session_settings(
     master: str | None, conf: Mapping[str, str] | None, *, preload_torch: bool
 ) -> dict[str, str]:
-    """``conf`` and the daemon module of :func:`spark_session` (its ``preload_torch``).
-
-    Not with ``spark.executor.pyspark.memory``: PySpark caps each worker's address space
-    after the fork, and a worker checks that PyTorch fits under the cap before it imports
-    it, naming the setting (:mod:`cerebro_spark.data._residence`); one forked with torch
-    would fail at its next allocation instead.
-    """
+    """``conf`` and the daemon module of :func:`spark_session` (its ``preload_torch``)."""
     settings = dict(conf or {})
-    local = master is not None and master.startswith("local")
-    if preload_torch and local and "spark.executor.pyspark.memory" not in settings:
+    if preload_torch and master is not None and master.startswith("local"):
         settings.setdefault("spark.python.daemon.module", DAEMON_MODULE)
     return settings

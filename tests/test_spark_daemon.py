@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from cerebro_spark.spark_daemon import preloaded
 from cerebro_spark.spark_session import DAEMON_MODULE, session_settings
 
 
@@ -43,10 +44,22 @@ def test_other_sessions_keep_pysparks_daemon(master: str | None, preload: bool) 
     assert session_settings(master, None, preload_torch=preload) == {}
 
 
-def test_a_pyspark_memory_cap_keeps_pysparks_daemon() -> None:
-    """The cap applies after the fork: the worker checks PyTorch fits before importing it."""
-    conf = {"spark.executor.pyspark.memory": "1536m"}
-    assert session_settings("local-cluster[2,1,1024]", conf, preload_torch=True) == conf
+@pytest.mark.parametrize(
+    ("environ", "imported"),
+    [
+        ({}, ("torch",)),
+        ({"PYSPARK_EXECUTOR_MEMORY_MB": ""}, ("torch",)),
+        ({"PYSPARK_EXECUTOR_MEMORY_MB": "1536"}, ()),
+    ],
+)
+def test_under_a_pyspark_memory_cap_the_daemon_imports_nothing(
+    environ: dict[str, str], imported: tuple[str, ...]
+) -> None:
+    """The cap applies after the fork; a worker checks PyTorch fits before importing it.
+
+    End to end: tests/backends/test_spill_spark.py (its probe imports torch in a worker).
+    """
+    assert preloaded(environ) == imported
 
 
 def test_the_users_daemon_module_wins() -> None:
