@@ -1,5 +1,5 @@
-"""jobs/score.py through a real spark-submit, on local[2] (into a table) and on
-local-cluster[2,1,1024] (into Parquet): every held-out row scored as load_model predicts it."""
+"""jobs/score.py through a real spark-submit on local-cluster[2,1,1024], into a table:
+every held-out row scored as load_model predicts it."""
 
 from __future__ import annotations
 
@@ -46,15 +46,17 @@ def submit(master: str, arguments: list[str], cwd: Path, conf: dict[str, str]):
     )
 
 
-@pytest.mark.parametrize("master", ["local[2]", "local-cluster[2,1,1024]"])
-def test_score_job_scores_every_row_as_load_model_does(trained, tmp_path, master):
+def test_score_job_scores_every_row_as_load_model_does(trained, tmp_path):
+    """On executors of their own (local-cluster), into a table of the session's warehouse;
+    the pipelines' score step (tests/schedulers) writes Parquet with ``--output``."""
+    master = "local-cluster[2,1,1024]"
     model_args = ["--store", trained.store, "--experiment", trained.experiment_id]
-    conf = {"spark.sql.warehouse.dir": str(tmp_path / "warehouse")}
-    if master.startswith("local-cluster"):
-        output = ["--output", str(tmp_path / "scored")]
-        conf.update({"spark.executor.memory": "1g", "spark.executorEnv.PYTHONPATH": str(ROOT)})
-    else:
-        output = ["--output-table", "scored"]
+    conf = {
+        "spark.sql.warehouse.dir": str(tmp_path / "warehouse"),
+        "spark.executor.memory": "1g",
+        "spark.executorEnv.PYTHONPATH": str(ROOT),
+    }
+    output = ["--output-table", "scored"]
     completed = submit(
         master, [*model_args, "--input", trained.held_out_path, *output], tmp_path, conf
     )
@@ -63,7 +65,7 @@ def test_score_job_scores_every_row_as_load_model_does(trained, tmp_path, master
     assert f"with trial {metadata.trial_id} (epoch {metadata.epoch})" in completed.stdout
     best = [e for e in read_events(open_store(trained.experiment_uri)) if "best_epoch" in e]
     assert metadata.epoch == best[-1]["best_epoch"] >= 1  # as the leaderboard counts
-    written = tmp_path / ("scored" if "--output" in output else "warehouse/scored")
+    written = tmp_path / "warehouse/scored"
     scored = pd.read_parquet(written).sort_values("row_id").reset_index(drop=True)
     held_out = trained.held_out.sort_values("row_id").reset_index(drop=True)
     assert list(scored["row_id"]) == list(held_out["row_id"])
