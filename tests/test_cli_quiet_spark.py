@@ -2,24 +2,18 @@
 
 ``spark-submit jobs/run.py`` printed 126 of 142 lines of Spark INFO: its JVM is no
 interpreter, so Spark's console threshold does not apply. :func:`quiet_spark` gives the
-context Spark starts ``spark.log.level=WARN`` where the user gave none.
+context Spark starts ``spark.log.level=WARN`` where the user gave none. A real
+``spark-submit jobs/score.py`` printing no Spark INFO line: tests/scoring/test_score_job.py.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import subprocess
 import sys
-from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from cerebro_spark import cli
-
-ROOT = Path(__file__).resolve().parents[1]
-SPARK_INFO = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d INFO ", re.MULTILINE)
 
 
 @pytest.fixture
@@ -62,47 +56,3 @@ def test_verbose_and_the_users_own_submit_args_are_left_alone(
     monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--conf spark.log.level=DEBUG pyspark-shell")
     with cli.quiet_spark():
         assert os.environ["PYSPARK_SUBMIT_ARGS"] == "--conf spark.log.level=DEBUG pyspark-shell"
-
-
-@pytest.mark.spark
-@pytest.mark.slow
-def test_spark_submit_of_a_job_prints_no_spark_info_lines(tmp_path: Path) -> None:
-    frame = pd.DataFrame({"a": [float(i) for i in range(40)], "label": [i % 2 for i in range(40)]})
-    frame.to_csv(tmp_path / "tiny.csv", index=False)
-    env = {
-        **os.environ,
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-    }
-    env.pop("PYSPARK_SUBMIT_ARGS", None)
-    completed = subprocess.run(
-        [
-            str(Path(sys.executable).with_name("spark-submit")),
-            "--master",
-            "local[1]",
-            "--conf",
-            "spark.ui.enabled=false",
-            str(ROOT / "jobs/prepare.py"),
-            "--input",
-            str(tmp_path / "tiny.csv"),
-            "--label",
-            "label",
-            "--partitions",
-            "2",
-            "--store",
-            str(tmp_path / "store"),
-        ],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
-    assert completed.returncode == 0, completed.stderr[-4000:]
-    assert "32 train rows, 8 validation rows, 2 partitions" in completed.stdout
-    assert 'Setting Spark log level to "WARN"' in completed.stderr
-    # Only the lines SparkContext logs before it reads spark.log.level (its version, the
-    # OS, Java): none from the jobs that prepared the data.
-    info = SPARK_INFO.findall(completed.stderr)
-    assert len(info) <= 5, completed.stderr[-4000:]

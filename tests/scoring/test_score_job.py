@@ -1,9 +1,10 @@
 """jobs/score.py through a real spark-submit on local-cluster[2,1,1024], into a table:
-every held-out row scored as load_model predicts it."""
+every held-out row scored as load_model predicts it, and no Spark INFO line printed."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from cerebro_spark.store import open_store
 pytestmark = [pytest.mark.spark, pytest.mark.torch, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
+SPARK_INFO = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d INFO ", re.MULTILINE)
 
 
 def environment() -> dict[str, str]:
@@ -61,6 +63,10 @@ def test_score_job_scores_every_row_as_load_model_does(trained, tmp_path):
         master, [*model_args, "--input", trained.held_out_path, *output], tmp_path, conf
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
+    # Spark at WARN (cli.quiet_spark): only the lines SparkContext logs before it reads
+    # spark.log.level (its version, the OS, Java), none from the jobs that scored.
+    assert 'Setting Spark log level to "WARN"' in completed.stderr
+    assert len(SPARK_INFO.findall(completed.stderr)) <= 5, completed.stderr[-4000:]
     metadata = load_model(trained.experiment_uri).metadata
     assert f"with trial {metadata.trial_id} (epoch {metadata.epoch})" in completed.stdout
     best = [e for e in read_events(open_store(trained.experiment_uri)) if "best_epoch" in e]
