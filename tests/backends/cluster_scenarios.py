@@ -1,11 +1,11 @@
 """Scenarios for SparkBackend on a Spark cluster of two executors, run in a child driver.
 
-A process holds one SparkContext and the test process may hold a local one, so the tests
-that need a cluster (``test_local_cluster.py``: ``local-cluster[2,1,1024]``;
-``test_standalone_cluster.py``: a loopback standalone cluster) run these scenarios in a
-child driver process and check the JSON reports they return (the ``check_*`` functions).
-Each scenario takes the Spark session, a scratch directory and a way to kill an executor
-as a crash would.
+A process holds one SparkContext and the test process may hold a local one, so
+``test_local_cluster.py`` (``local-cluster[2,1,1024]``) runs these scenarios in a child
+driver process and checks the JSON reports they return (the ``check_*`` functions). Each
+scenario takes the Spark session, a scratch directory and a way to kill an executor as a
+crash would (any cluster: ``test_standalone_cluster.py`` crashes worker daemons for its
+own scenarios).
 
 * :func:`group_scenario`: a group unit of two ranks on the two executors: rank 0's
   executor host is the rendezvous address, its port chosen by rank 0's worker and passed

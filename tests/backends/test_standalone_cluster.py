@@ -1,17 +1,17 @@
-"""SparkBackend on a real standalone cluster on 127.0.0.1: executor loss and arrival,
-group units across executors (a rank's executor lost mid-group), and a retire after which
-releasing the executor re-runs nothing.
+"""SparkBackend on a real standalone cluster on 127.0.0.1: executor loss and arrival, and
+the engine surviving an executor lost mid-epoch.
 
 The module starts a master and two worker daemons (one core each) with
 ``$SPARK_HOME/sbin/spark-daemon.sh``, logs and pid files under a temporary directory, and
 stops them all at the end. The Spark driver runs in a child process (this very module, run
 with ``python -m``): a process has one SparkContext, and the test process may already hold
-a local one. The child runs every scenario in one Spark application (later ones reuse the
-executors and warm Python workers of earlier ones), kills and starts worker daemons itself
-at the moments a scenario needs (an executor is "killed" by killing its worker daemon and
-every process it started, as a crashed machine would), and writes a JSON report per
-scenario that the tests check. The group and retire scenarios are shared with
-``test_local_cluster.py`` (``cluster_scenarios.py``).
+a local one. The child runs both scenarios in one Spark application, kills and starts
+worker daemons itself at the moments a scenario needs (an executor is "killed" by killing
+its worker daemon and every process it started, as a crashed machine would), and writes a
+JSON report per scenario that the tests check. Group units across executors, a rank's
+executor lost mid-group and a retire are ``test_local_cluster.py``'s
+(``cluster_scenarios.py``): they ran here too, a third of this module's time, and differed
+only in how an executor dies.
 
 Run alone: ``pytest tests/backends/test_standalone_cluster.py``.
 """
@@ -39,11 +39,6 @@ import pytest
 
 from cerebro_spark.cluster import SparkDaemons
 from cerebro_spark.cluster._daemons import WORKER_CLASS, alive, descendants, wait_until
-from tests.backends.cluster_scenarios import (
-    check_engine_group,
-    check_group_across_executors,
-    check_retire,
-)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD_TIMEOUT_S = 900
@@ -166,20 +161,6 @@ def test_executor_loss_and_arrival(reports: dict[str, Any]) -> None:
     assert report["after_executor_kill"] == ["w0"]
     assert report["stats"]["registered"] >= 3  # the cluster may replace the killed executor
     assert sum(report["stats"]["lost"].values()) == 2
-
-
-def test_a_group_unit_spans_two_executors(reports: dict[str, Any]) -> None:
-    check_group_across_executors(scenario(reports, "group"))
-
-
-def test_a_rank_executor_lost_mid_group_fails_the_group_whole(reports: dict[str, Any]) -> None:
-    check_engine_group(scenario(reports, "engine_group"))
-
-
-def test_a_retired_worker_ends_normally_and_its_executor_is_released(
-    reports: dict[str, Any],
-) -> None:
-    check_retire(scenario(reports, "retire"))
 
 
 def test_engine_survives_a_lost_executor_mid_epoch(reports: dict[str, Any]) -> None:
@@ -390,26 +371,9 @@ def _child_main(raw: str) -> None:
                 logging.getLogger("standalone").exception("scenario %s failed", name)
                 reports[name] = {"error": traceback.format_exc()}
             reports[name]["seconds"] = time.monotonic() - begun
-        reports.update(_shared_scenarios(cluster, session, tmp))
     finally:
         session.stop()
     Path(args["report"]).write_text(json.dumps(reports, indent=2, default=str))
-
-
-def _shared_scenarios(cluster: Cluster, session: Any, tmp: Path) -> dict[str, Any]:
-    """The group and retire scenarios of ``cluster_scenarios.py``, two daemons each."""
-    from tests.backends.cluster_scenarios import run_scenarios
-
-    def kill(backend: Any, executor: str) -> None:
-        cluster.crash_worker(cluster.instance_running(executor))
-
-    reports: dict[str, Any] = {}
-    for name in ("group", "engine_group", "retire"):
-        cluster.ensure_workers(2)
-        report = tmp / f"{name}.json"
-        run_scenarios(session, tmp, [name], kill, report)
-        reports.update(json.loads(report.read_text()))
-    return reports
 
 
 if __name__ == "__main__":
