@@ -2,8 +2,9 @@
 
 * The demo itself: ``cerebro-spark run conf/experiments/digits-elastic.yaml`` starts a
   standalone cluster on 127.0.0.1, shrinks it between rungs as planned, fails no Spark
-  task, trains every unit once, and ends with the very weights of the same config on a
-  fixed ``local[2]`` cluster (seeded visit orders).
+  task and trains every unit once. That a resized run ends with the weights of its config
+  on fixed workers is tests/reliability/test_elastic_crash.py's (the demo's CNNs took as
+  long again on ``local[2]``).
 * ``spark-submit`` of ``jobs/run.py`` to a standalone cluster the test starts, with
   ``manager: spark`` (the application's own executors) and a plan file written by
   ``cerebro-spark plan --format json``.
@@ -27,7 +28,7 @@ import yaml
 
 from cerebro_spark.cluster import SparkDaemons
 from cerebro_spark.cluster._daemons import wait_until
-from cerebro_spark.engine import load_state, read_events
+from cerebro_spark.engine import read_events
 from cerebro_spark.store import open_store
 
 pytestmark = [pytest.mark.spark, pytest.mark.torch, pytest.mark.slow]
@@ -79,9 +80,7 @@ def check_every_unit_once(events: list[dict[str, Any]]) -> None:
     assert not any(e["event"] in ("unit_failed", "worker_lost") for e in events)
 
 
-def test_the_elastic_demo_follows_its_plan_and_trains_what_a_fixed_cluster_trains(
-    tmp_path: Path,
-) -> None:
+def test_the_elastic_demo_follows_its_plan(tmp_path: Path) -> None:
     store = tmp_path / "store"
     done = cli("run", str(DEMO), "--store", str(store), "--experiment-id", "elastic", cwd=ROOT)
     assert "the search cost $" in done.stdout and "total" in done.stdout
@@ -97,18 +96,6 @@ def test_the_elastic_demo_follows_its_plan_and_trains_what_a_fixed_cluster_train
     summary = next(e for e in events if e["event"] == "elastic_summary")
     assert summary["failed_tasks"] == 0  # no resize made Spark fail or re-run a task
     assert summary["usd"] > 0 and summary["instances"] >= 2
-
-    fixed = yaml.safe_load(DEMO.read_text())
-    del fixed["elastic"]
-    fixed.update(workers=2, spark={"master": "local[2]"})
-    (tmp_path / "fixed.yaml").write_text(yaml.safe_dump(fixed, sort_keys=False))
-    cli("run", str(tmp_path / "fixed.yaml"), "--store", str(store), "--experiment-id", "fixed",
-        cwd=ROOT)  # fmt: skip
-    _, elastic_state = load_state(str(store), "elastic")
-    _, fixed_state = load_state(str(store), "fixed")
-    weights = {t: s.checkpoint_sha256 for t, s in elastic_state.trials.items()}
-    assert weights == {t: s.checkpoint_sha256 for t, s in fixed_state.trials.items()}
-    assert all(weights.values())
 
 
 @pytest.fixture

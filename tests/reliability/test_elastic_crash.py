@@ -8,7 +8,8 @@ membership to settle, and only then logs ``stage_actual`` and ``resized``: the d
 killed before ``resized`` is in the log, with SIGKILL while a worker retires, with SIGINT
 once an executor is gone (a resize begun, its membership not settled).
 
-A last case runs the same search with ``manager: standalone`` (a master and worker
+The uninterrupted run ends as the same config on two fixed local workers does. A last
+case runs the same search with ``manager: standalone`` (a master and worker
 daemons the driver starts on 127.0.0.1), killed after the release of an executor.
 
 Each case ends with: the log readable and folding, every unit done before the kill kept
@@ -138,6 +139,26 @@ def reference(setup: tuple[Path, Path]) -> dict[str, Any]:
     assert [(e["stage"], e["from"], e["target"], e["workers"]) for e in resized] == [(1, 2, 1, 1)]
     assert state.finished
     return outcome(state)
+
+
+def test_the_elastic_run_trains_what_a_fixed_run_of_its_config_trains(
+    setup: tuple[Path, Path], reference: dict[str, Any]
+) -> None:
+    """Resized between its rungs (two executors, then one), the search ends with the
+    weights, metrics and best epochs of its config on two fixed local workers: the
+    executor count changes where units run, never what they compute (seeded visit
+    orders)."""
+    store, config = setup
+    raw = yaml.safe_load(config.read_text())
+    del raw["elastic"], raw["spark"]
+    raw["backend"] = "local"
+    fixed = Driver(
+        ["run", str(write_config(config.parent / "fixed.yaml", raw)), "--experiment-id", "fixed"],
+        env=ENV,
+    )
+    assert fixed.finish() == 0, fixed.output()[-5000:]
+    _, state = strict_events(str(store), "fixed")
+    assert state.finished and outcome(state) == reference
 
 
 def group_members(pgid: int) -> list[int]:
