@@ -174,7 +174,9 @@ class Pass:
 
     def run(self, data: PartitionData, task: UnitTask) -> None:
         with unit_module.unit_environment(str(self.device)) as dev:
-            metrics, _ = unit_module._train_pass(self.spec, self.state, task, data, self.info, dev)
+            metrics, _, _ = unit_module._train_pass(
+                self.spec, self.state, task, data, self.info, dev
+            )
             unit_module.report_metrics(metrics, task)
 
 
