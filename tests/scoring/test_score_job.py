@@ -24,8 +24,10 @@ SPARK_INFO = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d INFO ", re.MULTILINE)
 
 
 def environment() -> dict[str, str]:
+    """The job's environment: no PYSPARK_SUBMIT_ARGS left over (the job sets its own)."""
+    inherited = {k: v for k, v in os.environ.items() if k != "PYSPARK_SUBMIT_ARGS"}
     return {
-        **os.environ,
+        **inherited,
         "SPARK_LOCAL_IP": "127.0.0.1",
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
