@@ -228,7 +228,8 @@ class ExperimentConfig:
             (the default: one trial a unit), an int ``N >= 1`` (packs of up to ``N``
             trials whose models share a :func:`~cerebro_spark.training.pack_fingerprint`;
             1 is off), or ``"auto"`` (``N`` chosen by the pre-flight from a throughput
-            curve measured once per architecture, :func:`resolve_pack`). A YAML
+            curve measured once per architecture,
+            :mod:`~cerebro_spark.driver._pack_choice`). A YAML
             ``pack: off`` (a boolean false to YAML 1.1) reads as ``"off"``.
     """
 

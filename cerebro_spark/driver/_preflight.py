@@ -16,7 +16,9 @@ a cluster). Before any of that, :func:`preflight`:
    classification, ``rmse`` for regression), which every family must produce, and its
    ``mode`` (default: the metric's own; an explicit mode against it is allowed but logged
    as a warning);
-5. refuses a ``deadline`` in which no trial can be trained (:func:`check_deadline`):
+5. with ``pack: auto``, measures how many trials to pack (:func:`choose_pack`; the
+   resolved config holds the size);
+6. refuses a ``deadline`` in which no trial can be trained (:func:`check_deadline`):
    shorter than start-up plus one training unit.
 
 Failures raise :class:`~cerebro_spark.errors.ConfigError` (import path, params,
@@ -42,6 +44,7 @@ from cerebro_spark.data._residence import format_bytes
 from cerebro_spark.driver._config import ExperimentConfig, pack_size
 from cerebro_spark.driver._dataset import resolve_dataset
 from cerebro_spark.driver._device import check_device
+from cerebro_spark.driver._pack_choice import PackChoice, choose_pack
 from cerebro_spark.driver._procedure import build_procedure
 from cerebro_spark.elastic import Profile, load_profile
 from cerebro_spark.errors import CerebroError, ConfigError, TrialError
@@ -51,6 +54,7 @@ from cerebro_spark.store import Store
 from cerebro_spark.training import accepted_hyperparameters, load_spec
 from cerebro_spark.training._batches import example_features
 from cerebro_spark.training._metrics import family_metrics, overrides_batch_metrics
+from cerebro_spark.training._pack import check_packable_columns
 from cerebro_spark.training._spec import checked_batch_size
 
 logger = logging.getLogger(__name__)
@@ -73,7 +77,8 @@ class Preflight:
             (``"loss"`` included): the driver merges validation states with them.
         params: Per spec import path, the params its model was built with.
         pack_size: The most trials in one packed unit (1: ``pack`` off; ``auto``
-            resolved, :func:`resolve_pack`).
+            measured, :mod:`~cerebro_spark.driver._pack_choice`).
+        pack_choice: What ``pack: auto`` measured (``None``: the config gave the size).
     """
 
     config: ExperimentConfig
@@ -82,6 +87,7 @@ class Preflight:
     families: Mapping[str, Mapping[str, Any]]
     params: Mapping[str, Mapping[str, Any]]
     pack_size: int = 1
+    pack_choice: PackChoice | None = None
 
 
 def preflight(config: ExperimentConfig, store: Store, *, started: float | None = None) -> Preflight:
@@ -104,12 +110,18 @@ def preflight(config: ExperimentConfig, store: Store, *, started: float | None =
     """
     check_search(config)
     dataset_uri, manifest = resolve_dataset(config, store)
+    if (pack_size(config) or 1) > 1:  # auto measures whether the columns pack
+        check_packable_columns(manifest.features)
     info = manifest.info
     params = family_params(config)
     families = {spec: _check_family(spec, p, info) for spec, p in params.items()}
     check_worker_memory(config, manifest, params)
     resolved = resolve_objective(config, info, families)
-    packing = resolve_pack(config)
+    packing, choice = pack_size(config), None
+    if packing is None:  # auto; config.json keeps the measured size: a resume packs the same
+        choice = choose_pack(config, dataset_uri, manifest, params)
+        packing = choice.pack_size
+        resolved = dataclasses.replace(resolved, pack=packing)
     if started is not None:
         check_deadline(config, time.monotonic() - started)
     logger.info(
@@ -119,22 +131,7 @@ def preflight(config: ExperimentConfig, store: Store, *, started: float | None =
         resolved.metric,
         resolved.mode,
     )
-    return Preflight(resolved, dataset_uri, manifest, families, params, packing)
-
-
-def resolve_pack(config: ExperimentConfig) -> int:
-    """The most trials in one packed unit: ``pack``'s N, 1 when off.
-
-    Raises:
-        ConfigError: ``pack: auto``, which this version cannot resolve yet.
-    """
-    size = pack_size(config)
-    if size is None:
-        raise ConfigError(
-            "pack: auto is not supported yet (the throughput curve is not measured in the "
-            "pre-flight yet): give pack: N, the most trials trained together (e.g. 4), or off"
-        )
-    return size
+    return Preflight(resolved, dataset_uri, manifest, families, params, packing, choice)
 
 
 def check_search(config: ExperimentConfig) -> None:

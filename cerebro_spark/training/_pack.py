@@ -76,7 +76,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from cerebro_spark.data import DatasetInfo, PartitionData
+from cerebro_spark.data import ColumnInfo, DatasetInfo, PartitionData
 from cerebro_spark.errors import ConfigError, TrialError
 from cerebro_spark.metrics import State
 from cerebro_spark.store import Store
@@ -273,12 +273,21 @@ def check_pack(tasks: Sequence[UnitTask], data: PartitionData, info: DatasetInfo
             )
         check_task(task, data, info)
         seen[task.trial_id] = task.checkpoint_out or ""
-    for column in data.columns:
-        if column.info.feature_kind == "sequence":
+    check_packable_columns([column.info for column in data.columns])
+
+
+def check_packable_columns(columns: Sequence[ColumnInfo]) -> None:
+    """Refuse feature columns a pack cannot batch: sequences.
+
+    Raises:
+        ConfigError: Naming the column and the rule.
+    """
+    for column in columns:
+        if column.feature_kind == "sequence":
             raise ConfigError(
                 f"packed units need features of one shape per row: column "
-                f"{column.info.name!r} is a sequence (batches are padded to their longest row); "
-                "run its trials unpacked"
+                f"{column.name!r} is a sequence (batches are padded to their longest row); "
+                "run its trials unpacked (pack: off)"
             )
 
 

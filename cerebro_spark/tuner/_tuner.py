@@ -76,7 +76,7 @@ class Tuner:
             as in the YAML config (``worker_memory="4GiB"``: what each worker keeps of its
             partitions in RAM; the rest is streamed from its local disk; ``pack=4``: up
             to 4 trials of one architecture trained together in one visit of a partition,
-            ``"off"`` by default, issue 27).
+            ``"auto"``: as many as the pre-flight measures to pay, ``"off"`` by default).
 
     Raises:
         ConfigError: A field breaks a rule (checked here, before any data is touched).

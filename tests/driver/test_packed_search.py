@@ -9,11 +9,13 @@ at most). Checked: packs of up to 4 form and are logged (``unit_start.pack``), e
 ends with its unpacked twin's weights (the same visit orders imposed on a ``pack: off``
 run) within the kernel's tolerance and with its metrics; a trial whose loss is NaN fails
 alone while its pack mates go on; a driver killed right after one member of a pack was
-logged resumes, re-runs the units in flight, and ends with the same weights.
+logged resumes, re-runs the units in flight, and ends with the same weights (that run
+has ``pack: auto``, its curve fixed: the resume packs the size the first session measured).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 
+from cerebro_spark.driver import _pack_choice
 from cerebro_spark.engine import (
     EventLog,
     ExperimentConfig,
@@ -193,9 +196,19 @@ def test_a_driver_killed_mid_pack_resumes_to_the_same_weights(
         return record
 
     monkeypatch.setattr(EventLog, "append", append)
+    # pack: auto, its curve fixed to choose 4 (the packed run's size, so its twin holds)
+    curve = {1: 100.0, 2: 190.0, 4: 300.0, 8: 301.0}
+    monkeypatch.setattr(_pack_choice, "pack_throughput", lambda *a, **k: curve)
     with pytest.raises(_DriverKilled):
-        run_experiment(config(store), experiment_id="crashed")
+        run_experiment(config(store, pack="auto"), experiment_id="crashed")
     monkeypatch.setattr(EventLog, "append", original)
+    stored = json.loads(open_store(str(store)).get("experiments/crashed/config.json"))
+    assert stored["pack"] == 4  # the measured size, which the resume reads
+
+    def measured_again(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the resume measured the pack size again")
+
+    monkeypatch.setattr(_pack_choice, "pack_throughput", measured_again)
     before = events_of(store, "crashed")
     last = [e for e in before if e["event"] == "unit_end"][-1]
     mates = set(last["pack"]) - {last["trial"]}
