@@ -138,6 +138,7 @@ class Plan:
             (``None`` when infeasible there).
         price: The instance type's price (its effective date and source).
         running: Workers already running at ``t = 0`` (re-planning).
+        pack_size: The most trials in one packed unit it assumed (1: unpacked).
     """
 
     spec: ExperimentSpec
@@ -149,6 +150,7 @@ class Plan:
     candidates: dict[str, tuple[float, float] | None]
     price: InstancePrice | None = None
     running: int = 0
+    pack_size: int = 1
 
     @property
     def seconds(self) -> float:
@@ -176,6 +178,7 @@ class Plan:
             "deadline": self.deadline,
             "budget": self.budget,
             "running": self.running,
+            "pack_size": self.pack_size,
             "seconds": self.seconds,
             "usd": self.usd,
             "compute_usd": self.outcome.compute_usd,
@@ -207,6 +210,7 @@ def plan(
     samples: int = 32,
     seed: int = 0,
     running: int = 0,
+    pack_size: int = 1,
 ) -> Plan:
     """Plan the cheapest allocation of ``spec`` that meets ``deadline`` and ``budget``.
 
@@ -225,6 +229,8 @@ def plan(
             search is planned mid-run (re-planning): they pay no scale-up, start or
             partition loads, and their instances' minimum charge is paid
             (:class:`Simulator`). ``spec`` is then the stages still to run.
+        pack_size: The most trials in one packed unit (the config's resolved ``pack``; 1:
+            off): a pack of ``k`` takes the profile's ``packing`` time for ``k``.
 
     Raises:
         ConfigError: A bad argument, or the profile and the catalog share no type.
@@ -255,6 +261,12 @@ def plan(
                 f"price catalog {catalog.name} lists ({sorted(catalog.instances)}); profile "
                 "with --instance-type set to a catalog type"
             )
+    if pack_size > 1 and profile.packing is None:
+        logger.warning(
+            "the run packs up to %d trials, but the profile measured no packing: planned as "
+            "if packs gained nothing (profile again with the config's pack to measure them)",
+            pack_size,
+        )
     best: Plan | None = None
     candidates: dict[str, tuple[float, float] | None] = {}
     simulators: dict[str, Simulator] = {}
@@ -262,7 +274,14 @@ def plan(
         view = profile.for_type(name)
         _check_epoch_seconds(spec, view)
         simulator = simulators[name] = Simulator(
-            spec, view, catalog, catalog.price(name), samples=samples, seed=seed, running=running
+            spec,
+            view,
+            catalog,
+            catalog.price(name),
+            samples=samples,
+            seed=seed,
+            running=running,
+            pack_size=pack_size,
         )
         found = _plan_type(simulator, deadline, budget)
         if found.best is None or found.static is None:
@@ -279,6 +298,7 @@ def plan(
             candidates,
             price=catalog.price(name),
             running=running,
+            pack_size=pack_size,
         )
         if best is None or option.usd < best.usd - _DELTA:
             best = option
@@ -390,8 +410,11 @@ def worker_bounds(sim: Simulator, deadline: float) -> tuple[int, int]:
     if spec.max_workers is not None:
         high = min(high, spec.max_workers)
     high = max(1, high)
-    one = sim.epoch_seconds(1)
-    work = sum(c.trials * c.epochs * one for s in spec.stages for c in s.cohorts)
+    work = sum(
+        c.trials * c.epochs * sim.epoch_costs(1, sim.pack_of(c, 1))[1]
+        for s in spec.stages
+        for c in s.cohorts
+    )
     low = max(1, min(high, math.ceil(work / deadline)))
     return low, high
 

@@ -25,6 +25,11 @@ the pilot was run under):
   (all the work on one worker each, divided by the deadline) holds only if a group of
   ``g`` does at most ``g`` workers' work; a measurement above ``g`` is noise or a cache
   effect of the pilot's small data that would not last.
+* ``packing`` (optional): a pack of ``k`` trials' throughput relative to one trial trained
+  alone (issue 27's packed units, ``pack`` in the config), ``{1: 1.0, 2: ..., 4: ...}`` or
+  a name, with ``scaling``'s rules (interpolated, flat past the largest size, never more
+  than ``k``): a pack of ``k`` trains a partition in ``k * unit_seconds / packing(k)``.
+  Absent: not measured; a plan for a run that packs then assumes packs gain nothing.
 * ``partition_load_seconds`` (default 0): reading one partition (both splits) into a worker.
 * ``partition_bytes`` (default 0): bytes of one partition (both splits): data ingress.
 * Optional spreads (standard deviations, same shape as their key): ``unit_seconds_spread``,
@@ -88,6 +93,7 @@ class TypeProfile:
         load: One partition into a worker.
         partition_bytes: Bytes of one partition.
         scaling: Throughput of a trial on ``g`` workers relative to one.
+        packing: Throughput of a pack of ``k`` trials relative to one trial alone.
     """
 
     instance_type: str
@@ -100,6 +106,7 @@ class TypeProfile:
     load: Latency
     partition_bytes: float
     scaling: Scaling
+    packing: Scaling = dataclasses.field(default_factory=lambda: Scaling(name="none"))
 
     def trial_epoch_seconds(self, group: int = 1) -> float:
         """Mean seconds of one trial-epoch on a group of ``group`` workers (:func:`trial_epoch`)."""
@@ -167,6 +174,7 @@ class Profile:
         scaling: Group speedups.
         partition_load_seconds: One partition into a worker.
         partition_bytes: Bytes of one partition.
+        packing: Pack speedups (``None``: not measured).
         spreads: Standard deviations, by key (per type for the per-type keys).
         extra: The informational keys, as written.
     """
@@ -180,6 +188,7 @@ class Profile:
     scaling: Scaling
     partition_load_seconds: float = 0.0
     partition_bytes: float = 0.0
+    packing: Scaling | None = None
     spreads: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -217,6 +226,7 @@ class Profile:
             load=Latency(self.partition_load_seconds, spread("partition_load_seconds")),
             partition_bytes=self.partition_bytes,
             scaling=self.scaling,
+            packing=self.packing if self.packing is not None else Scaling(name="none"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -232,6 +242,8 @@ class Profile:
             "partition_load_seconds": self.partition_load_seconds,
             "partition_bytes": self.partition_bytes,
         }
+        if self.packing is not None:
+            out["packing"] = self.packing.to_yaml()
         out.update({k: v for k, v in self.spreads.items()})
         out.update({k: v for k, v in self.extra.items()})
         return out
@@ -279,6 +291,7 @@ def parse_profile(raw: Any) -> Profile:
         "scaling",
         "partition_load_seconds",
         "partition_bytes",
+        "packing",
         *_SPREADS,
         *_INFORMATIONAL,
     }
@@ -331,27 +344,35 @@ def parse_profile(raw: Any) -> Profile:
         scaling=parse_scaling(raw["scaling"]),
         partition_load_seconds=_number(raw, "partition_load_seconds", positive=False, default=0.0),
         partition_bytes=_number(raw, "partition_bytes", positive=False, default=0.0),
+        packing=None if raw.get("packing") is None else parse_scaling(raw["packing"], "packing"),
         spreads=spreads,
         extra={k: raw[k] for k in _INFORMATIONAL if k in raw},
     )
 
 
-def parse_scaling(value: Any) -> Scaling:
-    """Check a ``scaling`` value: a name, or ``{group size: speedup}`` with ``1: 1.0``.
+_SIZES = {
+    "scaling": ("group", "workers", "workers' work"),
+    "packing": ("pack", "trials", "times one trial's work"),
+}
+
+
+def parse_scaling(value: Any, key: str = "scaling") -> Scaling:
+    """Check a ``scaling`` (or ``packing``) value: a name, or ``{size: speedup}`` with ``1: 1.0``.
 
     Raises:
         ConfigError: It breaks the rules (named in the message).
     """
+    noun, members, work = _SIZES[key]
     if isinstance(value, str):
         if value not in SCALING_NAMES:
             raise ConfigError(
-                f"profile key 'scaling' must be one of {list(SCALING_NAMES)} or a mapping of "
-                f"group sizes to speedups, got {value!r}"
+                f"profile key {key!r} must be one of {list(SCALING_NAMES)} or a mapping of "
+                f"{noun} sizes to speedups, got {value!r}"
             )
         return Scaling(name=value)
     if not isinstance(value, Mapping) or not value:
         raise ConfigError(
-            f"profile key 'scaling' must map group sizes to speedups, e.g. {{1: 1.0, 2: 1.8}}, "
+            f"profile key {key!r} must map {noun} sizes to speedups, e.g. {{1: 1.0, 2: 1.8}}, "
             f"got {value!r}"
         )
     table: list[tuple[int, float]] = []
@@ -361,18 +382,18 @@ def parse_scaling(value: Any) -> Scaling:
         except (TypeError, ValueError):
             g = 0
         if g < 1 or str(size).strip() != str(g):
-            raise ConfigError(f"profile key 'scaling': group size {size!r} is not an integer >= 1")
-        value = _number({f"scaling.{g}": speedup}, f"scaling.{g}", positive=True)
+            raise ConfigError(f"profile key {key!r}: {noun} size {size!r} is not an integer >= 1")
+        value = _number({f"{key}.{g}": speedup}, f"{key}.{g}", positive=True)
         if value > g * (1 + 1e-9):
             raise ConfigError(
-                f"profile key 'scaling.{g}' must be at most {g} (a group of {g} workers does at "
-                f"most {g} workers' work; superlinear speedups are refused), got {speedup!r}"
+                f"profile key '{key}.{g}' must be at most {g} (a {noun} of {g} {members} does at "
+                f"most {g} {work}; superlinear speedups are refused), got {speedup!r}"
             )
         table.append((g, value))
     table.sort()
     if table[0] != (1, 1.0) and not (table[0][0] == 1 and math.isclose(table[0][1], 1.0)):
         raise ConfigError(
-            f"profile key 'scaling' must give 1 worker the speedup 1.0, got {dict(table)}"
+            f"profile key {key!r} must give 1 {members[:-1]} the speedup 1.0, got {dict(table)}"
         )
     return Scaling(table=((1, 1.0), *table[1:]))
 

@@ -31,6 +31,8 @@ def format_plan(plan: Plan) -> str:
         f"cheapest static plan: {static.workers[0]} worker(s), {static.seconds:.1f} s, "
         f"{usd(static.usd)}; the plan saves {plan.saving:.0%}",
     ]
+    if plan.pack_size > 1:
+        lines.append(f"trials trained in packs of up to {plan.pack_size} (the profile's packing)")
     if plan.running:
         lines.append(f"re-planned with {plan.running} worker(s) already running at 0 s")
     if plan.price is not None:

@@ -24,6 +24,14 @@ stage by stage from the frontier (RubberBand §4.2, "DAG construction"):
   go faster than its own epochs in sequence (``e * max(n T / W, T)`` for one cohort). Per
   unit nodes would be meaningless: with MOP any worker runs any trial's next unit, so the
   stage is one node.
+
+  **Packs** (``pack_size`` ``k > 1``, issue 27): trials of a cohort trained one worker
+  each pack ``k_j = min(k, n_j)`` at a time; a pack trains a partition in ``k_j * unit /
+  packing(k_j)`` and hops its ``k_j`` checkpoints. A trial-epoch then takes ``T = P * k_j
+  * (unit / packing(k_j) + hop) + validation`` (its pack's passes in sequence;
+  validation units are not packed), but costs the workers only ``P * (unit /
+  packing(k_j) + hop) + validation`` per trial: the work term sums the latter, the
+  longest-trial term takes the former. ``k = 1`` is the formula above.
 * **SYNC**: the end of the stage (zero latency).
 
 Every node's only predecessor is the frontier, so the DAG is a chain and its critical path
@@ -225,9 +233,10 @@ class Simulator:
         seed: Seed of the samples.
         running: Workers up and loaded at ``t = 0`` (re-planning a running search; module
             docstring).
+        pack_size: The most trials in one packed unit (the config's ``pack``; 1: off).
 
     Raises:
-        ConfigError: ``samples < 1`` or ``running < 0``.
+        ConfigError: ``samples < 1``, ``running < 0`` or ``pack_size < 1``.
     """
 
     def __init__(
@@ -240,7 +249,10 @@ class Simulator:
         samples: int = 32,
         seed: int = 0,
         running: int = 0,
+        pack_size: int = 1,
     ) -> None:
+        if isinstance(pack_size, bool) or not isinstance(pack_size, int) or pack_size < 1:
+            raise ConfigError(f"pack_size must be an integer >= 1, got {pack_size!r}")
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
             raise ConfigError(f"samples must be an integer >= 1, got {samples!r}")
         if isinstance(running, bool) or not isinstance(running, int) or running < 0:
@@ -250,6 +262,7 @@ class Simulator:
         self.catalog = catalog
         self.price = price
         self.running = running
+        self.pack_size = pack_size
         spreads = [
             profile.unit.spread,
             profile.hop.spread,
@@ -263,7 +276,7 @@ class Simulator:
         widest = max(len(stage.cohorts) for stage in spec.stages)
         # Standard normals, by stage: [scale, start, load, then unit, hop, validation per cohort].
         self._z = rng.standard_normal((len(spec.stages), 3 + 3 * widest, self.samples))
-        self._epoch: dict[int, float] = {}
+        self._epoch: dict[tuple[int, int], tuple[float, float]] = {}
         self._groups: dict[tuple[int, int], tuple[int, ...]] = {}
         self._useful: dict[int, int] = {}
         self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -276,11 +289,39 @@ class Simulator:
     # -- the model --------------------------------------------------------------------------
 
     def epoch_seconds(self, group: int) -> float:
-        """Mean seconds of one trial-epoch on a group of ``group`` workers (memoized)."""
-        seconds = self._epoch.get(group)
-        if seconds is None:
-            seconds = self._epoch[group] = self.profile.trial_epoch_seconds(group)
-        return seconds
+        """Mean seconds of one trial-epoch on a group of ``group`` workers, unpacked."""
+        return self.epoch_costs(group, 1)[0]
+
+    def epoch_costs(self, group: int, pack: int) -> tuple[float, float]:
+        """Mean trial-epoch seconds and worker-seconds per trial, in packs of ``pack``.
+
+        On a group of ``group`` workers (``pack`` 1) or in packs of ``pack`` trials on one
+        worker each (``group`` 1); memoized.
+        """
+        costs = self._epoch.get((group, pack))
+        if costs is None:
+            p = self.profile
+            costs = self._epoch[(group, pack)] = self._costs(
+                p.unit.mean, p.hop.mean, p.validation.mean, group, pack
+            )
+        return costs
+
+    def pack_of(self, cohort: Cohort, group: int) -> int:
+        """How many of ``cohort``'s trials train in one pack on groups of ``group``."""
+        if group > 1 or cohort.resources > 1:
+            return 1  # a group unit is never packed
+        return min(self.pack_size, cohort.trials)
+
+    def _costs(
+        self, unit: Samples, hop: Samples, validation: Samples, group: int, pack: int
+    ) -> tuple[Samples, Samples]:
+        """A trial-epoch's seconds and its worker-seconds (the module docstring)."""
+        p = self.profile
+        share = unit / p.packing(pack)  # a member's part of its pack's pass
+        latency = trial_epoch(p.partitions, pack * share, pack * hop, validation, p.scaling(group))
+        if pack == 1:
+            return latency, latency
+        return latency, trial_epoch(p.partitions, share, hop, validation, 1.0)
 
     def groups(self, index: int, workers: int) -> tuple[int, ...]:
         """The group size of each cohort of stage ``index`` on ``workers`` workers.
@@ -335,8 +376,8 @@ class Simulator:
         for cohort, g in zip(cohorts, groups, strict=True):
             if free is not None and (cohort.resources == 1) != free:
                 continue
-            t = self.epoch_seconds(g)
-            work += cohort.trials * g * cohort.epochs * t
+            t, per_trial = self.epoch_costs(g, self.pack_of(cohort, g))
+            work += cohort.trials * g * cohort.epochs * per_trial
             longest = max(longest, cohort.epochs * t)
         return work, longest
 
@@ -411,14 +452,14 @@ class Simulator:
         for j, (cohort, g) in enumerate(
             zip(self._stage(index).cohorts, self.groups(index, workers), strict=True)
         ):
-            t = trial_epoch(
-                profile.partitions,
+            t, per_trial = self._costs(
                 self._sample(profile.unit, z[3 + 3 * j]),
                 self._sample(profile.hop, z[4 + 3 * j]),
                 self._sample(profile.validation, z[5 + 3 * j]),
-                profile.scaling(g),
+                g,
+                self.pack_of(cohort, g),
             )
-            work = work + cohort.trials * g * cohort.epochs * t
+            work = work + cohort.trials * g * cohort.epochs * per_trial
             longest = self._maximum(longest, cohort.epochs * t)
         result = (self._maximum(work / workers, longest), work)
         self._trains[(index, workers)] = result

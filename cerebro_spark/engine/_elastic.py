@@ -56,7 +56,7 @@ from typing import Any
 
 from cerebro_spark.backends import Backend, WorkerInfo
 from cerebro_spark.cluster import ClusterManager, CostMeter, ResizeTimeout
-from cerebro_spark.driver._config import ElasticConfig, ExperimentConfig
+from cerebro_spark.driver._config import ElasticConfig, ExperimentConfig, pack_size
 from cerebro_spark.driver._procedure import experiment_spec
 from cerebro_spark.driver._stage import Stage, StageDirective
 from cerebro_spark.elastic import (
@@ -85,6 +85,7 @@ from cerebro_spark.engine._managers import BackendFactory, manager_entry
 from cerebro_spark.engine._pilot import pilot_profile
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.search import ExperimentSpec
+from cerebro_spark.training import choose_pack_size
 
 logger = logging.getLogger(__name__)
 
@@ -824,6 +825,23 @@ def planned_spec(config: ExperimentConfig, profile: Profile) -> ExperimentSpec:
     return dataclasses.replace(spec, max_workers=min(caps))
 
 
+def planned_pack_size(config: ExperimentConfig, profile: Profile) -> int:
+    """The most trials in one packed unit the plan assumes (issue 27).
+
+    The config's ``pack``: its ``N`` (``run`` plans after the pre-flight, which resolves
+    ``auto`` to the size it measured), 1 when off; an ``auto`` not yet resolved (``plan``)
+    takes the size the profile's ``packing`` curve would choose
+    (:func:`~cerebro_spark.training.choose_pack_size`), 1 when it measured none.
+    """
+    size = pack_size(config)
+    if size is not None:
+        return size
+    if profile.packing is None or profile.packing.name is not None:
+        logger.info("pack: auto, and the profile has no measured packing table: planned unpacked")
+        return 1
+    return choose_pack_size(dict(profile.packing.table))
+
+
 def plan_config(config: ExperimentConfig, profile: Profile, catalog: PriceCatalog) -> Plan:
     """Plan a config's search: the stages ``run`` follows, its deadline and budget."""
     elastic = _elastic_of(config)
@@ -838,6 +856,7 @@ def plan_config(config: ExperimentConfig, profile: Profile, catalog: PriceCatalo
         budget=elastic.budget,
         instance_type=elastic.instance_type,
         seed=config.seed,
+        pack_size=planned_pack_size(config, profile),
     )
 
 
@@ -934,6 +953,7 @@ def elastic_run(
                 instance_type=instance_type,
                 seed=config.seed,
                 running=running,
+                pack_size=planned_pack_size(config, profile_now),
             ).outcome
 
         try:

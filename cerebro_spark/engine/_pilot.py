@@ -20,8 +20,13 @@ on the config's real data, models and backend:
    (both without I/O; at most ``g``). Sizes that cannot be measured come from Cynthia's model
    (:class:`~._cynthia.GroupModel`) with the measured step time, the model's parameter
    bytes and the bandwidth fitted to a measured group, else the given ``bandwidth``.
-4. ``scale_seconds`` is not measurable on a fixed cluster: it is given.
-5. ``measured.load``: the machine's 1-minute load average and cores before the pilot
+4. Packing (issue 27), when the config packs (``pack`` ``N`` or ``auto``): for ``k = 2, 4,
+   ...`` up to ``N`` (``auto``: 16, 64 with ``device: cuda``), a pack of ``k`` copies of the
+   first trial on partition 0, twice; ``packing[k] = unit / member unit`` (a member's
+   compute is its share of the pass, without I/O; at most ``k``). A size that fails (a
+   GPU out of memory) ends the table.
+5. ``scale_seconds`` is not measurable on a fixed cluster: it is given.
+6. ``measured.load``: the machine's 1-minute load average and cores before the pilot
    started (:func:`~cerebro_spark.elastic.machine_load`); ``run`` warns when today's load
    per core differs by more than :data:`~cerebro_spark.elastic.LOAD_CHANGE`.
 
@@ -37,6 +42,7 @@ Checkpoints go under ``<store>/profiles/<name>-<time>/`` and are deleted at the 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import math
@@ -51,13 +57,14 @@ import numpy as np
 
 from cerebro_spark.backends import Backend, WorkerJob
 from cerebro_spark.data import read_partition
-from cerebro_spark.driver._config import ExperimentConfig
+from cerebro_spark.driver._config import ExperimentConfig, pack_size
 from cerebro_spark.driver._dataset import resolve_dataset
+from cerebro_spark.driver._pack_choice import MAX_PACK
 from cerebro_spark.elastic import machine_load
 from cerebro_spark.elastic._cynthia import GroupModel, bandwidth_from
 from cerebro_spark.elastic._profile import Profile, Scaling
 from cerebro_spark.engine._backend import default_backend
-from cerebro_spark.errors import ConfigError
+from cerebro_spark.errors import CerebroError, ConfigError
 from cerebro_spark.search import SearchSpace
 from cerebro_spark.store import Store, open_store
 from cerebro_spark.training import decode_checkpoint, load_spec
@@ -120,6 +127,7 @@ def pilot_profile(
         first, (spec, params) = next(iter(trials.items()))
         first_unit = families[first]["unit_seconds"]  # groups train the first family
         measured_groups = pilot.groups(spec, params, [g for g in groups if g > 1])
+        measured_packs = pilot.packs(spec, params, pack_sizes(config))
         start = _worker_start(backend, partitions, workers, root, dataset_uri)
         partition_load = start.pop("load")
         model = _group_model(
@@ -141,6 +149,7 @@ def pilot_profile(
         workers=workers,
         units=len(units),
         groups_measured=sorted(measured_groups),
+        packs_measured=sorted(measured_packs),
         load=load,
         **start,
     )
@@ -167,13 +176,14 @@ def pilot_profile(
         scaling=Scaling(table=tuple(sorted(scaling.items()))),
         partition_load_seconds=partition_load,
         partition_bytes=sum(p.bytes for p in manifest.partitions) / partitions,
+        packing=_packing(first_unit, measured_packs),
         spreads=spreads,
         extra=extra,
     )
 
 
-def _speedup(group: int, unit: float, group_unit: float) -> float:
-    """A group's measured speedup, ``g * unit / group unit``, at most ``g``.
+def _speedup(group: int, unit: float, group_unit: float, noun: str = "group") -> float:
+    """A group's (or pack's) measured speedup, ``g * unit / group unit``, at most ``g``.
 
     A profile refuses a superlinear speedup (:mod:`._profile`): a pilot's few units can
     measure one by noise or a warm cache; it is written as ``g``, with a warning.
@@ -181,7 +191,8 @@ def _speedup(group: int, unit: float, group_unit: float) -> float:
     speedup = group * unit / group_unit
     if speedup > group:
         logger.warning(
-            "a group of %d measured a speedup of %.3f, more than %d: written as %d",
+            "a %s of %d measured a speedup of %.3f, more than %d: written as %d",
+            noun,
             group,
             speedup,
             group,
@@ -189,6 +200,27 @@ def _speedup(group: int, unit: float, group_unit: float) -> float:
         )
         speedup = float(group)
     return round(speedup, 6)
+
+
+def pack_sizes(config: ExperimentConfig) -> list[int]:
+    """The pack sizes the pilot measures: ``2, 4, ...`` up to the config's ``pack``.
+
+    ``auto``: up to :data:`~cerebro_spark.driver._pack_choice.MAX_PACK` of the config's
+    device; none when packing is off.
+    """
+    most = pack_size(config)
+    if most is None:
+        most = MAX_PACK["cuda" if config.device.startswith("cuda") else "cpu"]
+    sizes = [2**i for i in range(1, most.bit_length()) if 2**i < most]
+    return [*sizes, most] if most > 1 else []
+
+
+def _packing(unit: float, measured: dict[int, float]) -> Scaling | None:
+    """The profile's ``packing`` from each size's pass seconds (``None``: none measured)."""
+    if not measured:
+        return None
+    table = {k: _speedup(k, unit, seconds, "pack") for k, seconds in measured.items()}
+    return Scaling(table=((1, 1.0), *sorted(table.items())))
 
 
 def _compute(result: UnitResult) -> float:
@@ -269,6 +301,32 @@ class _Pilot:
             validations.append(seconds)
             kept = trained
         return kept, validations
+
+    def packs(self, spec: str, params: dict[str, Any], sizes: list[int]) -> dict[int, float]:
+        """Median compute seconds of a pack's pass per size (two runs each)."""
+        family = next(iter(self.checkpoints))
+        worker = self._holder(0)
+        measured: dict[int, float] = {}
+        for k in sizes:
+            runs = []
+            for attempt in range(2):
+                tasks = [
+                    dataclasses.replace(
+                        self._task(UnitKind.TRAIN, family, spec, params, 0, 0, 0, None),
+                        trial_id=f"pilot-pack{k}-{i}",
+                        trial_seed=1 + i,
+                        checkpoint_out=f"{self.prefix}/pack{k}-{attempt}-{i}.pt",
+                    )
+                    for i in range(k)
+                ]
+                try:
+                    results = [f.result() for f in self.backend.submit_pack(worker, tasks)]
+                except (CerebroError, NotImplementedError) as error:
+                    logger.warning("a pack of %d could not be measured: %s", k, error)
+                    return measured
+                runs.append(sum(_compute(r) for r in results))
+            measured[k] = statistics.median(runs)
+        return measured
 
     def groups(self, spec: str, params: dict[str, Any], sizes: list[int]) -> dict[int, float]:
         """Median group-unit compute seconds per measurable size (two runs each)."""

@@ -41,7 +41,7 @@ from cerebro_spark.elastic import (
     plan_deadline,
     procedure_spec,
 )
-from cerebro_spark.engine._elastic import planned_spec
+from cerebro_spark.engine._elastic import planned_pack_size, planned_spec
 from cerebro_spark.engine._pilot import pilot_profile
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.search import ExperimentSpec
@@ -246,6 +246,7 @@ def run_plan(args: argparse.Namespace) -> int:
             instance_type=args.instance_type,
             samples=args.samples,
             seed=args.seed,
+            pack_size=1 if config is None else planned_pack_size(config, profile),
         )
     except PlanInfeasible as error:
         if args.format != "json":

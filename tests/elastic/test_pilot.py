@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 def test_profile_then_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = yaml.safe_load(Path("conf/experiments/digits.yaml").read_text())
-    config.update(store=str(tmp_path / "runs"), backend="local", workers=2)
+    config.update(store=str(tmp_path / "runs"), backend="local", workers=2, pack=4)
     config.pop("spark", None)
     path = tmp_path / "digits.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -37,6 +37,11 @@ def test_profile_then_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         assert family["validation_seconds_spread"] >= 0 and family["hop_seconds_spread"] >= 0
     measured = profile.extra["measured"]
     assert measured["groups_measured"] == [2] and measured["workers"] == 2
+    # pack: 4 -> packs of 2 and 4 measured, each at most k times one trial's throughput
+    assert measured["packs_measured"] == [2, 4] and profile.packing is not None
+    packing = dict(profile.packing.table)
+    assert set(packing) == {1, 2, 4} and packing[1] == 1.0
+    assert all(0 < speedup <= k for k, speedup in packing.items())
     # The machine's load before the pilot, for run to compare with today's.
     assert measured["load"]["cpus"] >= 1 and measured["load"]["loadavg_1m"] >= 0
     table = dict(profile.scaling.table)
@@ -53,3 +58,4 @@ def test_profile_then_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     planned = json.loads(capsys.readouterr().out)
     assert planned["feasible"] and planned["instance_type"] == "m5.xlarge"
     assert planned["seconds"] <= 300
+    assert planned["pack_size"] == 4  # the config's pack, planned with the measured packing
