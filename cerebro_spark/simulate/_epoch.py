@@ -20,13 +20,20 @@ virtual clock, with every unit's time made of the measured parts of
 * the epoch ends ``round_seconds`` after its last unit (the procedure's decisions); the
   next one starts ``between_rounds_seconds`` later (:attr:`EpochPrediction.period`).
 
+With packs (``pack_size > 1``, issue 27) the scheduler packs trials due on one partition,
+as the driver does (every simulated trial has one architecture): a pack of ``k`` occupies
+its worker for ``k * compute / packing(k)`` (its slowest member's compute) plus ``k``
+hops, and the driver handles its ``k`` results; ``packing`` is the profile's table of a
+pack's throughput relative to one trial (default: packs gain nothing).
+
 Worker ``k`` of ``p`` holds partitions ``k, k + p, ...`` when ``p <= P`` and partition
 ``k mod P`` (a replica) when ``p > P``, as the worker pool places them. The driver load is
 its CPU over the epoch, as a fraction of one core: ``units * driver_cpu / makespan``.
 
 :func:`epoch_bound` is the closed form the simulation is checked against: no epoch is
 shorter than the total worker time over ``p``, nor than one trial's units in sequence, nor
-than the driver's CPU for all units.
+than the driver's CPU for all units (with packs, train compute is priced at the best
+share of a pack of up to ``pack_size``).
 """
 
 from __future__ import annotations
@@ -35,11 +42,12 @@ import dataclasses
 import heapq
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from cerebro_spark.backends._placement import initial_shares
+from cerebro_spark.elastic._profile import Scaling, parse_scaling
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.mop import MopScheduler, WorkAwareRule
 from cerebro_spark.simulate._overheads import UnitOverheads
@@ -100,19 +108,31 @@ def epoch_bound(
     partitions: int,
     workers: int,
     driver_cpu_seconds: float = 0.0,
+    pack_size: int = 1,
+    packing: Mapping[int, float] | None = None,
 ) -> float:
     """The least makespan any schedule of the epoch can have (seconds).
 
     ``max(total worker time / p, one trial's units in sequence, driver CPU of all units)``
     plus the round's own overhead, where a unit's worker time is its compute, hop and
-    dispatch (the last unit's dispatch is not waited for).
+    dispatch (the last unit's dispatch is not waited for). With packs of up to
+    ``pack_size``, a train unit's compute counts at its cheapest share of a pack,
+    ``1 / max packing(k)``, and its dispatch at ``1 / pack_size``, in the worker time
+    (:func:`predict_epoch`).
     """
     _check_count("trials", trials)
-    train = overheads.unit_seconds("train") + overheads.dispatch_seconds
-    validate = overheads.unit_seconds("validate") + overheads.dispatch_seconds
+    _check_count("pack_size", pack_size)
+    gain = _gain(packing)
+    best = max(gain(k) for k in range(1, pack_size + 1))
+    dispatch = overheads.dispatch_seconds
+    train = overheads.unit_seconds("train") + dispatch
+    validate = overheads.unit_seconds("validate") + dispatch
     per_trial = partitions * (train + validate)
+    # a pack's members share its compute (at best 1 / best each) and its one dispatch
+    packed = overheads.train_seconds / best + overheads.hop_seconds + dispatch / pack_size
+    shared = partitions * (packed + validate)
     units = 2 * trials * partitions
-    work = max(trials * per_trial / workers, per_trial) - overheads.dispatch_seconds
+    work = max(trials * shared / workers, per_trial) - dispatch
     return max(work, units * driver_cpu_seconds) + overheads.round_seconds
 
 
@@ -126,6 +146,8 @@ def predict_epoch(
     ready_at: Sequence[float] | None = None,
     trial_scale: Sequence[float] | None = None,
     seed: int = 0,
+    pack_size: int = 1,
+    packing: Mapping[int, float] | None = None,
 ) -> EpochPrediction:
     """Simulate one epoch of ``trials`` trials on ``workers`` workers (module docstring).
 
@@ -138,12 +160,18 @@ def predict_epoch(
         ready_at: Seconds after the epoch's start each worker is ready (default: all at 0).
         trial_scale: Per trial, a factor on its compute (heterogeneous trials; default 1).
         seed: Seed of the scheduler's generator.
+        pack_size: Most trials in one packed unit (1: off).
+        packing: A pack of ``k``'s throughput relative to one trial, by ``k`` (the
+            profile's ``packing`` table; interpolated, flat past its largest size);
+            default: no gain.
 
     Raises:
-        ConfigError: A count below 1, a negative time or factor, or ``ready_at`` /
-            ``trial_scale`` of the wrong length.
+        ConfigError: A count below 1, a negative time or factor, ``ready_at`` /
+            ``trial_scale`` of the wrong length, or a bad ``packing`` table.
     """
     _check_count("trials", trials)
+    _check_count("pack_size", pack_size)
+    gain = _gain(packing)
     held = placement(workers, partitions)
     if driver_cpu_seconds < 0 or not math.isfinite(driver_cpu_seconds):
         raise ConfigError(f"driver_cpu_seconds must be finite and >= 0, got {driver_cpu_seconds}")
@@ -173,6 +201,8 @@ def predict_epoch(
         rng=np.random.default_rng(seed),
         rule=WorkAwareRule.per_trial(seconds),
         validate=True,
+        pack_keys=dict.fromkeys(names, "one") if pack_size > 1 else None,
+        pack_size=pack_size,
     )
     order = sorted(range(workers), key=lambda k: (ready[k], k))
     joins = [(ready[k], f"w{k}") for k in order]
@@ -186,12 +216,14 @@ def predict_epoch(
             _, worker = joins.pop(0)
             scheduler.add_worker(worker, held[worker])
         for assignment in scheduler.assign():
-            unit = assignment.unit
-            work, hop = compute[unit.kind]
-            took = work * factor[unit.trial] * speeds[assignment.worker] + hop
+            members = assignment.pack
+            work, hop = compute[assignment.unit.kind]
+            k = len(members)
+            slowest = max(factor[unit.trial] for unit in members)
+            took = k * work * slowest * speeds[assignment.worker] / gain(k) + k * hop
             busy += took
             end = now + took
-            handled = max(end, driver) + driver_cpu_seconds
+            handled = max(end, driver) + k * driver_cpu_seconds
             driver = handled
             last = max(last, end)
             heapq.heappush(
@@ -208,7 +240,8 @@ def predict_epoch(
         now = min(times)
         while free and free[0][0] <= now:
             _, worker = heapq.heappop(free)
-            scheduler.complete(scheduler.running[worker].unit, worker=worker)
+            for unit in scheduler.running[worker].pack:
+                scheduler.complete(unit, worker=worker)
     units = 2 * trials * partitions
     window = sum(max(0.0, last - r) for r in ready)
     return EpochPrediction(
@@ -223,11 +256,18 @@ def predict_epoch(
             partitions=partitions,
             workers=workers,
             driver_cpu_seconds=driver_cpu_seconds,
+            pack_size=pack_size,
+            packing=packing,
         ),
         driver_cpu=units * driver_cpu_seconds,
         worker_busy=busy / window if window > 0 else 0.0,
         between_rounds=overheads.between_rounds_seconds,
     )
+
+
+def _gain(packing: Mapping[int, float] | None) -> Scaling:
+    """``packing`` as a profile's table (checked by its rules); none: no gain."""
+    return Scaling(name="none") if packing is None else parse_scaling(dict(packing), "packing")
 
 
 def _worker_factors(workers: int, spread: float, rng: np.random.Generator) -> dict[str, float]:

@@ -90,3 +90,19 @@ def test_unequal_workers_end_a_placed_epoch_later() -> None:
     found = predict_epoch(uneven, trials=8, partitions=4, workers=4)
     assert found.makespan > even.makespan * 1.1  # the slowest worker's partition ends last
     assert found.makespan == predict_epoch(uneven, trials=8, partitions=4, workers=4).makespan
+
+
+def test_packs_share_their_pass_as_the_profile_measured() -> None:
+    """8 trials, 2 partitions, 2 workers; unpacked 8 * 2 * 1.5 s / 2 = 12 s. Packs of 4
+    at 2.5x: a pack's pass 4 * 0.8 / 2.5 + 4 * 0.2 = 2.08 s for four trials, so the work is
+    4 * 2.08 + 16 * 0.5 = 16.32 s: 8.16 s on 2 workers (the bound)."""
+    packing = {1: 1.0, 2: 1.6, 4: 2.5}
+    packed = predict_epoch(PLAIN, trials=8, partitions=2, workers=2, pack_size=4, packing=packing)
+    assert packed.bound == pytest.approx(8.16)
+    assert packed.bound - 1e-9 <= packed.makespan < 12.0
+    assert packed.units == 32  # every member's unit counted, as the driver logs them
+    # packs that gain nothing take what the units take one by one
+    flat = predict_epoch(PLAIN, trials=8, partitions=2, workers=2, pack_size=4)
+    assert flat.makespan >= 12.0 - 1e-9 and flat.bound == pytest.approx(12.0)
+    with pytest.raises(ConfigError, match=r"'packing.2' must be at most 2"):
+        predict_epoch(PLAIN, trials=8, partitions=2, workers=2, pack_size=4, packing={2: 3.0})
