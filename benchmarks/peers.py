@@ -56,7 +56,10 @@ on an S3 protocol server -- moto's ``ThreadedMotoServer`` on 127.0.0.1, started 
 process and stopped by the benchmark -- 4 configs x 1 epoch on 2 workers; every system
 reads from S3: cerebro through its S3 store, the peers through pyarrow's
 ``S3FileSystem``; a peer keeps the data in memory across epochs, so more epochs add
-training, not reads) and ``quick`` (1 config, seconds; the smoke test's). ``--rows``,
+training, not reads), ``small-lrs`` (the small data, 16 configs of one architecture:
+learning rates from 1e-4 to 1e-2) and ``quick`` (1 config, seconds; the smoke test's).
+``--pack off|auto|N`` is cerebro-spark's ``pack`` (issue 27: trials of one architecture
+trained together in one visit of a partition; default off). ``--rows``,
 ``--features``, ``--epochs``, ``--workers``, ``--partitions`` and ``--storage`` override a
 setting; ``--systems`` runs only some systems (``cerebro,plain``: a quick pair) and
 ``--keep-logs DIR`` keeps each cerebro run's event log and its workers' start-up phases
@@ -133,6 +136,17 @@ class Setting:
 SETTINGS = {
     "quick": Setting(3_000, 16, 2, ((32,),), (3e-3,), 1, 2, s3=False),
     "small": Setting(200_000, 64, 4, ((64,), (128,), (128, 64), (256,)), (1e-3, 3e-3), 3, 2, False),
+    # the small data, 16 configs of one architecture (learning rates): what packs are for
+    "small-lrs": Setting(
+        200_000,
+        64,
+        4,
+        ((64,),),
+        tuple(float(lr) for lr in np.geomspace(1e-4, 1e-2, 16).round(6)),
+        3,
+        2,
+        False,
+    ),
     "heavy": Setting(625_000, 512, 8, ((64,), (128,)), (1e-3, 3e-3), 1, 2, s3=True),
 }
 
@@ -554,10 +568,16 @@ class Bench:
     """The four systems on one Spark session, dataset and grid."""
 
     def __init__(
-        self, setting: Setting, location: Location, spark: Any, keep_logs: str | None = None
+        self,
+        setting: Setting,
+        location: Location,
+        spark: Any,
+        keep_logs: str | None = None,
+        pack: str = "off",
     ) -> None:
         self.setting, self.location, self.spark = setting, location, spark
         self.keep_logs = keep_logs
+        self.pack: str | int = int(pack) if pack.isdigit() else pack
         self.backend: Any = None
         filesystem = location.filesystem()
         with filesystem.open_input_file(f"{location.path}/manifest.json") as handle:
@@ -589,6 +609,7 @@ class Bench:
             "workers": setting.workers,
             "backend": "spark",
             "spark": {"master": self.spark.sparkContext.master},
+            "pack": self.pack,
             "space": {
                 "model": SPEC,
                 "hidden_units": {"grid": [list(h) for h in setting.hidden]},
@@ -822,7 +843,7 @@ def benchmark(args: argparse.Namespace) -> tuple[str, list[dict[str, Outcome]]]:
             },
         )
         spark.sparkContext.setLogLevel("ERROR")
-        bench = Bench(setting, location, spark, args.keep_logs)
+        bench = Bench(setting, location, spark, args.keep_logs, args.pack)
         try:
             for repeat in range(args.repeats):
                 run: dict[str, Outcome] = {}
@@ -849,7 +870,8 @@ def benchmark(args: argparse.Namespace) -> tuple[str, list[dict[str, Outcome]]]:
         f"{setting.partitions} partitions per split, "
         f"{'S3 (moto, 127.0.0.1)' if setting.s3 else 'local disk'}), "
         f"{len(setting.configs)} configs x {setting.epochs} epochs, batch {setting.batch_size}, "
-        f"{setting.workers} workers, local[{setting.workers}], 1 torch thread each",
+        f"{setting.workers} workers, local[{setting.workers}], 1 torch thread each; "
+        f"cerebro pack: {args.pack}",
         f"machine: {os.cpu_count()} cores, load average {load_before[0]:.2f} before, "
         f"{load_after[0]:.2f} after (shared with other work)",
         f"orders: {', '.join(orders)} (C cerebro, H hyperopt, P plain, D ddp)",
@@ -899,6 +921,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--keep-logs",
         metavar="DIR",
         help="copy each cerebro run's event log (events.jsonl) into DIR, for a breakdown",
+    )
+    parser.add_argument(
+        "--pack", default="off", help="cerebro-spark's pack: off, auto or N (default off)"
     )
     parser.add_argument("--out", help="also write the report to this file")
     argv = list(sys.argv[1:] if argv is None else argv)

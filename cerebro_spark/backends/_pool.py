@@ -431,15 +431,15 @@ class WorkerPool(Backend):
     def submit_pack(self, worker_id: str, tasks: Sequence[UnitTask]) -> list[Future[UnitResult]]:
         """Send the train ``tasks`` to ``worker_id`` as one packed unit (rules in ``_base``).
 
-        A pack of one is sent as an ordinary ``run``.
+        A pack of one trains in the packed kernel too (beside a ghost of itself,
+        :mod:`cerebro_spark.training._pack`): its numbers are those it would have in any
+        pack, which a plain ``run`` does not give.
 
         Raises:
             ConfigError: The tasks cannot form a pack (``check_pack_tasks``).
             ValueError: The worker cannot take it now.
         """
         check_pack_tasks(tasks)
-        if len(tasks) == 1:
-            return [self.submit(worker_id, tasks[0])]
         partition = tasks[0].partition
         members = tuple(UnitFuture() for _ in tasks)
         with self._lock:

@@ -264,6 +264,8 @@ class RoundRunner:
                 pack = [self._task(assignment, m) for m in range(len(assignment.pack))]
                 members = backend.submit_pack(assignment.worker, pack)
                 futures = {}
+            elif self._packs_alone(assignment):  # its numbers are its packed ones
+                futures = {assignment.worker: backend.submit_pack(assignment.worker, [task])[0]}
             elif assignment.size == 1:
                 futures = {assignment.worker: backend.submit(assignment.worker, task)}
             else:
@@ -299,6 +301,21 @@ class RoundRunner:
         for index in range(assignment.size):
             self.log.append("unit_start", **self._where(assignment, index, group))
         return [Running(assignment, futures, group, next(self.counters.submissions))]
+
+    def _packs_alone(self, assignment: Assignment) -> bool:
+        """A train unit of a trial that packs, with no mate this time (a pack of one).
+
+        It trains in the packed kernel all the same, so that its weights do not depend on
+        whether mates were there (:mod:`cerebro_spark.training._pack`): a resumed or
+        replayed run, whose packs form anew, reproduces them bit for bit.
+        """
+        unit = assignment.unit
+        return (
+            self.scheduler.pack_size > 1
+            and assignment.size == 1
+            and unit.kind is UnitKind.TRAIN
+            and unit.trial in self.scheduler.pack_keys
+        )
 
     def _group_id(self, assignment: Assignment) -> str:
         """A group id unique to this attempt, also across resumed driver sessions."""

@@ -61,7 +61,16 @@ own scheduled order, and writes its own checkpoint.
 
 Determinism: the pass runs under ``run_unit``'s lock and environment
 (:data:`~._unit.UNIT_LOCK`, :func:`~._unit.unit_environment`: deterministic algorithms,
-torch's RNG forked and restored).
+torch's RNG forked and restored). A trial's numbers do not depend on its pack mates, so
+that a resumed run (whose in-flight mates re-run as a smaller pack) and a replay (whose
+packs form anew) reproduce it bit for bit: the batched kernels compute each trial's
+slice alone (measured: an MLP's and a CNN's weights after a pass are the same bytes in
+packs of 2 to 8), the optimizer steps trials of one kind together whatever the others
+are (:func:`~._pack_optim.stacked_optimizer`, the pack ordered by kind), and a pack of
+one trains beside a *ghost*, a copy of itself whose result is dropped, because a
+batched kernel of one trial may take another path (a CNN's convolution does). Models
+that draw random numbers (dropout) are the exception: a pack draws them for all its
+trials at once.
 """
 
 from __future__ import annotations
@@ -84,7 +93,7 @@ from cerebro_spark.training._batches import PREFETCH_DEPTH, BatchMaker, BatchSee
 from cerebro_spark.training._checkpoint import Checkpoint, checkpoint_payload, with_dataset
 from cerebro_spark.training._loading import load_spec
 from cerebro_spark.training._metrics import PassMetrics
-from cerebro_spark.training._pack_optim import stacked_optimizer
+from cerebro_spark.training._pack_optim import stacked_optimizer, step_kind
 from cerebro_spark.training._pack_structure import check_same_structure
 from cerebro_spark.training._prefetch import Prefetcher
 from cerebro_spark.training._spec import ModelSpec
@@ -190,15 +199,16 @@ def train_pack(
     with UNIT_LOCK, unit_environment(device) as dev:
         start = time.perf_counter()
         trials = [PackTrial(task) for task in tasks]
+        ghost = [PackTrial(_ghost(tasks[0]))] if len(tasks) == 1 else []  # module docstring
         spec = _pack_spec(trials)
         if spec is not None:
-            open_pack(spec, trials, store, info, dev)
+            open_pack(spec, trials + ghost, store, info, dev)
         waited = 0.0
-        live = [t for t in trials if t.error is None]
-        if spec is not None and live:
+        live = [t for t in trials + ghost if t.error is None]
+        if spec is not None and live and (not ghost or trials[0].error is None):
             waited = train_pass(spec, live, data, info, dev)
         payloads = {id(t): _close(spec, t, info, dev) for t in trials if spec and not t.error}
-        shared = time.perf_counter() - start - sum(t.io_seconds for t in trials)
+        shared = time.perf_counter() - start - sum(t.io_seconds for t in trials + ghost)
         out: list[TrainedUnit | TrialError] = []
         for trial in trials:
             if trial.error is not None:
@@ -226,6 +236,15 @@ def train_pack(
         time.perf_counter() - start,
     )
     return out
+
+
+def _ghost(task: UnitTask) -> UnitTask:
+    """A copy of a lone pack member that trains beside it and is dropped (module docstring)."""
+    return dataclasses.replace(
+        task,
+        trial_id=f"{task.trial_id}~ghost",
+        checkpoint_out=None if task.checkpoint_out is None else f"{task.checkpoint_out}~ghost",
+    )
 
 
 def check_pack(tasks: Sequence[UnitTask], data: PartitionData, info: DatasetInfo) -> None:
@@ -450,6 +469,7 @@ def train_pass(
     Fails trials in place (non-finite loss, their own optimizer or metrics raising, or
     shared user code raising: all). ``max_batches`` stops early (throughput probes).
     """
+    trials = sorted(trials, key=_step_kind)  # each kind steps together (stacked_optimizer)
     states = [t.state for t in trials]
     assert all(s is not None for s in states)  # ok: open_pack built them
     models = [s.model for s in states if s is not None]
@@ -518,6 +538,11 @@ def train_pass(
         if state is not None:
             state.samples_seen += trial.rows
     return waited
+
+
+def _step_kind(trial: PackTrial) -> tuple[object, ...]:
+    assert trial.state is not None  # ok: open_pack built it
+    return step_kind(trial.state.optimizer, dict(trial.state.model.named_parameters()))
 
 
 def _indices(live: Sequence[PackTrial], index_of: dict[int, int]) -> list[int]:

@@ -8,9 +8,11 @@ shape ``(k, *shape)`` per parameter name. Each trial keeps the optimizer its spe
   tensors, with each trial's hyperparameters as a ``(k, 1, ...)`` tensor. They apply the
   formulas of torch's own single-tensor ``Adam``/``AdamW`` and ``SGD`` step, operation for
   operation (the per-trial scalars are rounded to the parameter dtype as torch rounds its
-  Python scalars), so the update is torch's up to float rounding. They are used only
-  where every trial's optimizer is exactly one of those classes with one param group of
-  the model's parameters and no option they do not implement (:func:`stacked_optimizer`).
+  Python scalars), so the update is torch's up to float rounding. Each steps the trials
+  whose optimizer is exactly one of its classes with one param group of the model's
+  parameters and no option it does not implement (:func:`step_kind`); a pack of several
+  kinds steps each kind's slice with its own stepper (:func:`stacked_optimizer`), so a
+  trial's update does not depend on its pack mates.
 * :class:`PerTrialSteps` (every other optimizer) points each trial's parameters at their
   slice of the stacked storage (``param.data = stacked[i]``) and calls each trial's own
   ``optimizer.step()``: any optimizer works, at the price of ``k`` Python steps.
@@ -123,36 +125,102 @@ def _plain(group: Mapping[str, object], plain: Mapping[str, object]) -> bool:
     return not any(isinstance(number, torch.Tensor) for number in numbers)
 
 
+def step_kind(
+    optimizer: torch.optim.Optimizer, params: Mapping[str, nn.Parameter]
+) -> tuple[object, ...]:
+    """Which stepper steps a trial (:func:`stacked_optimizer`), as a sortable key.
+
+    ``(0,)`` stacked Adam/AdamW, ``(1, nesterov, dampening)`` stacked SGD, ``(2,)`` its
+    own step. Stacked only where the optimizer is exactly ``torch.optim.Adam``/``AdamW`` or ``SGD``,
+    has one param group holding the model's parameters in order, and uses none of
+    ``amsgrad``, ``maximize``, ``capturable``, ``differentiable``, ``fused`` or tensor
+    hyperparameters.
+    """
+    group = optimizer.param_groups[0]
+    shaped = len(optimizer.param_groups) == 1 and [id(p) for p in group["params"]] == [
+        id(p) for p in params.values()
+    ]
+    adam = type(optimizer) in (torch.optim.Adam, torch.optim.AdamW)
+    if shaped and adam and _plain(group, _ADAM_PLAIN):
+        return (0,)
+    if shaped and type(optimizer) is torch.optim.SGD and _plain(group, _SGD_PLAIN):
+        return (1, bool(group["nesterov"]), float(group["dampening"]))
+    return (2,)
+
+
 def stacked_optimizer(
     optimizers: Sequence[torch.optim.Optimizer],
     params: Sequence[Mapping[str, nn.Parameter]],
     stacked: Mapping[str, torch.Tensor],
 ) -> PackStepper:
-    """The fastest stepper that reproduces every trial's optimizer (see the module docs).
+    """The fastest steppers that reproduce every trial's optimizer (see the module docs).
 
-    Stacked when every optimizer is exactly ``torch.optim.Adam``/``AdamW`` (mixed, each
-    keeps its own weight decay rule) or exactly ``torch.optim.SGD`` with the same
-    ``nesterov`` and ``dampening``, has one param group holding the model's parameters
-    in order, and uses none of ``amsgrad``, ``maximize``, ``capturable``,
-    ``differentiable``, ``fused`` or tensor hyperparameters; :class:`PerTrialSteps`
-    otherwise.
+    Trials of one :func:`step_kind` step together (Adam and AdamW mixed, each keeping its
+    own weight decay rule; SGD of one ``nesterov`` and ``dampening``), every other trial
+    alone (:class:`PerTrialSteps`), so a trial's step is the same whatever its pack mates
+    are. The trials of a kind must be contiguous in the pack (the pack ordered by kind).
+
+    Raises:
+        ValueError: The trials of a kind are not contiguous.
     """
-    names = list(stacked)
-    shaped = all(
-        len(opt.param_groups) == 1
-        and [id(p) for p in opt.param_groups[0]["params"]] == [id(own[n]) for n in names]
-        for opt, own in zip(optimizers, params, strict=True)
-    )
-    kinds = {type(opt) for opt in optimizers}
-    groups = [opt.param_groups[0] for opt in optimizers]
-    adam = kinds <= {torch.optim.Adam, torch.optim.AdamW}
-    if shaped and adam and all(_plain(group, _ADAM_PLAIN) for group in groups):
-        return StackedAdam(optimizers, params, stacked)
-    if shaped and kinds == {torch.optim.SGD}:
-        same = len({(g["nesterov"], g["dampening"]) for g in groups}) == 1
-        if same and all(_plain(group, _SGD_PLAIN) for group in groups):
-            return StackedSGD(optimizers, params, stacked)
-    return PerTrialSteps(optimizers, params, stacked)
+    kinds = [step_kind(opt, own) for opt, own in zip(optimizers, params, strict=True)]
+    runs: list[tuple[int, int]] = []
+    for index, kind in enumerate(kinds):
+        if runs and kinds[runs[-1][0]] == kind:
+            runs[-1] = (runs[-1][0], index + 1)
+        else:
+            runs.append((index, index + 1))
+    if len({kinds[a] for a, _ in runs}) != len(runs):
+        raise ValueError(f"a pack's trials must be ordered by optimizer kind, got {kinds}")
+    parts = [
+        (
+            a,
+            _stepper(kinds[a])(
+                optimizers[a:b], params[a:b], {n: t[a:b] for n, t in stacked.items()}
+            ),
+        )
+        for a, b in runs
+    ]
+    return parts[0][1] if len(parts) == 1 else _Split(parts, optimizers, params, stacked)
+
+
+def _stepper(kind: tuple[object, ...]) -> type[PackStepper]:
+    steppers: dict[object, type[PackStepper]] = {0: StackedAdam, 1: StackedSGD}
+    return steppers.get(kind[0], PerTrialSteps)
+
+
+class _Split(PackStepper):
+    """Steppers of contiguous slices of the pack, one per optimizer kind."""
+
+    def __init__(
+        self,
+        parts: Sequence[tuple[int, PackStepper]],
+        optimizers: Sequence[torch.optim.Optimizer],
+        params: Sequence[Mapping[str, nn.Parameter]],
+        stacked: Mapping[str, torch.Tensor],
+    ) -> None:
+        self.parts = list(parts)
+        super().__init__(optimizers, params, stacked)
+
+    def configure(self) -> None:
+        """Nothing: each part configured itself."""
+
+    def step(self, grads: Mapping[str, torch.Tensor | None], live: Sequence[int]) -> list[int]:
+        """Step each part with its slice of the gradients and of ``live``."""
+        failed = []
+        for start, part in self.parts:
+            size = len(part.optimizers)
+            mine = [i - start for i in live if start <= i < start + size]
+            sliced = {n: None if g is None else g[start : start + size] for n, g in grads.items()}
+            for index in part.step(sliced, mine):
+                self.errors[start + index] = part.errors[index]
+                failed.append(start + index)
+        return failed
+
+    def finish(self) -> None:
+        """Finish every part."""
+        for _, part in self.parts:
+            part.finish()
 
 
 class _Stacked(PackStepper):
@@ -174,6 +242,10 @@ class _Stacked(PackStepper):
             for name, grad in grads.items():
                 if grad is not None:
                     self.step_one(name, grad)
+        for optimizer in self.optimizers:
+            # what torch's wrapped optimizer.step() records for its LR scheduler, which
+            # otherwise warns at its first step that the optimizer never stepped
+            optimizer._opt_called = True  # type: ignore[attr-defined]
         return []
 
     @abc.abstractmethod

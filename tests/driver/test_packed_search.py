@@ -228,3 +228,7 @@ def test_a_driver_killed_mid_pack_resumes_to_the_same_weights(
         open_store(str(store)), "packed"
     )
     assert_twins(store, result, single)
+    # and bit for bit the uninterrupted packed run's: a member's numbers do not depend on
+    # its pack mates (the in-flight mates re-ran as a smaller pack)
+    uninterrupted = {t.trial_id: t.checkpoint_sha256 for t in packed.trials}
+    assert {t.trial_id: t.checkpoint_sha256 for t in result.trials} == uninterrupted

@@ -341,3 +341,25 @@ def test_throughput_curve_and_choice():
         pack_throughput(task, blobs(0, rows=64), BLOBS_INFO, max_k=0)
     with pytest.raises(ConfigError, match="needs a measured curve"):
         choose_pack_size({})
+
+
+def test_a_trials_numbers_do_not_depend_on_its_pack_mates():
+    """Whatever its mates (how many, of which optimizer, in which order), a trial's
+    checkpoint is the same bytes: each optimizer kind steps its own slice, a pack of one
+    trains beside a ghost (a CNN's batched convolution of one takes another path)."""
+    from conftest import MemoryStore
+
+    def digests(tasks, data, info):
+        results = run_pack(tasks, data, MemoryStore(), info)
+        return {r.task.trial_id: r.checkpoint_sha256 for r in results}
+
+    tasks, data = pack_tasks(MLP_PARAMS), blobs(0)  # Adam, AdamW and SGD trials mixed
+    whole = digests(tasks, data, BLOBS_INFO)
+    assert digests(list(reversed(tasks)), data, BLOBS_INFO) == whole
+    for chosen in ([0, 3], [2], [4, 1, 5], [3]):
+        part = digests([tasks[i] for i in chosen], data, BLOBS_INFO)
+        assert part == {f"t{i}": whole[f"t{i}"] for i in chosen}
+    cnn = pack_tasks([{"lr": lr, "batch_size": 16} for lr in (1e-3, 3e-3, 1e-2)], spec=CNN)
+    images_0 = images(0)
+    three = digests(cnn, images_0, CNN_INFO)
+    assert digests(cnn[1:2], images_0, CNN_INFO) == {"t1": three["t1"]}
