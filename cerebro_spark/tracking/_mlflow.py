@@ -280,10 +280,7 @@ class MlflowTracker(Tracker):
             "failed_trials": float(event.get("failed") or 0),
         }
         if state.elastic_summary is not None:
-            for key in ("usd", "planned_usd", "planned_seconds", "instance_seconds"):
-                value = state.elastic_summary.get(key)
-                if isinstance(value, (int, float)):
-                    totals[key] = float(value)
+            totals.update(self._summary_metrics(run, state.elastic_summary))
         best = best_trial(trials)
         if best is not None:
             totals.update({f"best.{k}": float(v) for k, v in best.best_metrics.items()})
@@ -297,6 +294,37 @@ class MlflowTracker(Tracker):
         self._end(run, "FINISHED" if best is not None else "FAILED")
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _summary_metrics(self, run: str, summary: Mapping[str, Any]) -> dict[str, float]:
+        """An elastic run's totals against its plans as metrics; met or missed as tags.
+
+        ``deadline_met`` and ``budget_met`` are 1 or 0, ``first_plan.*`` and
+        ``last_plan.*`` the plan made before the run and the one in force at its end,
+        ``replans`` how many re-plans there were; the tag ``cerebro.misses`` says by how
+        much and why a deadline or budget was missed (logs written before these fields
+        existed carry only the totals).
+        """
+        metrics: dict[str, float] = {}
+        for key in ("usd", "planned_usd", "planned_seconds", "instance_seconds"):
+            value = summary.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                metrics[key] = float(value)
+        for key in ("deadline_met", "budget_met"):
+            if isinstance(summary.get(key), bool):
+                metrics[key] = float(summary[key])
+                self.client.set_tag(run, f"cerebro.{key}", str(summary[key]).lower())
+        for plan in ("first_plan", "last_plan"):
+            values = summary.get(plan)
+            if isinstance(values, Mapping):
+                for key in ("seconds", "usd"):
+                    if isinstance(values.get(key), (int, float)):
+                        metrics[f"{plan}.{key}"] = float(values[key])
+        if isinstance(summary.get("replans"), list):
+            metrics["replans"] = float(len(summary["replans"]))
+        misses = summary.get("misses")
+        if isinstance(misses, list) and misses:
+            self.client.set_tag(run, "cerebro.misses", " | ".join(map(str, misses))[:_MAX_TAG])
+        return metrics
 
     def _end(self, run: str, status: str) -> None:
         """End a run with ``status`` (once: MLflow prints the run's URL each time)."""

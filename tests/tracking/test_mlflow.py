@@ -277,6 +277,14 @@ def test_a_logged_run_replays_into_mlflow_with_its_plan_cost_and_a_registered_mo
         "usd": 0.61,
         "planned_usd": 0.5,
         "stopped": None,
+        "deadline": 400.0,
+        "deadline_met": False,
+        "budget": None,
+        "budget_met": True,
+        "first_plan": {"seconds": 380.0, "usd": 0.45},
+        "last_plan": {"seconds": 400.0, "usd": 0.5},
+        "replans": [{"stage": 1, "reason": "drift"}],
+        "misses": ["deadline missed: 421.0 s against 400.0 s (21.0 s over)"],
     }
     end = next(i for i, e in enumerate(events) if e["event"] == "experiment_end")
     sequence = [*events[:at], *stages, *events[at:end], summary, *events[end:]]
@@ -311,6 +319,12 @@ def test_a_logged_run_replays_into_mlflow_with_its_plan_cost_and_a_registered_mo
     assert parent.data.metrics["cost.usd"] == 0.61
     assert parent.data.metrics["usd"] == 0.61
     assert parent.data.metrics["planned_usd"] == 0.5
+    # against the first plan and the last, met or missed, and why
+    assert parent.data.metrics["deadline_met"] == 0.0 and parent.data.metrics["budget_met"] == 1
+    assert parent.data.metrics["first_plan.seconds"] == 380.0
+    assert parent.data.metrics["last_plan.usd"] == 0.5 and parent.data.metrics["replans"] == 1
+    assert parent.data.tags["cerebro.deadline_met"] == "false"
+    assert parent.data.tags["cerebro.misses"].startswith("deadline missed: 421.0 s")
     files = {a.path for a in client.list_artifacts(parent.info.run_id, "elastic")}
     assert files == {
         f"elastic/{k}.json"
