@@ -29,7 +29,7 @@ from cerebro_spark.driver._leaderboard import best_trial
 from cerebro_spark.driver._preflight import preflight
 from cerebro_spark.driver._stage import StageHook
 from cerebro_spark.driver._state import FAILED, ExperimentState, TrialState
-from cerebro_spark.driver._stored import config_key, load_experiment_config
+from cerebro_spark.driver._stored import config_key, load_experiment_config, read_experiment_events
 from cerebro_spark.engine._backend import default_backend
 from cerebro_spark.engine._elastic import ElasticController, elastic_run
 from cerebro_spark.errors import ConfigError, LeaseError
@@ -361,6 +361,7 @@ def resume_experiment(
     config = load_experiment_config(store, experiment_id, secrets=secrets, need_secrets=True)
     with contextlib.ExitStack() as stack:
         lease = stack.enter_context(_lease(store, experiment_id, lease_timeout))  # log read after
+        read_experiment_events(store, experiment_id)  # an emptied log is refused, not re-run
         if config.elastic is not None and on_stage is None and backend_factory is default_backend:
             # An elastic run goes on elastic: its cluster again, resized as its plan says.
             backend_factory, on_stage = stack.enter_context(elastic_run(config, started))
@@ -456,9 +457,7 @@ def replay_experiment(
     if workers is not None:
         config = config.replace(workers=workers)
     validate_config(config)
-    original = ExperimentState.from_events(
-        read_events(store.child(experiment_prefix(experiment_id)))
-    )
+    original = ExperimentState.from_events(read_experiment_events(store, experiment_id))
     if not original.finished:
         raise ConfigError(
             f"experiment {experiment_id} has not finished; resume it before replaying it"

@@ -8,8 +8,9 @@ import threading
 import time
 from pathlib import Path
 
-from cerebro_spark.driver import ExperimentConfig, experiment_prefix, load_state, read_events
+from cerebro_spark.driver import ExperimentConfig, experiment_prefix, read_events
 from cerebro_spark.driver._heap import paused_collector
+from cerebro_spark.driver._stored import load_experiment_config, read_experiment_events
 from cerebro_spark.report._data import ReportData, collect
 from cerebro_spark.report._html import render
 from cerebro_spark.store import Store, open_store
@@ -63,9 +64,9 @@ def load_report_data(store_uri: str, experiment_id: str) -> ReportData:
         ConfigError: There is no such experiment.
         EventLogError: Its log is damaged beyond what a crash leaves.
     """
-    config, _ = load_state(store_uri, experiment_id)
-    events = read_events(open_store(store_uri).child(experiment_prefix(experiment_id)))
-    return collect(experiment_id, config, events)
+    store = open_store(store_uri)
+    config = load_experiment_config(store, experiment_id)
+    return collect(experiment_id, config, read_experiment_events(store, experiment_id))
 
 
 def build_report(store_uri: str, experiment_id: str) -> Report:

@@ -185,6 +185,36 @@ def test_every_reader_refuses_a_damaged_log_naming_the_line(reference, store, co
     assert {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()} == before
 
 
+@pytest.mark.parametrize("command", ["leaderboard", "report", "resume", "replay"])
+@pytest.mark.parametrize("damage", ["emptied", "headless"])
+def test_every_reader_refuses_a_log_that_lost_its_beginning(store, command, damage, caplog):
+    """An emptied events.jsonl (or one whose first lines were cut) next to a finished run's
+    files: refused in one line, nothing rewritten (resume would re-train the experiment
+    and replace best.pt; leaderboard and report would show it empty)."""
+    target = store / f"experiments/{damage}-{command}"
+    shutil.copytree(store / "experiments/reference", target)
+    log = target / "events.jsonl"
+    log.write_bytes(b"" if damage == "emptied" else b"".join(log.read_bytes().splitlines(True)[3:]))
+    before = {p.relative_to(target): p.read_bytes() for p in target.rglob("*") if p.is_file()}
+    with caplog.at_level(logging.ERROR):
+        assert main([command, str(target)]) == 2
+    expected = "is empty or missing, but the run left" if damage == "emptied" else "begins with a"
+    assert f"its event log {log}" in caplog.text and expected in caplog.text
+    assert "restore it from a copy (nothing was changed)" in caplog.text
+    assert "Traceback" not in caplog.text
+    after = {p.relative_to(target): p.read_bytes() for p in target.rglob("*") if p.is_file()}
+    assert after == before
+    assert not list(store.glob(f"experiments/{damage}-{command}-replay-*"))
+
+
+def test_an_experiment_that_never_started_is_no_damaged_log(store, tmp_path):
+    """config.json and nothing else (a driver killed before its first event): resumable."""
+    target = store / "experiments/unstarted"
+    target.mkdir()
+    shutil.copy(store / "experiments/reference/config.json", target / "config.json")
+    assert main(["leaderboard", str(target)]) == 0
+
+
 @pytest.mark.parametrize("command", ["leaderboard", "report"])
 def test_every_reader_reads_a_torn_log(reference, store, command, caplog):
     target = store / f"experiments/torn-{command}"
