@@ -173,7 +173,7 @@ class Tuner:
         self,
         data: Any = None,
         *,
-        features: Sequence[str] | None = None,
+        features: str | Sequence[str] | None = None,
         label: str | None = None,
         validation_column: str | None = None,
         feature_shapes: Mapping[str, Sequence[int]] | None = None,
@@ -185,8 +185,8 @@ class Tuner:
         Args:
             data: A Spark DataFrame, a table name, a pandas DataFrame, a prepared dataset
                 (URI or name), or a Parquet/CSV/JSON path; ``None``: the config's data.
-            features: Feature columns (default: every column but the label and the
-                validation column).
+            features: Feature columns, or one column's name (default: every column but
+                the label and the validation column).
             label: The label column (default: ``"label"``).
             validation_column: A boolean column marking validation rows (instead of a
                 random ``validation_fraction``).
@@ -214,7 +214,7 @@ class Tuner:
         backend = self._raw.get("backend") or ("spark" if spark is not None else "local")
         workers = self._raw.get("workers") or _default_workers(backend, spark)
         request = _DataRequest(
-            features=None if features is None else tuple(features),
+            features=feature_columns(features),
             label=label,
             partitions=self.partitions or workers,
             seed=int(self._raw.get("seed", 0)),
@@ -363,6 +363,21 @@ def _active_spark() -> SparkSession | None:
     from pyspark.sql import SparkSession  # already imported: no cost, none for non-Spark users
 
     return SparkSession.getActiveSession()
+
+
+def feature_columns(features: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    """``fit``'s ``features`` as column names: a string is one column, not its letters.
+
+    Raises:
+        ConfigError: A name that is not a non-empty string.
+    """
+    if features is None:
+        return None
+    names = (features,) if isinstance(features, str) else tuple(features)
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"features must name columns (strings), got {features!r}")
+    return names
 
 
 def _spark_of(data: Any) -> SparkSession | None:

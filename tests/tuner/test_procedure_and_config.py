@@ -114,3 +114,26 @@ def test_a_deadline_bound_procedure_takes_the_configs_one_deadline():
     assert parse_config(load_yaml(tuner.to_yaml(data=data))).deadline == 30
     seer = Tuner.from_config("conf/experiments/digits-seer.yaml")
     assert parse_config(seer.to_config()) == load_config("conf/experiments/digits-seer.yaml")
+
+
+def test_one_feature_column_named_by_a_string_is_that_column(tmp_path):
+    import numpy as np
+    import pandas as pd
+
+    from cerebro_spark.data import read_manifest
+    from cerebro_spark.store import open_store
+    from cerebro_spark.tuner._tuner import _DataRequest, feature_columns
+
+    assert feature_columns("ab") == ("ab",)  # not the columns "a" and "b"
+    assert feature_columns(["a", "b"]) == ("a", "b") and feature_columns(None) is None
+    with pytest.raises(
+        ConfigError, match=r"features must name columns \(strings\), got \['a', 3\]"
+    ):
+        feature_columns(["a", 3])
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame(
+        {"ab": rng.normal(size=40), "a": rng.normal(size=40), "label": np.arange(40) % 2}
+    )
+    request = _DataRequest(feature_columns("ab"), None, 2, 0, 0.25, None, None)
+    section = request.section(frame, None, open_store(str(tmp_path)))
+    assert [c.name for c in read_manifest(section["dataset"]).features] == ["ab"]
