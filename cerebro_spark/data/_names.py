@@ -143,6 +143,11 @@ def _now() -> str:
 
 
 def _manifest(store: Store, dataset_id: str) -> Manifest:
+    if not _DATASET_ID.fullmatch(str(dataset_id)):
+        raise DataError(
+            f"dataset id {dataset_id!r} breaks the rule {DATASET_ID_RULE} (24 lower-case hex "
+            "digits, as 'cerebro-spark datasets' lists them)"
+        )
     key = f"datasets/{dataset_id}/{MANIFEST_NAME}"
     if not store.exists(key):
         raise DataError(

@@ -196,3 +196,16 @@ def test_prepare_name_and_the_datasets_command(
     assert main(["datasets", "forget", "first-iris", "--store", store]) == 2
     assert main(["datasets", "--store", str(tmp_path / "empty")]) == 0
     assert "no prepared datasets" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("dataset_id", ["../../etc", "datasets/x", "0123456789ABCDEF01234567"])
+def test_naming_a_dataset_id_that_is_no_id_is_refused_by_the_rule(
+    tmp_path: Path, dataset_id: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = str(tmp_path / "runs")
+    with pytest.raises(DataError, match=r"breaks the rule \[0-9a-f\]\{24\}") as error:
+        name_dataset(store, "x", dataset_id)
+    assert repr(dataset_id) in str(error.value)
+    with caplog.at_level(logging.ERROR):  # the CLI: exit 2, one line, no traceback
+        assert main(["datasets", "--store", store, "name", "x", dataset_id]) == 2
+    assert "breaks the rule" in caplog.text and "Traceback" not in caplog.text
