@@ -272,7 +272,9 @@ class ControlServer(socketserver.ThreadingTCPServer):
 
     Each accepted connection gets a daemon thread that does the handshake (within
     ``handshake_timeout_s``) and then calls ``on_connection(channel)``, which owns and
-    serves the channel in that thread.
+    serves the channel in that thread. At most ``max_handshakes`` connections handshake
+    at once: more are closed as they arrive (a flood of unauthenticated connections costs
+    the driver no more threads than that; workers that authenticated are not counted).
     """
 
     allow_reuse_address = True
@@ -287,9 +289,12 @@ class ControlServer(socketserver.ThreadingTCPServer):
         host: str = "127.0.0.1",
         port: int = 0,
         handshake_timeout_s: float = 10.0,
+        max_handshakes: int = 64,
     ) -> None:
         _check_secret(secret)
         self._secret = secret
+        self._handshakes = threading.BoundedSemaphore(max_handshakes)
+        self.refused = 0  # connections closed at once: too many handshaking
         self._on_connection = on_connection
         self._handshake_timeout_s = handshake_timeout_s
         self._closed = threading.Event()
@@ -304,11 +309,30 @@ class ControlServer(socketserver.ThreadingTCPServer):
         """The bound ``(host, port)``."""
         return self.socket.getsockname()[:2]  # type: ignore[no-any-return]
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Start the connection's thread if a handshake slot is free, else close it."""
+        if not self._handshakes.acquire(blocking=False):
+            self.refused += 1
+            if self.refused == 1 or self.refused % 1000 == 0:
+                logger.warning(
+                    "control server: too many connections handshaking at once; closed %d "
+                    "(latest from %s:%s)",
+                    self.refused,
+                    *client_address[:2],
+                )
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._handshakes.release()
+            raise
+
     def finish_request(self, request: Any, client_address: Any) -> None:
         """Handshake, then hand the channel to ``on_connection`` (in the connection's thread)."""
         peer = f"{client_address[0]}:{client_address[1]}"
-        request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
+            request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             channel = _handshake(
                 request,
                 self._secret,
@@ -316,8 +340,10 @@ class ControlServer(socketserver.ThreadingTCPServer):
                 peer=peer,
                 timeout_s=self._handshake_timeout_s,
             )
-        except ProtocolError:
+        except (ProtocolError, OSError):
             return
+        finally:
+            self._handshakes.release()
         if self._closed.is_set():
             channel.close()
             return

@@ -283,6 +283,40 @@ def test_a_bad_hello_is_refused_before_any_frame(
     assert any("not a cerebro control peer" in r.getMessage() for r in caplog.records)
 
 
+def test_a_flood_of_silent_connections_costs_at_most_the_handshake_slots(
+    secret: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Connections that never say hello hold a handshake slot each until they time out;
+    past ``max_handshakes`` the server closes new ones at once (no thread), and a worker
+    with the secret gets in as soon as a slot is free."""
+    accepted: list[Channel] = []
+    server = ControlServer(secret, accepted.append, handshake_timeout_s=3.0, max_handshakes=4)
+    silent = []
+    try:
+        threads_before = threading.active_count()
+        with caplog.at_level(logging.WARNING):
+            for _ in range(40):
+                silent.append(socket.create_connection(server.address, timeout=WAIT_S))
+            deadline = time.monotonic() + WAIT_S
+            while server.refused < 36 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert server.refused == 36
+        assert threading.active_count() - threads_before <= 4
+        assert "too many connections handshaking at once" in caplog.text
+        for sock in silent:
+            sock.close()
+        client = connect(*server.address, secret, timeout_s=WAIT_S)  # slots free again
+        deadline = time.monotonic() + WAIT_S
+        while not accepted and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(accepted) == 1
+        client.close()
+    finally:
+        for sock in silent:
+            sock.close()
+        server.close()
+
+
 @pytest.mark.parametrize("authentic", [False, True])
 def test_a_pickle_payload_is_never_unpickled(
     driver: Driver,
