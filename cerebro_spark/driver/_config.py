@@ -430,7 +430,8 @@ def parse_config(raw: Any, *, stored: bool = False) -> ExperimentConfig:
         workers=top.take_int("workers", 2, minimum=1),
         store=top.take("store", str, "runs"),
         seed=top.take_int("seed", 0, minimum=0),
-        backend=top.take_choice("backend", ("local", "spark"), "local"),
+        # elastic resizes a Spark cluster: its default backend is spark (local is refused)
+        backend=top.take_choice("backend", ("local", "spark"), "spark" if elastic_raw else "local"),
         spark=_parse_spark(top.take("spark", dict, {})),
         rule=top.take_choice("rule", ("randomized", "work-aware"), "work-aware"),  # type: ignore[arg-type]
         visit_order=top.take_choice("visit_order", ("seeded", "dynamic"), "seeded"),  # type: ignore[arg-type]
@@ -444,6 +445,12 @@ def parse_config(raw: Any, *, stored: bool = False) -> ExperimentConfig:
     )
     top.finish()
     _check_device(config.device, config.backend)
+    if config.elastic is not None and config.backend == "local":
+        raise ConfigError(
+            "elastic: plans and resizes a Spark cluster, but backend is 'local' (worker "
+            "processes on this machine, nothing to resize): set backend: spark, or leave "
+            "the elastic section out"
+        )
     return config
 
 

@@ -116,6 +116,16 @@ def test_errors_name_the_field_and_rule(changes, message):
     assert message in str(error.value)
 
 
+def test_an_elastic_search_runs_on_spark_and_refuses_the_local_backend():
+    elastic = {"manager": "standalone", "prices": "conf/prices/local.yaml"}
+    config = parse_config(minimal(deadline=60, elastic=elastic))
+    assert config.backend == "spark"  # its default: what it resizes
+    assert parse_config(config.to_dict()) == config
+    with pytest.raises(ConfigError, match="elastic: plans and resizes a Spark cluster, but"):
+        parse_config(minimal(deadline=60, elastic=elastic, backend="local"))
+    assert parse_config(minimal(backend="local")).backend == "local"  # no elastic: as before
+
+
 def test_missing_required_field():
     raw = minimal()
     del raw["space"]
