@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import tempfile
 import urllib.error
@@ -28,6 +29,7 @@ _MAX_PARAM = 6000
 _MAX_KEY = 250
 _KEY_REFUSED = re.compile(r"[^\w\-. /]")
 _MAX_TAG = 8000
+_FILE_STORE_VARIABLE = "MLFLOW_ALLOW_FILE_STORE"
 _STATUS = {"completed": "FINISHED", "stopped": "FINISHED", "failed": "FAILED"}
 _ELASTIC_EVENTS = {  # event kind -> the prefix of its metrics
     "elastic_plan": "plan",
@@ -95,6 +97,7 @@ class MlflowTracker(Tracker):
     ) -> None:
         from mlflow.tracking import MlflowClient  # mlflow: only when tracking asks for it
 
+        _allow_file_store(uri)
         self.context = context
         self.uri = uri
         self.experiment_name = experiment
@@ -475,6 +478,26 @@ class MlflowTracker(Tracker):
         registered = f"{name}/{version.version}"
         self.client.set_tag(self.runs[None], "cerebro.registered_model", registered)
         logger.info("mlflow: registered %s as %s version %s", model_uri, name, version.version)
+
+
+def _allow_file_store(uri: str) -> None:
+    """Let MLflow write a file store where the user named a folder (``./mlruns``, ``file:``).
+
+    MLflow 3 keeps its file store in maintenance mode and refuses to open one unless
+    ``MLFLOW_ALLOW_FILE_STORE`` is true; the user asked for exactly that store, so it is
+    set for this process (unless set already), said in one INFO line.
+    """
+    from mlflow.utils.uri import is_local_uri
+
+    if not is_local_uri(uri) or _FILE_STORE_VARIABLE in os.environ:  # type: ignore[no-untyped-call]
+        return
+    os.environ[_FILE_STORE_VARIABLE] = "true"
+    logger.info(
+        "MLflow: tracking into the file store %s (%s=true set for this process; MLflow "
+        "recommends a database such as sqlite:///mlflow.db or a tracking server)",
+        uri,
+        _FILE_STORE_VARIABLE,
+    )
 
 
 def _manifest_summary(uri: str) -> dict[str, Any] | None:

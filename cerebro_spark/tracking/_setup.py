@@ -72,22 +72,8 @@ def make_trackers(context: TrackingContext) -> list[Tracker]:
     config = context.config
     mlflow = mlflow_settings(config)
     if mlflow is not None:
-        try:
-            tracker = MlflowTracker(context, *mlflow)  # imports mlflow
-        except ImportError as error:
-            if config.tracking.mlflow is None:  # only the environment asked: not an error
-                logger.warning(
-                    "%s is set but mlflow is not installed (%s): the run is not tracked in "
-                    "MLflow (pip install 'cerebro-spark[tracking]')",
-                    URI_VARIABLE,
-                    error,
-                )
-            else:
-                raise ConfigError(
-                    f"tracking.mlflow is set but mlflow is not installed ({error}): "
-                    "pip install 'cerebro-spark[tracking]'"
-                ) from None
-        else:
+        tracker = _mlflow_tracker(context, mlflow)
+        if tracker is not None:
             trackers.append(tracker)
     if config.tracking.tensorboard is not None:
         try:
@@ -98,6 +84,42 @@ def make_trackers(context: TrackingContext) -> list[Tracker]:
                 "pip install 'cerebro-spark[tracking]'"
             ) from None
     return trackers
+
+
+def _mlflow_tracker(
+    context: TrackingContext, settings: tuple[str, str, str | None]
+) -> Tracker | None:
+    """The MLflow tracker, or ``None`` (with a warning) where it cannot start.
+
+    A tracking failure never ends a run: a client that cannot start (a store MLflow
+    refuses, a URI it cannot parse) leaves the run untracked, said in one WARNING.
+
+    Raises:
+        ConfigError: ``tracking.mlflow`` is set but mlflow is not installed.
+    """
+    try:
+        return MlflowTracker(context, *settings)  # imports mlflow
+    except ImportError as error:
+        if context.config.tracking.mlflow is not None:
+            raise ConfigError(
+                f"tracking.mlflow is set but mlflow is not installed ({error}): "
+                "pip install 'cerebro-spark[tracking]'"
+            ) from None
+        logger.warning(  # only the environment asked: not an error
+            "%s is set but mlflow is not installed (%s): the run is not tracked in MLflow "
+            "(pip install 'cerebro-spark[tracking]')",
+            URI_VARIABLE,
+            error,
+        )
+    except Exception as error:
+        first = str(error).splitlines()[0] if str(error) else ""
+        logger.warning(
+            "MLflow tracking at %s could not start (%s: %s): this run is not tracked in MLflow",
+            settings[0],
+            type(error).__name__,
+            first,
+        )
+    return None
 
 
 @contextlib.contextmanager
