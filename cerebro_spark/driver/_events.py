@@ -61,6 +61,11 @@ Event kinds and their fields:
   while no epoch reported a finite metric; absent in logs written before they existed)
 * ``decision``: ``round``, ``trial``, ``epoch``, ``decision``
 * ``round_end``: ``round``, ``procedure_state``
+
+  ``round_start`` and ``round_end`` carry the procedure's state as a snapshot,
+  ``procedure_state``, or as ``procedure_state_delta``: what changed since the state the
+  previous round event carried (:mod:`cerebro_spark.driver._state_delta`; logs written
+  before it hold snapshots only)
 * ``worker_bytes``: ``worker``, ``bytes_read`` (at the end of a run)
 * ``experiment_end``: ``best_trial``, ``best_epoch``, ``best_checkpoint``,
   ``best_checkpoint_sha256`` (what ``best.pt`` was copied from), ``failed`` (trials that

@@ -89,6 +89,7 @@ from cerebro_spark.driver._state import (
     epoch_metrics,
     improves,
 )
+from cerebro_spark.driver._state_delta import StateLog
 from cerebro_spark.errors import (
     CerebroError,
     ConfigError,
@@ -219,6 +220,7 @@ class Experiment:
         self._counters = RoundCounters()  # of this driver session, across its rounds
         self.reporter: Reporter | None = None
         self._pack_size = self.preflight.pack_size
+        self._procedure_states = StateLog(self.state.procedure_state)  # snapshots and deltas
         self._fingerprints: dict[str, str | None] = {}  # by spec and params (JSON)
         self._report_due = False  # a round ended: refresh once the next round is under way
 
@@ -497,7 +499,7 @@ class Experiment:
             visit_orders=self._visit_orders(number, live, resources, keys, pack),
             resources=resources,
             group_plans=self._imposed_group_plans(number, live),
-            procedure_state=self.procedure.state_dict(),
+            **self._procedure_states.fields(self.procedure.state_dict()),
             **({"pack_size": pack} if pack > 1 else {}),  # off: the events of old
         )
         return True
@@ -873,7 +875,11 @@ class Experiment:
                 decision=decision.value,
                 status=status,
             )
-        self._emit("round_end", round=state.round, procedure_state=self.procedure.state_dict())
+        self._emit(
+            "round_end",
+            round=state.round,
+            **self._procedure_states.fields(self.procedure.state_dict()),
+        )
         self._write_leaderboard()
         if self.procedure.is_finished() and not self.state.live_trials():
             return  # the run ends now: its final refresh follows, this one would be redone

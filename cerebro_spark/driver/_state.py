@@ -41,6 +41,7 @@ from typing import Any
 
 from cerebro_spark.driver._events import EVENT_KINDS
 from cerebro_spark.driver._heap import paused_collector
+from cerebro_spark.driver._state_delta import apply_delta
 from cerebro_spark.errors import EventLogError
 from cerebro_spark.metrics import BatchMean, Metric, State, merge_states
 from cerebro_spark.units import UnitKind, unpack_states
@@ -400,7 +401,7 @@ class ExperimentState:
         plans = event.get("group_plans")
         self.round_group_plans = None if plans is None else {t: list(p) for t, p in plans.items()}
         self.round_pack_size = int(event.get("pack_size", 1))
-        self.procedure_state = event["procedure_state"]
+        self._fold_procedure_state(event)
         self._open_groups = {}
         self.done_units = []
         self.reported = set()
@@ -495,7 +496,14 @@ class ExperimentState:
 
     def _on_round_end(self, event: Mapping[str, Any]) -> None:
         self.round_open = False
-        self.procedure_state = event["procedure_state"]
+        self._fold_procedure_state(event)
+
+    def _fold_procedure_state(self, event: Mapping[str, Any]) -> None:
+        """A snapshot (``procedure_state``) or a delta on the last one (:mod:`._state_delta`)."""
+        if "procedure_state_delta" in event:
+            self.procedure_state = apply_delta(self.procedure_state, event["procedure_state_delta"])
+        else:
+            self.procedure_state = event["procedure_state"]
 
     def _on_worker_bytes(self, event: Mapping[str, Any]) -> None:
         self.worker_bytes[event["worker"]] = event["bytes_read"]

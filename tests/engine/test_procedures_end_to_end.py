@@ -79,6 +79,8 @@ def test_resume_mid_search_matches_an_uninterrupted_run(tmp_path):
     assert main(["resume", str(Path(tmp_path) / "experiments/cut")]) == 0
     _, state = load_state(str(tmp_path), "cut")
     assert state.finished
+    # the procedure's state went into the log as snapshots and deltas; resumed from both
+    assert '"procedure_state_delta"' in events_file.read_text()
     expected = {t.trial_id: (t.status, t.epochs, t.checkpoint_sha256) for t in reference.trials}
     got = {t: (s.status, s.epochs, s.checkpoint_sha256) for t, s in state.trials.items()}
     assert got == expected
