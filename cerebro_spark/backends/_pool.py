@@ -337,9 +337,9 @@ class WorkerPool(Backend):
         partitions = read_manifest(job.dataset_uri).num_partitions
         requested = len(placement) if placement is not None else self._num_workers
         if requested is not None:
-            _check_worker_count(requested, partitions, job.dataset_uri)
+            check_worker_count(requested, partitions, job.dataset_uri)
         count = self._transport.open(requested, self._start_timeout_s)
-        _check_worker_count(count, partitions, job.dataset_uri)
+        check_worker_count(count, partitions, job.dataset_uri)
         shares = _shares(placement, count, partitions)
         with self._lock:
             self._check_startable()
@@ -1313,11 +1313,13 @@ def _regroup(task: UnitTask | None, **changes: Any) -> UnitTask:
     return dataclasses.replace(task, group=dataclasses.replace(_group_of(task), **changes))
 
 
-def _check_worker_count(count: int, num_partitions: int, uri: str) -> None:
-    """Refuse more workers than partitions."""
+def check_worker_count(
+    count: int, num_partitions: int, uri: str, name: str = "num_workers"
+) -> None:
+    """Refuse more workers than partitions (``name``: the setting that asked for them)."""
     if count > num_partitions:
         raise ConfigError(
-            f"num_workers={count} exceeds num_partitions={num_partitions} of dataset {uri}: "
+            f"{name}={count} exceeds num_partitions={num_partitions} of dataset {uri}: "
             "a worker without a partition could never run a unit"
         )
 

@@ -73,6 +73,12 @@ def test_build_model_that_raises_names_the_spec_and_the_params(tmp_path):
     assert nothing_written(tmp_path)
 
 
+def test_more_workers_than_partitions_are_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(ConfigError, match=r"workers=3 exceeds num_partitions=2 of dataset"):
+        run_experiment(parse_config(raw_config(tmp_path, workers=3)), experiment_id="wide")
+    assert nothing_written(tmp_path)
+
+
 def test_bad_params_are_a_config_error_naming_the_param(tmp_path):
     space = {"hidden_units": {"grid": [[8], [16]]}, "dropout": 2.0}
     config = parse_config(raw_config(tmp_path, space=space))

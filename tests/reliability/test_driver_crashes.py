@@ -207,6 +207,15 @@ def test_every_reader_refuses_a_log_that_lost_its_beginning(store, command, dama
     assert not list(store.glob(f"experiments/{damage}-{command}-replay-*"))
 
 
+def test_a_replay_refused_leaves_no_replay_behind(store, caplog):
+    """More workers than partitions: refused before the replay's id is claimed."""
+    target = store / "experiments/reference"
+    with caplog.at_level(logging.ERROR):
+        assert main(["replay", str(target), "--workers", "5"]) == 2
+    assert "workers=5 exceeds num_partitions=2" in caplog.text
+    assert not list(store.glob("experiments/reference-replay-*"))
+
+
 def test_an_experiment_that_never_started_is_no_damaged_log(store, tmp_path):
     """config.json and nothing else (a driver killed before its first event): resumable."""
     target = store / "experiments/unstarted"
