@@ -175,7 +175,13 @@ def plain(job: Job, workers: int, devices: list[str]) -> peers.Outcome:
 
 
 def cerebro(
-    dataset: Path, job: Job, workers: int, device: str, scratch: Path, run: int
+    dataset: Path,
+    job: Job,
+    workers: int,
+    device: str,
+    scratch: Path,
+    run: int,
+    pack: str | int = "off",
 ) -> peers.Outcome:
     from cerebro_spark.engine import parse_config, read_events, run_experiment
     from cerebro_spark.store import open_store
@@ -191,6 +197,7 @@ def cerebro(
         "workers": workers,
         "backend": "local",
         "device": device,
+        "pack": pack,
         "space": {
             "model": SPEC,
             "channels": {"grid": [list(c) for c in CHANNELS]},
@@ -225,6 +232,9 @@ def main(argv: list[str] | None = None) -> str:
     )
     parser.add_argument("--out", help="also write the report to this file")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument(
+        "--pack", default="off", help="cerebro-spark's pack: off, auto or N (default off)"
+    )
     given = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(given)
     import torch
@@ -243,7 +253,10 @@ def main(argv: list[str] | None = None) -> str:
         run: dict[str, peers.Outcome] = {}
         for system in SYSTEMS[repeat % 2 :] + SYSTEMS[: repeat % 2]:
             if system == "cerebro":
-                run[system] = cerebro(dataset, job, args.workers, args.device, scratch, repeat)
+                pack = int(args.pack) if args.pack.isdigit() else args.pack
+                run[system] = cerebro(
+                    dataset, job, args.workers, args.device, scratch, repeat, pack
+                )
             else:
                 run[system] = plain(job, args.workers, devices)
             print(f"repeat {repeat + 1} {system}: {run[system].seconds:.1f} s", flush=True)
@@ -258,7 +271,7 @@ def main(argv: list[str] | None = None) -> str:
         f"{os.cpu_count()} CPU cores",
         f"{args.rows:,} images of {shape} ({peers._size(size)} of training Parquet, "
         f"{args.partitions} partitions), {len(job.configs)} CNN configs x {args.epochs} epochs, "
-        f"batch {args.batch}, {args.workers} workers",
+        f"batch {args.batch}, {args.workers} workers, cerebro pack: {args.pack}",
         "",
         "| system | wall s median [range] | x cerebro median [range] | data read | ckpt moved |",
         "|---|--:|--:|--:|--:|",
