@@ -90,6 +90,7 @@ from cerebro_spark.driver._state import (
     improves,
 )
 from cerebro_spark.driver._state_delta import StateLog
+from cerebro_spark.driver._stored import check_log_head
 from cerebro_spark.errors import (
     CerebroError,
     ConfigError,
@@ -202,7 +203,9 @@ class Experiment:
             raise ConfigError("group_plans size groups along visit orders: impose both")
         self.log = EventLog(self.store)
         self.log.before_write = self._check_lease  # buffered events: still the holder?
-        self.state = ExperimentState.from_events(self.log.read())
+        events = self.log.read()
+        check_log_head(self.store, events, experiment_id)  # an emptied log is not re-run
+        self.state = ExperimentState.from_events(events)
         self.checkpoints = CheckpointKeeper(
             store, self.prefix, self.state, self.log, self._check_lease
         )

@@ -361,7 +361,6 @@ def resume_experiment(
     config = load_experiment_config(store, experiment_id, secrets=secrets, need_secrets=True)
     with contextlib.ExitStack() as stack:
         lease = stack.enter_context(_lease(store, experiment_id, lease_timeout))  # log read after
-        read_experiment_events(store, experiment_id)  # an emptied log is refused, not re-run
         if config.elastic is not None and on_stage is None and backend_factory is default_backend:
             # An elastic run goes on elastic: its cluster again, resized as its plan says.
             backend_factory, on_stage = stack.enter_context(elastic_run(config, started))
