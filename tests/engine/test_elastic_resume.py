@@ -39,6 +39,7 @@ def script() -> Iterator[fake_transport.Script]:
 
 def elastic_sha_config(store: Path) -> ExperimentConfig:
     raw = sha_config(store).to_dict()
+    raw["backend"] = "spark"  # what an elastic run resizes (these tests bring their own pools)
     raw["elastic"] = {
         "manager": "spark",
         "deadline": 600,
