@@ -146,4 +146,6 @@ def test_a_real_worker_trains_its_next_unit_while_it_writes_a_checkpoint(
     alone.load([0])
     whole = alone.run(contract.train_task("a", 0, out="again.pt"))
     assert whole.checkpoint_sha256 == a.checkpoint_sha256
-    assert a.io_seconds >= 0.5 and a.seconds >= a.io_seconds  # the held write counts
+    # the held write counts: the gate opened 0.5 s after the test saw the pass end, and
+    # the write began a moment after that (CI measured 0.4985 s once); unheld it is ~ms
+    assert a.io_seconds >= 0.4 and a.seconds >= a.io_seconds
