@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from cerebro_spark.backends._pool import check_worker_count
 from cerebro_spark.data import DatasetInfo, Manifest
 from cerebro_spark.data._residence import format_bytes
 from cerebro_spark.driver._config import ExperimentConfig, pack_size
@@ -111,8 +110,6 @@ def preflight(config: ExperimentConfig, store: Store, *, started: float | None =
     """
     check_search(config)
     dataset_uri, manifest = resolve_dataset(config, store)
-    if config.elastic is None:  # refused here, before anything is written (the pool would)
-        check_worker_count(config.workers, manifest.num_partitions, dataset_uri, "workers")
     if (pack_size(config) or 1) > 1:  # auto measures whether the columns pack
         check_packable_columns(manifest.features)
     info = manifest.info

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 
 from cerebro_spark._redact import redact
 from cerebro_spark.backends import Backend
+from cerebro_spark.backends._pool import check_worker_count
 from cerebro_spark.driver._config import (
     ExperimentConfig,
     check_name,
@@ -300,6 +301,11 @@ def _run(
     # the driver, the metric each must produce; config.json keeps the resolved metric.
     checked = preflight(config, store, started=started)
     config = checked.config
+    if backend_factory is default_backend and config.elastic is None:
+        # its worker pool would refuse them once the experiment is written: refuse now
+        check_worker_count(
+            config.workers, checked.manifest.num_partitions, checked.dataset_uri, "workers"
+        )
     with contextlib.ExitStack() as stack:
         if config.elastic is not None and on_stage is None and backend_factory is default_backend:
             # Planned before the id is claimed: a plan refused (PlanInfeasible) writes nothing.
