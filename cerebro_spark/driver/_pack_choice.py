@@ -85,6 +85,7 @@ def choose_pack(
     device = _probe_device(config.device)
     data = read_partition(dataset_uri, "train", 0, manifest=manifest)
     curves: dict[str, dict[int, float]] = {}
+    choices: list[int] = []
     for spec_path, family_params in sorted(params.items()):
         task = UnitTask(
             kind=UnitKind.TRAIN,
@@ -113,14 +114,15 @@ def choose_pack(
             continue
         curve = {k: max(m.get(k, 0.0) for m in measured) for k in measured[0]}
         curves[spec_path] = curve
+        choices.append(choose_pack_size(curve))
         logger.info(
             "pack: auto: model family %s trains %s trial rows/s on %s; it would pack %d",
             spec_path,
             ", ".join(f"{rate:.0f} (k={k})" for k, rate in sorted(curve.items())),
             device,
-            choose_pack_size(curve),
+            choices[-1],
         )
-    size = min((choose_pack_size(curve) for curve in curves.values()), default=1)
+    size = min(choices, default=1)
     logger.info("pack: auto chose packs of at most %d trial%s", size, "" if size == 1 else "s")
     return PackChoice(size, device, curves)
 

@@ -73,9 +73,7 @@ def load_state(
     return config, ExperimentState.from_events(read_experiment_events(store, experiment_id))
 
 
-def read_experiment_events(
-    store: Store, experiment_id: str, *, live: bool = False
-) -> list[dict[str, Any]]:
+def read_experiment_events(store: Store, experiment_id: str) -> list[dict[str, Any]]:
     """An experiment's events (:func:`read_events`), refused when the log lost its head.
 
     Raises:
@@ -84,7 +82,7 @@ def read_experiment_events(
             (:func:`check_log_head`).
     """
     experiment = store.child(experiment_prefix(experiment_id))
-    events = read_events(experiment, live=live)
+    events = read_events(experiment)
     check_log_head(experiment, events, experiment_id)
     return events
 
