@@ -304,15 +304,19 @@ class SparkDaemons:
         return max(used, default=0) + 1
 
     def master_state(self) -> dict[str, Any] | None:
-        """The master's JSON view (workers, applications), ``None`` if it does not answer."""
+        """The master's JSON view (workers, applications), ``None`` if it does not answer.
+
+        A web UI that is still starting may answer with an empty or partial body; that
+        counts as not answering (measured: an empty body once, under CI's load).
+        """
         try:
             with urllib.request.urlopen(
                 f"http://{self.host}:{self.master_ui_port}/json/", timeout=5
             ) as response:
-                state: dict[str, Any] = json.load(response)
-        except OSError:
+                state = json.load(response)
+        except (OSError, ValueError):
             return None
-        return state
+        return state if isinstance(state, dict) else None
 
     def alive_workers(self) -> int:
         """Worker daemons the master counts alive (``-1``: the master does not answer)."""
