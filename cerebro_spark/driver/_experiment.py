@@ -21,9 +21,9 @@ fails goes back to the queue whole (§5.6).
 Packed units (issue 27): with ``pack`` on, each round's MOP scheduler is given the
 round's ``pack_size`` (logged in ``round_start``, so a resumed round packs as it began)
 and a pack key per live trial: its spec and :func:`~cerebro_spark.training.pack_fingerprint`
-(trials training on groups of workers get none: they are never packed). The seeded visit
-orders are drawn so that trials of one key share an order
-(:func:`~cerebro_spark.mop.packed_visit_orders`). A pack goes to ``Backend.submit_pack``;
+(trials training on groups of workers get none: they are never packed). Seeded visit
+orders give the trials of one key, in chunks of ``pack_size``, one order
+(:class:`~cerebro_spark.mop.VisitSlots`). A pack goes to ``Backend.submit_pack``;
 its members are handled, retried and failed each as its own trial's unit. Each round
 builds a fresh scheduler from the live trials: a trial that a procedure stopped, paused
 or that failed is in no later pack, and a PBT clone gets its own key.
@@ -74,7 +74,12 @@ from cerebro_spark.driver._leaderboard import (
 from cerebro_spark.driver._membership import RoundMembership, membership_events
 from cerebro_spark.driver._preflight import Preflight
 from cerebro_spark.driver._preflight import preflight as run_preflight
-from cerebro_spark.driver._procedure import SCHEDULER_STREAM, build_procedure, trial_seed
+from cerebro_spark.driver._procedure import (
+    SCHEDULER_STREAM,
+    VISIT_ORDER_STREAM,
+    build_procedure,
+    trial_seed,
+)
 from cerebro_spark.driver._progress import Progress
 from cerebro_spark.driver._rounds import WAIT_SECONDS, RoundCounters, RoundHooks, RoundRunner
 from cerebro_spark.driver._stage import Stage, StageHook
@@ -102,10 +107,10 @@ from cerebro_spark.mop import (
     RandomizedRule,
     SchedulingRule,
     Unit,
+    VisitSlots,
     WorkAwareRule,
     grouped_visit_orders,
-    packed_visit_orders,
-    seeded_visit_orders,
+    trial_visit_order,
 )
 from cerebro_spark.search import (
     Decision,
@@ -225,6 +230,7 @@ class Experiment:
         self._pack_size = self.preflight.pack_size
         self._procedure_states = StateLog(self.state.procedure_state)  # snapshots and deltas
         self._fingerprints: dict[str, str | None] = {}  # by spec and params (JSON)
+        self._slots = VisitSlots(self._pack_size)  # each trial's, from the trials before it
         self._report_due = False  # a round ended: refresh once the next round is under way
 
     # -- events ---------------------------------------------------------------------------
@@ -485,7 +491,6 @@ class Experiment:
         number = self.state.round + 1
         resources = {t: self._resources(t) for t in live}
         pack = self._pack_size
-        keys = self._pack_keys(live, resources) if pack > 1 else {}
         stop = self._stage_boundary(
             Stage(number, tuple(live), resources, seconds=self.clock()), backend
         )
@@ -499,7 +504,7 @@ class Experiment:
             round=number,
             trials=live,
             epochs={t: self.state.trials[t].epochs for t in live},
-            visit_orders=self._visit_orders(number, live, resources, keys, pack),
+            visit_orders=self._visit_orders(number, live, resources),
             resources=resources,
             group_plans=self._imposed_group_plans(number, live),
             **self._procedure_states.fields(self.procedure.state_dict()),
@@ -625,13 +630,16 @@ class Experiment:
         )
 
     def _visit_orders(
-        self,
-        number: int,
-        live: list[str],
-        resources: Mapping[str, int],
-        keys: Mapping[str, str],
-        pack: int,
+        self, number: int, live: list[str], resources: Mapping[str, int]
     ) -> dict[str, list[int]] | None:
+        """The round's visit orders: imposed (replay), none (dynamic) or seeded.
+
+        A seeded order is a function of the experiment seed, the trial's slot and the
+        epoch it is about to train (issue 29: another trial's failure, stop or clone, or
+        the size of the search, never changes a trial's weights;
+        :func:`~cerebro_spark.mop.trial_visit_order`); only a group trial's order is then
+        rearranged, so that its groups form on the current workers (§5.7).
+        """
         if self.imposed_orders is not None:
             orders = self.imposed_orders.get(number, {})
             missing = [t for t in live if t not in orders]
@@ -643,39 +651,40 @@ class Experiment:
         if self.config.visit_order == "dynamic":
             return None
         assert self.manifest is not None  # ok: set in run() before any round
-        partitions, rng = range(self.manifest.num_partitions), self._round_rng(number)
-        if pack > 1:  # trials that may pack share an order, so their packs last the epoch
-            orders = packed_visit_orders(live, partitions, rng, keys, pack)
-        else:
-            orders = seeded_visit_orders(live, partitions, rng)
-        # Orders in which every group can be formed on the current workers (§5.7).
+        for trial_id in list(self.state.trials)[len(self._slots) :]:  # in creation order
+            key = self._pack_key(trial_id) if self._pack_size > 1 else None
+            self._slots.add(trial_id, key)  # pack mates (one key, one chunk) share a slot
+        partitions = range(self.manifest.num_partitions)
+        entropy = (self.config.seed, VISIT_ORDER_STREAM)
+        orders = {
+            t: trial_visit_order(partitions, entropy, self.state.trials[t].epochs, self._slots[t])
+            for t in live
+        }
         return grouped_visit_orders(orders, resources, self.state.ready_workers())
 
     def _pack_keys(self, live: Sequence[str], sizes: Mapping[str, int]) -> dict[str, str]:
-        """Each live trial's pack key: its spec and model structure (issue 27).
+        """Each live trial's pack key (issue 27); none for group trials (``sizes`` > 1)."""
+        keys = {t: self._pack_key(t) for t in live if sizes.get(t, 1) <= 1}
+        return {t: key for t, key in keys.items() if key is not None}
 
-        Trials trained by groups of workers (``sizes`` above 1) get none, nor do trials
-        whose model cannot be built from their params (their units fail as they would).
+    def _pack_key(self, trial_id: str) -> str | None:
+        """A trial's pack key: its spec and model structure.
+
+        ``None`` where its model cannot be built from its params (its units fail as they
+        would).
         """
         assert self.manifest is not None  # ok: set in run() before any round
-        keys: dict[str, str] = {}
-        for trial_id in live:
-            if sizes.get(trial_id, 1) > 1:
-                continue
-            trial = self.state.trials[trial_id]
-            params = {k: v for k, v in trial.params.items() if k != "model"}
-            cached = f"{trial.spec}\n{json.dumps(params, sort_keys=True, default=str)}"
-            if cached not in self._fingerprints:
-                try:
-                    digest = pack_fingerprint(load_spec(trial.spec), params, self.manifest.info)
-                    self._fingerprints[cached] = f"{trial.spec}:{digest}"
-                except Exception as error:  # user code: its own units will report it
-                    logger.info("trial %s is not packed: %s", trial_id, error)
-                    self._fingerprints[cached] = None
-            key = self._fingerprints[cached]
-            if key is not None:
-                keys[trial_id] = key
-        return keys
+        trial = self.state.trials[trial_id]
+        params = {k: v for k, v in trial.params.items() if k != "model"}
+        cached = f"{trial.spec}\n{json.dumps(params, sort_keys=True, default=str)}"
+        if cached not in self._fingerprints:
+            try:
+                digest = pack_fingerprint(load_spec(trial.spec), params, self.manifest.info)
+                self._fingerprints[cached] = f"{trial.spec}:{digest}"
+            except Exception as error:  # user code: its own units will report it
+                logger.info("trial %s is not packed: %s", trial_id, error)
+                self._fingerprints[cached] = None
+        return self._fingerprints[cached]
 
     def _round_rng(self, number: int) -> np.random.Generator:
         return np.random.default_rng(

@@ -25,8 +25,9 @@ from cerebro_spark.search import (
 from cerebro_spark.search._clock import ExperimentClock
 from cerebro_spark.search.space import SearchSpace
 
-# Streams of randomness derived from the experiment seed (never global state).
-PROCEDURE_STREAM, SCHEDULER_STREAM, TRIAL_STREAM = 0, 1, 2
+# Streams of randomness derived from the experiment seed (never global state); 3 is the
+# pre-flight's (_preflight._PREFLIGHT_STREAM).
+PROCEDURE_STREAM, SCHEDULER_STREAM, TRIAL_STREAM, VISIT_ORDER_STREAM = 0, 1, 2, 4
 
 
 def build_procedure(config: ExperimentConfig, clock: Callable[[], float]) -> SearchProcedure:

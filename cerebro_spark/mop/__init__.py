@@ -14,9 +14,10 @@ from cerebro_spark.mop._simulator import (
     simulate,
 )
 from cerebro_spark.mop._visit_order import (
+    VisitSlots,
     grouped_visit_orders,
-    packed_visit_orders,
     seeded_visit_orders,
+    trial_visit_order,
 )
 
 __all__ = [
@@ -30,11 +31,12 @@ __all__ = [
     "SchedulingRule",
     "SimulationResult",
     "Unit",
+    "VisitSlots",
     "WorkAwareRule",
     "grouped_visit_orders",
     "heterogeneous_instance",
     "homogeneous_instance",
-    "packed_visit_orders",
     "seeded_visit_orders",
     "simulate",
+    "trial_visit_order",
 ]

@@ -111,53 +111,106 @@ def grouped_visit_orders(
     return result
 
 
-def packed_visit_orders(
-    trials: Sequence[str],
-    partitions: Sequence[int],
-    rng: np.random.Generator,
-    pack_keys: Mapping[str, str],
-    pack_size: int,
-) -> dict[str, list[int]]:
-    """Return visit orders in which trials that may be packed share an order (issue 27).
+class VisitSlots:
+    """Each trial's *slot*: where its visit orders start, fixed when the trial is created.
 
-    A pack forms among trials of one key whose next partition coincides
-    (:class:`~cerebro_spark.mop.MopScheduler`, "Packs"); with visit orders, that holds
-    all epoch long only if they share one order. This cuts each key's trials, in trial
-    order, into chunks of ``pack_size`` (a trial without a key is a chunk of one) and
-    gives the chunks the rotations of :func:`seeded_visit_orders` as if each were one
-    trial: chunk ``i`` starts at offset ``rank_i * P // chunks`` of one random
-    permutation, so the chunks pipeline as trials do there. With ``pack_size=1`` or no
-    keys the orders are exactly :func:`seeded_visit_orders`' for the same ``rng``.
+    Issue 29: a trial's visit orders must not depend on the other trials (which of them
+    failed, stopped, were cloned or how many the search has). A slot is a function of the
+    trials created before it only: trials are added in the order the search created them,
+    and each gets the next slot, so trials ``0 .. n-1`` of a search without packing get
+    slots ``0 .. n-1`` whatever becomes of them. With packing (issue 27) the trials of one
+    pack key are cut, in creation order, into chunks of ``pack_size`` that share a slot,
+    hence an order all epoch long, so that they can pack; a trial without a key is a
+    chunk of one. :func:`trial_visit_order` turns a slot into an epoch's order.
 
     Args:
-        trials: Trial ids (unique).
-        partitions: Partition indices (unique, at least one).
-        rng: Source of randomness.
-        pack_keys: Trial id to its pack key (missing: never packed).
-        pack_size: Most trials in one pack (an integer ``>= 1``).
-
-    Returns:
-        Trial id to its visit order, a permutation of ``partitions``.
+        pack_size: Most trials in one chunk (an integer ``>= 1``; 1: packing off).
 
     Raises:
-        ConfigError: As :func:`seeded_visit_orders`, or ``pack_size`` is not an integer
-            ``>= 1``.
+        ConfigError: ``pack_size`` is not an integer ``>= 1``.
     """
-    if isinstance(pack_size, bool) or not isinstance(pack_size, int) or pack_size < 1:
-        raise ConfigError(f"pack_size must be an integer >= 1 (1: packing off), got {pack_size!r}")
-    if len(set(trials)) != len(trials):
-        raise ConfigError(f"trials {list(trials)!r} has duplicates; trial ids must be unique")
-    chunks: list[list[str]] = []
-    open_chunk: dict[str, list[str]] = {}  # key -> its chunk being filled
-    for trial in trials:
-        key = pack_keys.get(trial)
-        chunk = open_chunk.get(key) if key is not None else None
-        if chunk is None or len(chunk) >= pack_size:
-            chunk = []
-            chunks.append(chunk)
-            if key is not None:
-                open_chunk[key] = chunk
-        chunk.append(trial)
-    heads = [chunk[0] for chunk in chunks]
-    by_head = seeded_visit_orders(heads, partitions, rng)
-    return {trial: list(by_head[chunk[0]]) for chunk in chunks for trial in chunk}
+
+    def __init__(self, pack_size: int = 1) -> None:
+        if isinstance(pack_size, bool) or not isinstance(pack_size, int) or pack_size < 1:
+            raise ConfigError(
+                f"pack_size must be an integer >= 1 (1: packing off), got {pack_size!r}"
+            )
+        self.pack_size = pack_size
+        self._slots: dict[str, int] = {}
+        self._open: dict[str, tuple[int, int]] = {}  # key -> (its open chunk's slot, members)
+        self._next = 0
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __contains__(self, trial: object) -> bool:
+        return trial in self._slots
+
+    def __getitem__(self, trial: str) -> int:
+        return self._slots[trial]
+
+    def add(self, trial: str, key: str | None = None) -> int:
+        """Give ``trial``, the newest trial of the search, its slot and return it.
+
+        Raises:
+            ConfigError: ``trial`` already has a slot.
+        """
+        if trial in self._slots:
+            raise ConfigError(f"trial {trial!r} already has a visit slot; trial ids are unique")
+        chunk = self._open.get(key) if key is not None and self.pack_size > 1 else None
+        if chunk is not None and chunk[1] < self.pack_size:
+            slot, members = chunk[0], chunk[1] + 1
+        else:
+            slot, members = self._next, 1
+            self._next += 1
+        if key is not None and self.pack_size > 1:
+            self._open[key] = (slot, members)
+        self._slots[trial] = slot
+        return slot
+
+
+def trial_visit_order(
+    partitions: Sequence[int], entropy: Sequence[int], epoch: int, slot: int
+) -> list[int]:
+    """Return the visit order of the trial in ``slot`` for ``epoch`` (issue 29).
+
+    The order is a function of ``(entropy, epoch, slot)`` alone, so no other trial's
+    fate changes it. It keeps :func:`seeded_visit_orders`' pipelining: every order is a
+    rotation of one permutation ``base`` of ``partitions`` (drawn once from ``entropy``),
+    trial ``slot`` starting at ``(slot + shift_epoch) mod P``, with ``shift_epoch`` drawn
+    from ``(entropy, epoch)``. Trials of consecutive slots at one epoch thus start at
+    distinct offsets, each used ``floor`` or ``ceil`` of ``n / P`` times, and form
+    Cerebro's Latin square (see :func:`seeded_visit_orders`); where the live trials are
+    not consecutive (the survivors of a rung) or are at different epochs (asynchronous
+    procedures), some start at the same offset and queue one unit behind each other
+    (``benchmarks/mop_makespan.py`` measures the cost). One ``base`` for every epoch
+    keeps trials at different epochs on one cycle; each epoch still starts each trial
+    at a new place, and every unit reads its rows in an order of its own
+    (:mod:`~cerebro_spark.training`).
+
+    Args:
+        partitions: Partition indices (unique, at least one).
+        entropy: The experiment's seed material (e.g. ``(seed, stream)``).
+        epoch: The epoch the order is for (``>= 0``).
+        slot: The trial's slot (:class:`VisitSlots`, ``>= 0``).
+
+    Returns:
+        A permutation of ``partitions``.
+
+    Raises:
+        ConfigError: ``partitions`` is empty or has duplicates, or ``epoch`` or ``slot``
+            is negative.
+    """
+    parts = [int(p) for p in partitions]
+    if not parts or len(set(parts)) != len(parts):
+        raise ConfigError(f"partitions {parts!r} must be non-empty and without duplicates")
+    if epoch < 0 or slot < 0:
+        raise ConfigError(f"epoch ({epoch}) and slot ({slot}) must be >= 0")
+    seeds = [int(e) for e in entropy]
+    order = np.random.default_rng(np.random.SeedSequence([*seeds, 0])).permutation(len(parts))
+    shift = int(
+        np.random.default_rng(np.random.SeedSequence([*seeds, 1, epoch])).integers(len(parts))
+    )
+    offset = (slot + shift) % len(parts)
+    base = [parts[i] for i in order]
+    return base[offset:] + base[:offset]

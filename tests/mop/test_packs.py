@@ -30,11 +30,12 @@ from cerebro_spark.mop import (
     Assignment,
     MopScheduler,
     Unit,
+    VisitSlots,
     WorkAwareRule,
     homogeneous_instance,
-    packed_visit_orders,
     seeded_visit_orders,
     simulate,
+    trial_visit_order,
 )
 from cerebro_spark.units import UnitKind
 
@@ -813,10 +814,21 @@ def test_the_churn_driver_forms_packs() -> None:
 # -- visit orders for packs ------------------------------------------------------------
 
 
-def test_packed_visit_orders_give_each_chunk_of_a_key_one_rotation() -> None:
+ENTROPY = (5, 4)
+
+
+def _orders(
+    slots: VisitSlots, trials: list[str], parts: int, epoch: int = 0
+) -> dict[str, list[int]]:
+    return {t: trial_visit_order(range(parts), ENTROPY, epoch, slots[t]) for t in trials}
+
+
+def test_visit_slots_give_each_chunk_of_a_key_one_order() -> None:
     trials = [f"t{i}" for i in range(10)]
     keys = {t: ("x" if i % 2 == 0 else "y") for i, t in enumerate(trials) if i != 9}
-    orders = packed_visit_orders(trials, range(4), np.random.default_rng(5), keys, 2)
+    slots = VisitSlots(2)
+    assert [slots.add(t, keys.get(t)) for t in trials] == [0, 1, 0, 1, 2, 3, 2, 3, 4, 5]
+    orders = _orders(slots, trials, 4)
     chunks = [["t0", "t2"], ["t1", "t3"], ["t4", "t6"], ["t5", "t7"], ["t8"], ["t9"]]
     for chunk in chunks:
         assert all(orders[t] == orders[chunk[0]] for t in chunk)
@@ -827,18 +839,20 @@ def test_packed_visit_orders_give_each_chunk_of_a_key_one_rotation() -> None:
     assert sorted(offsets.values()) == [1, 1, 2, 2]
 
 
-def test_packed_visit_orders_without_packing_are_the_seeded_ones() -> None:
-    trials = [f"t{i}" for i in range(7)]
-    seeded = seeded_visit_orders(trials, range(3), np.random.default_rng(1))
-    keys = dict.fromkeys(trials, "x")
-    assert packed_visit_orders(trials, range(3), np.random.default_rng(1), keys, 1) == seeded
-    assert packed_visit_orders(trials, range(3), np.random.default_rng(1), {}, 4) == seeded
+def test_visit_slots_without_packing_are_the_creation_order() -> None:
+    for slots in (VisitSlots(1), VisitSlots(4)):
+        keyed = slots.pack_size == 1
+        assert [slots.add(f"t{i}", "x" if keyed else None) for i in range(5)] == [0, 1, 2, 3, 4]
+        assert len(slots) == 5 and "t4" in slots and "t5" not in slots
 
 
-def test_with_packed_visit_orders_every_pack_is_full() -> None:
+def test_with_visit_slots_every_pack_is_full() -> None:
     trials = [f"t{i}" for i in range(12)]
     keys = dict.fromkeys(trials, "x")
-    orders = packed_visit_orders(trials, range(3), np.random.default_rng(2), keys, 4)
+    slots = VisitSlots(4)
+    for t in trials:
+        slots.add(t, keys[t])
+    orders = _orders(slots, trials, 3)
     sched = make(trials, partitions=(0, 1, 2), visit_orders=orders, pack_keys=keys, pack_size=4)
     sizes = []
     while not sched.finished:
@@ -850,6 +864,10 @@ def test_with_packed_visit_orders_every_pack_is_full() -> None:
     assert sizes == [4] * 9  # 12 trials x 3 partitions in 9 packs of 4
 
 
-def test_packed_visit_orders_refuse_a_bad_pack_size() -> None:
+def test_visit_slots_refuse_a_bad_pack_size_and_a_trial_added_twice() -> None:
     with pytest.raises(ConfigError, match="pack_size must be an integer >= 1"):
-        packed_visit_orders(["a"], [0], np.random.default_rng(0), {}, 0)
+        VisitSlots(0)
+    slots = VisitSlots()
+    slots.add("a")
+    with pytest.raises(ConfigError, match="trial 'a' already has a visit slot"):
+        slots.add("a")
