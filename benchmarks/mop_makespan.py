@@ -39,6 +39,16 @@ from cerebro_spark.mop import (
 )
 
 
+def seeded_instances(n_trials: int, p: int, hetero: bool, seeds: int) -> list[ScheduleInstance]:
+    """One instance per seed (seed ``s``'s is the same in every table)."""
+    return [
+        heterogeneous_instance(n_trials, p, np.random.default_rng([0, seed]))
+        if hetero
+        else homogeneous_instance(n_trials, p)
+        for seed in range(seeds)
+    ]
+
+
 def ratio(instance: ScheduleInstance, rule: str, order: str, seed: int) -> float:
     rng = np.random.default_rng([1, seed])
     chosen: SchedulingRule = (
@@ -79,12 +89,7 @@ def streams_table(seeds: int) -> None:
     for scenario in ("all", "survivors", "mixed"):
         for p, k, hetero in itertools.product([4, 8, 16], [1, 2, 4], [False, True]):
             n_trials = k * p
-            instances = [
-                heterogeneous_instance(n_trials, p, np.random.default_rng([0, seed]))
-                if hetero
-                else homogeneous_instance(n_trials, p)
-                for seed in range(seeds)
-            ]
+            instances = seeded_instances(n_trials, p, hetero, seeds)
             cells = []
             for scheme in ("round", "trial"):
                 ratios = [
@@ -110,12 +115,7 @@ def main() -> None:
     start = time.perf_counter()
     for p, k, hetero in itertools.product([4, 8, 16], [1, 2, 4], [False, True]):
         n_trials = k * p
-        instances = [
-            heterogeneous_instance(n_trials, p, np.random.default_rng([0, seed]))
-            if hetero
-            else homogeneous_instance(n_trials, p)
-            for seed in range(args.seeds)
-        ]
+        instances = seeded_instances(n_trials, p, hetero, args.seeds)
         for order, rule in itertools.product(["dynamic", "seeded"], ["randomized", "work-aware"]):
             ratios = [ratio(inst, rule, order, seed) for seed, inst in enumerate(instances)]
             times = "heterogeneous" if hetero else "homogeneous"
