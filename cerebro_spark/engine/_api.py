@@ -31,7 +31,7 @@ from cerebro_spark.driver._preflight import preflight
 from cerebro_spark.driver._stage import StageHook
 from cerebro_spark.driver._state import FAILED, ExperimentState, TrialState
 from cerebro_spark.driver._stored import config_key, load_experiment_config, read_experiment_events
-from cerebro_spark.engine._backend import default_backend
+from cerebro_spark.engine._backend import check_backend_settings, default_backend
 from cerebro_spark.engine._elastic import ElasticController, elastic_run
 from cerebro_spark.errors import ConfigError, LeaseError
 from cerebro_spark.report import ReportRefresher
@@ -297,6 +297,8 @@ def _run(
     started = time.monotonic() if started is None else started
     store = open_store(config.store)
     check_store_writable(store)
+    if backend_factory is default_backend:
+        check_backend_settings(config)  # its backend would refuse them once the id is taken
     # Before anything is written or started: the dataset, every model family built on
     # the driver, the metric each must produce; config.json keeps the resolved metric.
     checked = preflight(config, store, started=started)

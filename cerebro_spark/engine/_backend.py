@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import TYPE_CHECKING, Any
 
 from cerebro_spark.backends import Backend, LocalBackend, SparkBackend
+from cerebro_spark.backends._spark import check_spark_conf
 from cerebro_spark.driver._config import ExperimentConfig
 from cerebro_spark.driver._device import check_spark_gpus, local_gpus, pool_device
 from cerebro_spark.driver._preflight import models_in
@@ -32,6 +34,31 @@ def default_backend(config: ExperimentConfig) -> Backend:
         )
         return spark_backend(config, session, config.workers)
     raise ConfigError(f"backend must be 'local' or 'spark', got {config.backend!r}")
+
+
+def check_backend_settings(config: ExperimentConfig) -> None:
+    """Refuse, before anything is written, Spark settings the Spark backend would refuse.
+
+    The settings are the config's ``spark.conf`` over those of a session that already runs
+    in this process (``spark-submit --conf``, a notebook's); nothing is started.
+
+    Raises:
+        ConfigError: As :func:`~cerebro_spark.backends._spark.check_spark_conf`.
+    """
+    if config.backend != "spark":
+        return
+    active = None
+    if "pyspark" in sys.modules:  # a session can only be running if pyspark was imported
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+
+    def get(key: str) -> str | None:
+        if key in config.spark.conf:
+            return str(config.spark.conf[key])
+        return None if active is None else active.sparkContext.getConf().get(key)
+
+    check_spark_conf(get)
 
 
 def spark_backend(config: ExperimentConfig, session: SparkSession, workers: int) -> Backend:

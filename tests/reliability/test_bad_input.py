@@ -158,6 +158,77 @@ def test_refused_before_anything_is_written(case, tmp_path, caplog):
     _nothing_written(store)
 
 
+CONF = Path(__file__).resolve().parents[2] / "conf"
+ELASTIC = f"""\
+{GOOD}deadline: 60
+elastic:
+  manager: standalone
+  prices: {CONF / "prices/local.yaml"}
+  instance_type: local-core
+  profile: {CONF / "profiles/digits-local.yaml"}
+  standalone: {{cores: 1, memory: 1g, max_executors: 2}}
+"""
+
+# Refused on Spark and elastic runs (issue 29, part 3): each once let the id be taken.
+ELASTIC_CASES = {
+    # id: (change to the ELASTIC config, the exact error (its start, where it goes on))
+    "prices-missing": (
+        (str(CONF / "prices/local.yaml"), "/nope/prices.yaml"),
+        "price catalog /nope/prices.yaml does not exist",
+    ),
+    "profile-missing": (
+        (str(CONF / "profiles/digits-local.yaml"), "/nope/profile.yaml"),
+        "profile /nope/profile.yaml does not exist",
+    ),
+    "instance-type-unpriced": (
+        ("instance_type: local-core", "instance_type: m9.huge"),
+        f"price catalog {CONF / 'prices/local.yaml'} has no instance type 'm9.huge'; it lists "
+        "['local-core']",
+    ),
+    "max-executors-0": (
+        ("max_executors: 2", "max_executors: 0"),
+        "elastic.standalone.max_executors must be an integer >= 1, got 0",
+    ),
+    "deadline-infeasible": (  # 16 s to start a worker (the profile), or the pre-flight
+        ("deadline: 60", "deadline: 10"),  # took it all on a loaded machine: both refuse
+        "deadline 10 s ",
+    ),
+    "plan-missing": (
+        ("  standalone:", "  plan: /nope/plan.json\n  standalone:"),
+        "elastic.plan /nope/plan.json cannot be read as JSON",
+    ),
+    "spark-speculation": (
+        ("workers: 2", "workers: 2\nspark: {conf: {spark.speculation: 'true'}}"),
+        "spark.speculation=true is not supported by SparkBackend",
+    ),
+    "elastic-on-local": (
+        ("workers: 2", "workers: 2\nbackend: local"),
+        "elastic: plans and resizes a Spark cluster, but backend is 'local'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ELASTIC_CASES))
+def test_elastic_and_spark_settings_are_refused_before_anything_is_written(case, tmp_path, caplog):
+    change, expected = ELASTIC_CASES[case]
+    assert change[0] in ELASTIC, change
+    store = tmp_path / "store"
+    argv = ["run", _config(tmp_path, ELASTIC.replace(*change)), "--store", str(store)]
+    code, errors = _cli([*argv, "--experiment-id", "e1"], caplog)
+    assert code == 2 and len(errors) == 1, errors
+    assert expected in errors[0], errors[0]
+    _nothing_written(store)
+
+
+def test_the_id_an_elastic_refusal_left_free_runs_without_it(tmp_path, caplog):
+    store = tmp_path / "store"
+    bad = ELASTIC.replace(str(CONF / "prices/local.yaml"), "/nope/prices.yaml")
+    argv = ["--store", str(store), "--experiment-id", "e1"]
+    assert _cli(["run", _config(tmp_path, bad, "bad.yaml"), *argv], caplog)[0] == 2
+    assert _cli(["run", _config(tmp_path), *argv], caplog) == (0, [])
+    assert (store / "experiments" / "e1" / "best.pt").exists()
+
+
 def _image_source(tmp_path: Path, images: list[bytes]) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
