@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,10 +71,14 @@ def settle(session: Any, count: int) -> None:
     )
 
 
-def failed_tasks(session: Any) -> int:
-    """Failed tasks of the application so far, on live and dead executors."""
+def failed_tasks(session: Any, executors: Collection[str] | None = None) -> int:
+    """Failed tasks of the application so far, on live and dead executors (or on these)."""
     summaries = session.sparkContext._jsc.sc().statusStore().executorList(False)
-    return sum(int(summaries.apply(i).failedTasks()) for i in range(summaries.size()))
+    return sum(
+        int(summary.failedTasks())
+        for summary in (summaries.apply(i) for i in range(summaries.size()))
+        if executors is None or str(summary.id()) in executors
+    )
 
 
 def worker_jobs(session: Any, groups: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
@@ -278,7 +282,7 @@ def retire_scenario(session: Any, tmp: Path, kill: KillExecutor) -> dict[str, An
     dataset = make_dataset(tmp / "dataset")
     sc = session.sparkContext
     settle(session, 2)
-    report: dict[str, Any] = {"failed_before": failed_tasks(session)}
+    report: dict[str, Any] = {}
     with SparkBackend(2, spark=session, heartbeat_s=1.0, heartbeat_timeout_s=10.0) as backend:
         backend.start(WorkerJob(dataset.uri, open_store(str(tmp / "store")), torch_threads=1))
         backend.wait_started()
@@ -288,6 +292,10 @@ def retire_scenario(session: Any, tmp: Path, kill: KillExecutor) -> dict[str, An
         victim = backend.workers()["w1"]
         report["victim_executor"] = victim.executor_id
         report["workers_before"] = sorted(backend.workers())
+        # Counted on the executors of this scenario's workers: an earlier scenario's lost
+        # executor may have its tasks counted failed late, while this one runs.
+        executors = {str(info.executor_id) for info in backend.workers().values()}
+        report["failed_before"] = failed_tasks(session, executors)
         groups = dict(backend._spark_transport._groups)
         backend.retire("w1").result(timeout=120)
         report["after_retire"] = {w: sorted(i.partitions) for w, i in backend.workers().items()}
@@ -309,7 +317,7 @@ def retire_scenario(session: Any, tmp: Path, kill: KillExecutor) -> dict[str, An
         report["stats"] = {"retired": backend.stats().retired, "lost": backend.stats().lost}
         # Counted before the close: closing the backend ends w0's task, and how (told to
         # stop, or killed after the grace on a slow machine) is not what this checks.
-        report["failed_after"] = failed_tasks(session)
+        report["failed_after"] = failed_tasks(session, executors)
     return report
 
 
