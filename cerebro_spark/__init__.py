@@ -1,8 +1,8 @@
 """cerebro-spark: deep learning model selection on Apache Spark with model hopper parallelism.
 
 The notebook API is here (:class:`Tuner`, :class:`Procedure`, the search space's
-distributions and :func:`load_model`); ``import cerebro_spark`` stays light: each name is
-imported on first use.
+distributions, :func:`load_model` and :func:`release_workers`); ``import cerebro_spark``
+stays light: each name is imported on first use.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ _LAZY = {
     "IntUniform": "cerebro_spark.search",
     "Quantized": "cerebro_spark.search",
     "load_model": "cerebro_spark.scoring",
+    "release_workers": "cerebro_spark.engine",
     "install_log_filter": "cerebro_spark._redact",
 }
 

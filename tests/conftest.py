@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import logging
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +40,16 @@ JVM_OPTIONS = (  # also in tests/spark-conf
 )
 os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).with_name("spark-conf")))
 os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", JVM_OPTIONS)
+
+
+@pytest.fixture(autouse=True)
+def _no_warm_workers_left() -> Iterator[None]:
+    """Close the workers a test's last search kept warm (``Tuner`` keeps them 120 s), so
+    that no test inherits another's workers, executor slots or processes."""
+    yield
+    warm = sys.modules.get("cerebro_spark.driver._warm")
+    if warm is not None:
+        warm.release_workers()
 
 
 @dataclasses.dataclass(frozen=True)

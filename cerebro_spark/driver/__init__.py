@@ -26,6 +26,7 @@ from cerebro_spark.driver._procedure import build_procedure, experiment_spec, tr
 from cerebro_spark.driver._stage import Stage, StageDirective, StageHook
 from cerebro_spark.driver._state import ExperimentState, TrialState, WorkerState
 from cerebro_spark.driver._stored import config_key, load_experiment_config, load_state
+from cerebro_spark.driver._warm import release_workers
 
 __all__ = [
     "BEST_CHECKPOINT_NAME",
@@ -61,5 +62,6 @@ __all__ = [
     "preflight",
     "rank",
     "read_events",
+    "release_workers",
     "trial_seed",
 ]

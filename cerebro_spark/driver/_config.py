@@ -231,6 +231,12 @@ class ExperimentConfig:
             curve measured once per architecture,
             :mod:`~cerebro_spark.driver._pack_choice`). A YAML
             ``pack: off`` (a boolean false to YAML 1.1) reads as ``"off"``.
+        warm_workers: Seconds a search's started workers are kept, after it ended
+            normally, for the next search of this process that needs the same workers
+            (the same dataset, backend, workers and device): it starts training at once,
+            their partitions loaded (:mod:`~cerebro_spark.driver._warm`). 0 (the default
+            of ``run``; ``Tuner`` keeps them 120 s) closes them at the end of the search.
+            Spark executor slots stay held while they are kept.
     """
 
     name: str
@@ -256,6 +262,7 @@ class ExperimentConfig:
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
     worker_memory: int | None = None
     pack: int | str = "off"
+    warm_workers: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """Return the config as plain JSON values (the inverse of :func:`parse_config`)."""
@@ -442,6 +449,7 @@ def parse_config(raw: Any, *, stored: bool = False) -> ExperimentConfig:
         tracking=_parse_tracking(top.take("tracking", dict, {})),
         worker_memory=_parse_worker_memory(top.take("worker_memory", (int, str), None)),
         pack=parse_pack(top.take("pack", (int, str, bool), "off")),
+        warm_workers=_parse_warm_workers(top.take("warm_workers", (int, float), 0.0)),
     )
     top.finish()
     _check_device(config.device, config.backend)
@@ -452,6 +460,15 @@ def parse_config(raw: Any, *, stored: bool = False) -> ExperimentConfig:
             "the elastic section out"
         )
     return config
+
+
+def _parse_warm_workers(value: float) -> float:
+    if isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise ConfigError(
+            f"warm_workers must be a number of seconds >= 0 (0: close the workers at the "
+            f"end of the search), got {value!r}"
+        )
+    return float(value)
 
 
 def worker_budget(config: ExperimentConfig) -> int | None:

@@ -47,9 +47,11 @@ membership the round then uses.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -57,7 +59,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from cerebro_spark._redact import redact, redact_uri
-from cerebro_spark.backends import Backend, WorkerJob, next_worker_index
+from cerebro_spark.backends import (
+    Backend,
+    Membership,
+    WorkerChange,
+    WorkerJob,
+    next_worker_index,
+)
 from cerebro_spark.data import Manifest
 from cerebro_spark.driver._checkpoints import CheckpointKeeper
 from cerebro_spark.driver._config import ExperimentConfig, worker_budget
@@ -96,6 +104,7 @@ from cerebro_spark.driver._state import (
 )
 from cerebro_spark.driver._state_delta import StateLog
 from cerebro_spark.driver._stored import check_log_head
+from cerebro_spark.driver._warm import WarmKey, park, take_warm
 from cerebro_spark.errors import (
     CerebroError,
     ConfigError,
@@ -333,15 +342,23 @@ class Experiment:
                 "validation": self.manifest.rows("validation"),
             },
         )
-        backend = self.backend_factory(self.config)
+        job = WorkerJob(
+            dataset_uri, self.root, self.config.torch_threads, worker_budget(self.config)
+        )
+        warm = self._warm_eligible(placement)
+        backend = take_warm(self._warm_key(job)) if warm else None
+        reused = backend is not None
+        baseline: dict[str, int] = {}  # bytes warm workers read for the searches before
+        if backend is not None:
+            baseline = self._announce_warm(backend)
+        else:
+            backend = self.backend_factory(self.config)
+        parked = False
         try:
-            backend.start(
-                WorkerJob(
-                    dataset_uri, self.root, self.config.torch_threads, worker_budget(self.config)
-                ),
-                placement=placement,
-                first_worker=next_worker_index(self.state.workers),
-            )  # returns once a worker is ready: the others join the rounds as they are
+            if not reused:
+                backend.start(
+                    job, placement=placement, first_worker=next_worker_index(self.state.workers)
+                )  # returns once a worker is ready: the others join the rounds as they are
             self._sync_membership(backend)
             while self._next_round(backend):
                 self._run_round(backend)
@@ -350,7 +367,8 @@ class Experiment:
                 final = Stage(self.state.round + 1, (), {}, seconds=self.clock(), final=True)
                 self._stage_boundary(final, backend)
             for worker_id, info in sorted(backend.workers().items()):
-                self._emit("worker_bytes", worker=worker_id, bytes_read=info.bytes_read)
+                read = info.bytes_read - baseline.get(worker_id, 0)
+                self._emit("worker_bytes", worker=worker_id, bytes_read=read)
             for trial in sorted(self.state.trials.values(), key=lambda t: t.trial_id):
                 if trial.status == PAUSED:  # the procedure finished without resuming it
                     self._emit(
@@ -361,9 +379,13 @@ class Experiment:
                         decision=Decision.STOP.value,
                         status=STOPPED,
                     )
+            if warm:
+                park(self._warm_key(job), backend, self.config.warm_workers)
+                parked = True
         finally:
-            backend.close()
-        self._sync_membership(backend)  # the workers the close stopped
+            if not parked:
+                backend.close()
+        self._sync_membership(backend)  # the workers the close stopped (none when parked)
         self.checkpoints.sweep()
         ranked = rank(self.state.trials.values(), self.metric, self.mode)
         best = best_trial(ranked)
@@ -384,6 +406,44 @@ class Experiment:
             self.reporter.final()
         self._check_outcome(ranked)
         return ranked
+
+    def _warm_eligible(self, placement: object) -> bool:
+        """Whether this search's workers are kept warm for the next (and may be warm).
+
+        Not with ``warm_workers: 0``, nor for a resumed run that starts its workers
+        where its log placed them, nor for an elastic run (its cluster is resized).
+        """
+        return self.config.warm_workers > 0 and placement is None and self.on_stage is None
+
+    def _warm_key(self, job: WorkerJob) -> WarmKey:
+        application = None
+        if "pyspark" in sys.modules:  # a Spark application runs only if pyspark was imported
+            from pyspark.sql import SparkSession
+
+            with contextlib.suppress(Exception):  # a session without a SparkContext
+                session = SparkSession.getActiveSession()
+                application = None if session is None else session.sparkContext.applicationId
+        return WarmKey(
+            factory=self.backend_factory,
+            backend=self.config.backend,
+            workers=self.config.workers,
+            device=self.config.device,
+            application=application,
+            # the config's worker memory: one derived from the memory free now varies
+            job=(job.dataset_uri, job.store.uri, job.torch_threads, self.config.worker_memory),
+        )
+
+    def _announce_warm(self, backend: Backend) -> dict[str, int]:
+        """Log a warm backend's workers as joined and ready; return the bytes each had read."""
+        workers = sorted(backend.workers().values(), key=lambda info: info.worker_id)
+        kinds = (Membership.JOINED, Membership.READY)
+        changes = [WorkerChange(kind, info) for info in workers for kind in kinds]
+        for event, fields in membership_events(changes, self._membership.unit_of):
+            if "bytes_read" in fields:
+                fields["bytes_read"] = 0  # nothing read for this search
+            self._emit(event, **fields)
+            self._membership.follow(event, fields)
+        return {info.worker_id: info.bytes_read for info in workers}
 
     def _check_outcome(self, ranked: Sequence[TrialState]) -> None:
         """Fail a search that produced nothing; warn when only some of its trials failed.

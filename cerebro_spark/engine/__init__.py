@@ -33,6 +33,7 @@ from cerebro_spark.driver import (
     parse_config,
     rank,
     read_events,
+    release_workers,
     trial_seed,
 )
 from cerebro_spark.engine._api import (
@@ -78,6 +79,7 @@ __all__ = [
     "parse_config",
     "rank",
     "read_events",
+    "release_workers",
     "replay_experiment",
     "resume_experiment",
     "run_experiment",

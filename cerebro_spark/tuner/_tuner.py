@@ -25,6 +25,7 @@ import yaml
 from cerebro_spark.data import prepare_dataset, prepare_with_spark, read_manifest
 from cerebro_spark.data._options import KindOptions
 from cerebro_spark.driver._config import load_yaml
+from cerebro_spark.driver._warm import release_for_spark_job
 from cerebro_spark.engine import parse_config, run_experiment
 from cerebro_spark.errors import ConfigError, DataError
 from cerebro_spark.search import Distribution, SearchSpace
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+WARM_WORKERS_S = 120.0
+"""Seconds a ``fit``'s workers are kept for the next ``fit`` unless ``warm_workers`` says."""
 _UNRESOLVED = {"dataset": "unresolved"}  # stands in for the data while checking the rest
 
 
@@ -76,7 +79,9 @@ class Tuner:
             as in the YAML config (``worker_memory="4GiB"``: what each worker keeps of its
             partitions in RAM; the rest is streamed from its local disk; ``pack=4``: up
             to 4 trials of one architecture trained together in one visit of a partition,
-            ``"auto"``: as many as the pre-flight measures to pay, ``"off"`` by default).
+            ``"auto"``: as many as the pre-flight measures to pay, ``"off"`` by default;
+            ``warm_workers``: seconds the workers are kept for the next ``fit``, 120 by
+            default, 0 to close them when ``fit`` returns, see :func:`release_workers`).
 
     Raises:
         ConfigError: A field breaks a rule (checked here, before any data is touched).
@@ -227,8 +232,15 @@ class Tuner:
             raise ConfigError("fit needs data: this tuner's config has no data section")
         with spark_log_level(spark, self.spark_log_level):  # preparing included
             section = self._data if data is None else request.section(data, spark, self._store())
+            warm = self._raw.get("warm_workers", WARM_WORKERS_S)  # the next fit starts warm
             config = parse_config(
-                {**self._raw, "backend": backend, "workers": workers, "data": section}
+                {
+                    **self._raw,
+                    "backend": backend,
+                    "workers": workers,
+                    "data": section,
+                    "warm_workers": warm,
+                }
             )
             display = ProgressDisplay() if self.progress else None
             with showing_progress(display):
@@ -240,6 +252,14 @@ class Tuner:
 
     def __repr__(self) -> str:
         return f"Tuner({self._raw!r})"
+
+
+def _application_of(frame: Any) -> str | None:
+    """The Spark application a DataFrame runs on (``None`` where it cannot be told)."""
+    try:
+        return str(frame.sparkSession.sparkContext.applicationId)
+    except Exception:  # Spark Connect has no SparkContext
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,6 +279,7 @@ class _DataRequest:
         """The config's data section for ``data``, preparing it first where it is a table."""
         if _is_spark_frame(data) or (isinstance(data, str) and _is_table(spark, data)):
             frame = data if _is_spark_frame(data) else spark.table(data)  # type: ignore[union-attr]
+            release_for_spark_job(_application_of(frame))
             manifest = prepare_with_spark(
                 data,
                 store,

@@ -95,5 +95,24 @@ def test_fit_on_a_spark_frame_uses_the_active_session(spark, tmp_path, caplog):
     assert rows[0]["trial_id"] == result.best.trial_id
     assert rows[0]["accuracy"] == pytest.approx(result.best.best_metrics["accuracy"])
     # the same rows prepared from the same seed: the second fit reuses the dataset
-    again = tuner.fit(frame, label="digit", experiment_id="spark-frame-2")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="cerebro_spark.driver._warm"):
+        again = tuner.fit(frame, label="digit", experiment_id="spark-frame-2")
     assert again.state.dataset_id == result.state.dataset_id
+    # preparing a frame is a Spark job: the warm workers were closed first, so the second
+    # fit's workers read their partitions; a fit on the prepared dataset starts warm
+    assert "a Spark job needs the executor slots" in caplog.text
+    assert _bytes_read(tmp_path, "spark-frame-2") > 0
+    uri = f"{tmp_path}/datasets/{result.state.dataset_id}"
+    warm = tuner.fit(uri, experiment_id="spark-warm")
+    assert _bytes_read(tmp_path, "spark-warm") == 0
+    assert warm.best.best_metrics == again.best.best_metrics  # the same weights, warm or not
+
+
+def _bytes_read(store, experiment_id):
+    """Bytes the experiment's workers read for it (ready, and over the whole search)."""
+    events = read_events(open_store(str(store)).child(f"experiments/{experiment_id}"))
+    ready = sum(e["bytes_read"] for e in events if e["event"] == "worker_ready")
+    total = sum(e["bytes_read"] for e in events if e["event"] == "worker_bytes")
+    assert len([e for e in events if e["event"] == "worker_ready"]) == 2
+    return ready + total
