@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -39,9 +39,15 @@ def spark_session(
 ) -> SparkSession:
     """Return the active Spark session, or create one.
 
+    Spark Connect (a Databricks notebook in Standard access mode, serverless, Databricks
+    Connect): a ``master`` of ``sc://host:port`` connects to that server, and without
+    ``master`` and with no classic session running, the active Connect session is
+    returned. A Connect session's settings are the server's: ``conf`` is not applied.
+
     Args:
-        master: Spark master URL (``local[2]``, ``spark://host:port``, ``yarn`` ...);
-            ``None`` keeps what ``spark-submit`` or the environment set.
+        master: Spark master URL (``local[2]``, ``spark://host:port``, ``yarn``,
+            ``sc://host:port`` ...); ``None`` keeps what ``spark-submit`` or the
+            environment set.
         app_name: Application name.
         conf: Extra Spark settings.
         preload_torch: The session's Python workers will import torch: with a ``local``
@@ -51,12 +57,36 @@ def spark_session(
     prepare_environment()
     from pyspark.sql import SparkSession
 
+    if master is not None and master.startswith("sc://"):  # a Spark Connect server
+        return SparkSession.builder.remote(master).getOrCreate()
+    if master is None and SparkSession.getActiveSession() is None:
+        remote = active_connect_session()
+        if remote is not None:
+            return remote  # type: ignore[no-any-return]
+
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
     for key, value in session_settings(master, conf, preload_torch=preload_torch).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def active_connect_session() -> Any | None:
+    """The active Spark Connect session of this thread, if any (no import of Connect)."""
+    connect = sys.modules.get("pyspark.sql.connect.session")
+    if connect is None:  # no Connect session can exist: its module was never imported
+        return None
+    return connect.SparkSession.getActiveSession()
+
+
+def spark_setting(session: Any, key: str) -> str | None:
+    """A Spark setting of ``session`` (classic or Connect), ``None`` when unset."""
+    if type(session).__module__.startswith("pyspark.sql.connect"):
+        value = session.conf.get(key, None)
+    else:
+        value = session.sparkContext.getConf().get(key, None)
+    return None if value is None else str(value)
 
 
 def session_settings(

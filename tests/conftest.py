@@ -125,6 +125,28 @@ def s3_server(_moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> S3Server:
 
 
 @pytest.fixture(scope="session")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real Spark Connect server (``local[4]``, its own process on 127.0.0.1,
+    :mod:`tests.connect_server`), stopped at the end of the test session."""
+    from tests.connect_server import ConnectServer
+
+    server = ConnectServer(tmp_path_factory.mktemp("spark-connect"))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def spark_connect(connect_server: Any) -> Iterator[Any]:
+    """A Spark Connect session on ``connect_server`` for one module (no SparkContext);
+    stopped at its end, so that no later module finds it active."""
+    session = connect_server.session()
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
 def spark():
     """A local[4] Spark session shared by the Spark tests of a session (stopped at the end).
 

@@ -274,11 +274,18 @@ class SparkTransport(Transport):
 class SparkBackend(WorkerPool):
     """Runs each worker as a long-lived task in its own Spark job (see the module docs).
 
+    On a Spark Connect session the workers are started by a
+    :class:`~cerebro_spark.backends._connect.ConnectTransport` instead (no SparkContext
+    there): the same workers, wire format and pool.
+
     Args:
-        num_workers: Workers :meth:`start` starts; ``None``: one per executor task slot.
-            At most the number of partitions; in ``local[N]`` at most ``N``.
-        spark: The Spark session; ``None`` uses the active one or creates one.
-        join_new_executors: Start workers on executors that appear after :meth:`start`.
+        num_workers: Workers :meth:`start` starts; ``None``: one per executor task slot
+            (required on Spark Connect, which does not count slots). At most the number
+            of partitions; in ``local[N]`` at most ``N``.
+        spark: The Spark session, classic or Connect; ``None`` uses the active classic one
+            or creates one.
+        join_new_executors: Start workers on executors that appear after :meth:`start`
+            (classic Spark only).
         **options: :class:`WorkerPool`'s other arguments.
 
     Raises:
@@ -293,8 +300,14 @@ class SparkBackend(WorkerPool):
         join_new_executors: bool = True,
         **options: Any,
     ) -> None:
-        self._spark_transport = SparkTransport(spark, join_new_executors)
-        super().__init__(self._spark_transport, num_workers, **options)
+        from cerebro_spark.backends._connect import ConnectTransport, is_connect_session
+
+        transport: Transport
+        if spark is not None and is_connect_session(spark):  # no SparkContext (issue 28)
+            transport = ConnectTransport(spark)
+        else:
+            transport = self._spark_transport = SparkTransport(spark, join_new_executors)
+        super().__init__(transport, num_workers, **options)
 
 
 def _is_local(master: str) -> bool:

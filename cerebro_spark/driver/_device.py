@@ -14,6 +14,7 @@ from typing import Any
 
 from cerebro_spark.driver._config import ExperimentConfig
 from cerebro_spark.errors import ConfigError
+from cerebro_spark.spark_session import spark_setting
 
 _SPARK_GPU_AMOUNT = "spark.task.resource.gpu.amount"
 
@@ -70,7 +71,7 @@ def check_spark_gpus(config: ExperimentConfig, session: Any) -> None:
     """
     if config.device != "cuda":
         return
-    amount = session.sparkContext.getConf().get(_SPARK_GPU_AMOUNT, None)
+    amount = spark_setting(session, _SPARK_GPU_AMOUNT)
     try:
         given = float(amount) > 0 if amount is not None else False
     except ValueError:

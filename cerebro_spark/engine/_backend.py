@@ -12,7 +12,7 @@ from cerebro_spark.driver._config import ExperimentConfig
 from cerebro_spark.driver._device import check_spark_gpus, local_gpus, pool_device
 from cerebro_spark.driver._preflight import models_in
 from cerebro_spark.errors import ConfigError
-from cerebro_spark.spark_session import spark_session
+from cerebro_spark.spark_session import active_connect_session, spark_session, spark_setting
 from cerebro_spark.training import user_code_files
 
 if TYPE_CHECKING:
@@ -47,8 +47,8 @@ def check_backend_settings(config: ExperimentConfig) -> None:
     """
     if config.backend != "spark":
         return
-    active = None
-    if "pyspark" in sys.modules:  # a session can only be running if pyspark was imported
+    active = active_connect_session()
+    if active is None and "pyspark" in sys.modules:  # else no session can be running
         from pyspark.sql import SparkSession
 
         active = SparkSession.getActiveSession()
@@ -56,7 +56,7 @@ def check_backend_settings(config: ExperimentConfig) -> None:
     def get(key: str) -> str | None:
         if key in config.spark.conf:
             return str(config.spark.conf[key])
-        return None if active is None else active.sparkContext.getConf().get(key)
+        return None if active is None else spark_setting(active, key)
 
     check_spark_conf(get)
 
@@ -73,25 +73,30 @@ def spark_backend(config: ExperimentConfig, session: SparkSession, workers: int)
         workers: Workers to start.
     """
     check_spark_gpus(config, session)
-    ship_user_code(session.sparkContext, config)
+    ship_user_code(session, config)
     return SparkBackend(workers, spark=session, device=pool_device(config))
 
 
-def ship_user_code(context: Any, config: ExperimentConfig) -> None:
+def ship_user_code(session: Any, config: ExperimentConfig) -> None:
     """Ship the config's spec modules found beside it or in the working directory.
 
-    Spark executors may run on other machines: ``SparkContext.addPyFile`` puts each
-    module (a package as a zip) on their Python path
-    (:func:`~cerebro_spark.training.user_code_files`). Installed specs are not shipped.
+    Spark executors may run on other machines: ``SparkContext.addPyFile`` (on Spark
+    Connect, ``addArtifacts(pyfile=True)``) puts each module (a package as a zip) on
+    their Python path (:func:`~cerebro_spark.training.user_code_files`). Installed specs
+    are not shipped.
 
     Args:
-        context: The application's ``SparkContext``.
+        session: The application's Spark session (classic or Connect).
         config: The experiment (its ``model`` and the space's ``model`` values).
     """
     specs = [*models_in(config.space), *([config.model] if config.model else [])]
+    connect = type(session).__module__.startswith("pyspark.sql.connect")
     for file in user_code_files(specs):
         try:
-            context.addPyFile(str(file))
+            if connect:
+                session.addArtifacts(str(file), pyfile=True)
+            else:
+                session.sparkContext.addPyFile(str(file))
             logger.info("shipped spec module %s to the Spark executors", file)
         except Exception as error:  # already added (a notebook re-run): keep the first
             logger.warning("could not ship %s to the executors: %s", file, error)

@@ -1,0 +1,69 @@
+"""A search on a Spark Connect server (issue 28): ``run_experiment`` with ``backend: spark``
+and the server's ``sc://`` URL as the master runs its workers through Spark Connect (no
+SparkContext), and ends with the weights the same search trains on local worker
+processes, bit for bit."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cerebro_spark.engine import parse_config, read_events, run_experiment
+from cerebro_spark.store import open_store
+
+pytestmark = [pytest.mark.spark, pytest.mark.torch]
+
+
+@pytest.fixture(autouse=True)
+def _connect_session_stopped() -> Iterator[None]:
+    """The run's Connect session is stopped after the test: no later module finds it."""
+    yield
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    session = ConnectSession.getActiveSession()
+    if session is not None:
+        session.stop()
+
+
+def digests(store: Path, experiment_id: str) -> dict[str, str]:
+    events = read_events(open_store(str(store)).child(f"experiments/{experiment_id}"))
+    ends = [e for e in events if e["event"] == "unit_end" and e["kind"] == "train"]
+    return {e["trial"]: e["checkpoint_sha256"] for e in ends}  # each trial's last
+
+
+def config(store: Path, backend: str, master: str | None = None) -> Any:
+    return parse_config(
+        {
+            "name": "connect",
+            "seed": 4,
+            "store": str(store),
+            "data": {"source": "sklearn:iris", "partitions": 2},
+            "epochs": 2,
+            "workers": 2,
+            "backend": backend,
+            "spark": {"master": master} if master else {},
+            "model": "cerebro_spark.training:MLPSpec",
+            "space": {"hidden_units": [8], "lr": {"grid": [0.01, 0.05]}, "batch_size": 16},
+        }
+    )
+
+
+def test_a_search_on_spark_connect_trains_what_local_workers_train(
+    connect_server: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="cerebro_spark.backends._connect"):
+        on_connect = run_experiment(
+            config(tmp_path, "spark", connect_server.url), experiment_id="connect"
+        )
+    assert "starting 2 workers on a Spark Connect session (master local[4])" in caplog.text
+    assert [t.status for t in on_connect.trials] == ["completed", "completed"]
+    events = read_events(open_store(str(tmp_path)).child("experiments/connect"))
+    ready = [e for e in events if e["event"] == "worker_ready"]
+    assert sorted(e["worker"] for e in ready) == ["w0", "w1"]
+    assert {e["executor_id"] for e in ready} == {"driver"}  # local[4]: the driver runs tasks
+    run_experiment(config(tmp_path, "local"), experiment_id="local")
+    assert digests(tmp_path, "connect") == digests(tmp_path, "local") != {}
