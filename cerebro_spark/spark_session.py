@@ -59,9 +59,11 @@ def spark_session(
 
     if master is not None and master.startswith("sc://"):  # a Spark Connect server
         return SparkSession.builder.remote(master).getOrCreate()
-    if master is None and SparkSession.getActiveSession() is None:
+    if master is None:
+        from pyspark import SparkContext
+
         remote = active_connect_session()
-        if remote is not None:
+        if remote is not None and SparkContext._active_spark_context is None:
             return remote  # type: ignore[no-any-return]
 
     builder = SparkSession.builder.appName(app_name)

@@ -95,7 +95,7 @@ class ConnectTransport(Transport):
                 "a Spark Connect session does not say how many task slots its executors "
                 "have: give the number of workers (workers: N)"
             )
-        slots = _local_slots(self._master)
+        slots = local_slots(self._master)
         logger.info(
             "starting %d workers on a Spark Connect session (master %s)",
             requested,
@@ -157,14 +157,14 @@ class ConnectTransport(Transport):
     def locate(self, worker_id: str, registration: Mapping[str, Any], peer: str) -> Location | None:
         """Where the worker said it runs (the driver, in ``local[N]``)."""
         del worker_id
-        if _local_slots(self._master) is not None:
+        if local_slots(self._master) is not None:
             return Location("localhost", "driver")
         hint = registration.get("executor_hint")
         host = registration.get("hostname") or peer.rsplit(":", 1)[0]
         return Location(str(host), hint if isinstance(hint, str) else None)
 
 
-def _local_slots(master: str) -> int | None:
+def local_slots(master: str) -> int | None:
     """The task slots of a ``local``/``local[N]``/``local[*]`` master; ``None`` for others."""
     match = _LOCAL.match(master.strip())
     if match is None:

@@ -45,7 +45,7 @@ from cerebro_spark.engine._api import (
     resume_experiment,
     run_experiment,
 )
-from cerebro_spark.engine._backend import default_backend
+from cerebro_spark.engine._backend import SessionBackend, default_backend
 
 __all__ = [
     "EVENT_KINDS",
@@ -58,6 +58,7 @@ __all__ = [
     "ExperimentState",
     "ReplayReport",
     "ReplayRow",
+    "SessionBackend",
     "Stage",
     "StageDirective",
     "StageHook",

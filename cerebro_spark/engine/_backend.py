@@ -61,6 +61,27 @@ def check_backend_settings(config: ExperimentConfig) -> None:
     check_spark_conf(get)
 
 
+class SessionBackend:
+    """A backend factory: the config's Spark backend on a given session.
+
+    Classic or Connect: ``Tuner.fit`` runs on the session its data lives in. Equal for
+    one session, so that warm workers (:mod:`~cerebro_spark.driver._warm`) serve the
+    next search.
+    """
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def __call__(self, config: ExperimentConfig) -> Backend:
+        return spark_backend(config, self.session, config.workers)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SessionBackend) and other.session is self.session
+
+    def __hash__(self) -> int:
+        return id(self.session)
+
+
 def spark_backend(config: ExperimentConfig, session: SparkSession, workers: int) -> Backend:
     """A :class:`SparkBackend` of ``workers`` workers on ``session``'s executors.
 

@@ -69,12 +69,13 @@ def restore_spark_log_levels(spark: SparkSession, levels: SparkLogLevels) -> Non
 def spark_log_level(spark: SparkSession | None, level: str | None) -> Iterator[None]:
     """Spark's console at ``level`` for the block; both settings restored however it ends.
 
-    ``spark`` ``None`` (no session) or ``level`` ``None`` (leave it): nothing changes.
+    ``spark`` ``None`` (no session), a Spark Connect session (its log is the server's) or
+    ``level`` ``None`` (leave it): nothing changes.
     Where the levels cannot be read (a JVM without Spark's logging object), the level is
     set and left as it is, with a warning that says so.
     """
-    if spark is None or level is None:
-        yield
+    if spark is None or level is None or type(spark).__module__.startswith("pyspark.sql.connect"):
+        yield  # a Spark Connect session's log is the server's, out of this process's reach
         return
     try:
         before = spark_log_levels(spark)

@@ -22,13 +22,15 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from cerebro_spark.backends._connect import is_connect_session, local_slots
 from cerebro_spark.data import prepare_dataset, prepare_with_spark, read_manifest
 from cerebro_spark.data._options import KindOptions
-from cerebro_spark.driver._config import load_yaml
+from cerebro_spark.driver._config import ExperimentConfig, load_yaml
 from cerebro_spark.driver._warm import release_for_spark_job
-from cerebro_spark.engine import parse_config, run_experiment
+from cerebro_spark.engine import SessionBackend, parse_config, run_experiment
 from cerebro_spark.errors import ConfigError, DataError
 from cerebro_spark.search import Distribution, SearchSpace
+from cerebro_spark.spark_session import active_connect_session
 from cerebro_spark.store import Store, open_store
 from cerebro_spark.tuner._display import ProgressDisplay, showing_progress
 from cerebro_spark.tuner._procedure import Procedure
@@ -244,7 +246,9 @@ class Tuner:
             )
             display = ProgressDisplay() if self.progress else None
             with showing_progress(display):
-                result = run_experiment(config, experiment_id=experiment_id)
+                result = run_experiment(
+                    config, experiment_id=experiment_id, **_backend_on(spark, config)
+                )
         return TuningResult.load(config.store, result.experiment_id)
 
     def _store(self) -> Store:
@@ -252,6 +256,16 @@ class Tuner:
 
     def __repr__(self) -> str:
         return f"Tuner({self._raw!r})"
+
+
+def _backend_on(spark: SparkSession | None, config: ExperimentConfig) -> dict[str, Any]:
+    """``run_experiment``'s backend on a Spark Connect session: the data's own.
+
+    The engine would take a classic session first, where one runs beside it.
+    """
+    if config.backend == "spark" and spark is not None and is_connect_session(spark):
+        return {"backend_factory": SessionBackend(spark)}
+    return {}
 
 
 def _application_of(frame: Any) -> str | None:
@@ -379,11 +393,13 @@ def _is_pandas_frame(data: Any) -> bool:
 
 
 def _active_spark() -> SparkSession | None:
+    """The active classic session, else the active Spark Connect session, else ``None``."""
     if "pyspark" not in sys.modules:
         return None  # nobody started Spark in this process
     from pyspark.sql import SparkSession  # already imported: no cost, none for non-Spark users
 
-    return SparkSession.getActiveSession()
+    active = SparkSession.getActiveSession()
+    return active if active is not None else active_connect_session()
 
 
 def feature_columns(features: str | Sequence[str] | None) -> tuple[str, ...] | None:
@@ -419,6 +435,26 @@ def _is_table(spark: SparkSession | None, name: str) -> bool:
 
 
 def _default_workers(backend: str, spark: SparkSession | None) -> int:
-    if backend == "spark" and spark is not None:
+    """The session's default parallelism on Spark, else 2.
+
+    A Connect session has none to read: its ``local[N]`` master's ``N``, else its
+    ``spark.default.parallelism``.
+
+    Raises:
+        ConfigError: A Connect session that says neither: ``workers`` must be given.
+    """
+    if backend != "spark" or spark is None:
+        return 2
+    if not is_connect_session(spark):
         return max(int(spark.sparkContext.defaultParallelism), 1)
-    return 2
+    master = str(spark.conf.get("spark.master", None) or "")
+    slots = local_slots(master)
+    if slots is None:
+        given = spark.conf.get("spark.default.parallelism", None)
+        slots = int(given) if given else None
+    if slots is None:
+        raise ConfigError(
+            f"a Spark Connect session (master {master or 'unknown'}) does not say how many "
+            "task slots its executors have: give Tuner(workers=N)"
+        )
+    return max(slots, 1)
