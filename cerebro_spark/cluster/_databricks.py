@@ -204,6 +204,13 @@ class DatabricksCluster(ClusterManager):
             if isinstance(spark, SparkExecutors):
                 self._context = spark.context
         else:
+            if type(spark).__module__.startswith("pyspark.sql.connect"):
+                raise ConfigError(
+                    "elastic manager 'databricks' reads the cluster's executors through the "
+                    "SparkContext, which a Spark Connect session (Standard access mode, "
+                    "serverless, Databricks Connect) does not have; a REST-only manager is "
+                    "not built yet: run on a dedicated (classic) cluster, or leave elastic out"
+                )
             master = spark.sparkContext.master or ""
             if is_local_master(master):
                 raise ConfigError(

@@ -70,6 +70,13 @@ class SparkExecutors(ClusterManager):
         max_executors: int | None = None,
         instance_type: str | None = None,
     ) -> None:
+        if type(spark).__module__.startswith("pyspark.sql.connect"):
+            raise ConfigError(
+                "elastic manager 'spark' resizes through the SparkContext "
+                "(requestTotalExecutors, killExecutors), which a Spark Connect session "
+                "(Databricks Standard access mode, serverless, Databricks Connect) does not "
+                "have: use a fixed cluster (leave elastic out), or a classic session"
+            )
         sc = spark.sparkContext
         check_static_allocation(sc)
         self._sc = sc

@@ -4,9 +4,10 @@ PySpark refuses a Spark Connect session in a process where a classic session run
 (``SESSION_ALREADY_EXIST``), and once it made one it switches the process's
 ``pyspark.sql`` functions to Connect (``SPARK_CONNECT_MODE_ENABLED``). So the Connect
 cases (``tests/connect/connect_*.py``: the backend contract and what Connect changes, a
-search through an ``sc://`` master, the notebook path) run in a child pytest against a
-real Spark Connect server, and this test checks that all of them ran and passed; then it
-runs the notebook on the classic session and compares what the user would see.
+search through an ``sc://`` master, the notebook path, the elastic managers) run in a
+child pytest against a real Spark Connect server, and this test checks that all of them
+ran and passed; then it runs the notebook on the classic session and compares what the
+user would see.
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ def connect_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_every_connect_case_ran_and_passed(connect_run: dict[str, Any]) -> None:
     counts = connect_run["counts"]
     assert connect_run["returncode"] == 0, connect_run["output"]
-    # the backend contract (16), what Connect changes (8), a search, the notebook
-    assert counts["tests"] >= 26 and counts["failures"] == counts["errors"] == 0, counts
+    # the backend contract (16), what Connect changes (8), a search, the notebook, the
+    # elastic managers' refusals (2)
+    assert counts["tests"] >= 28 and counts["failures"] == counts["errors"] == 0, counts
     assert counts["skipped"] == 0, connect_run["output"]
 
 
