@@ -252,6 +252,13 @@ def resolve_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     """
     if not isinstance(uri, str) or not uri:
         raise ConfigError(f"store URI must be a non-empty string, got {uri!r}")
+    if uri.lower().startswith("dbfs:"):  # Spark's scheme: Python reads DBFS through FUSE
+        fuse = "/dbfs/" + uri[5:].lstrip("/")
+        raise ConfigError(
+            f"store {uri!r}: a dbfs: URI is Spark's, and the driver and its workers read "
+            f"and write the store from Python: use its FUSE path {fuse!r}, or a Unity "
+            "Catalog volume path /Volumes/<catalog>/<schema>/<volume>/..."
+        )
     local = _split_local(uri)
     if local is not None:
         return _LOCAL, local

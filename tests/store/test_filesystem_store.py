@@ -157,3 +157,18 @@ def test_s3_get_reads_an_object_in_one_get_request(
     requests = [json.loads(line) for line in recording.read_text().splitlines()]
     gets = [r for r in requests if r["method"] == "GET" and "part.parquet" in r["url"]]
     assert len(gets) == 1, gets
+
+
+@pytest.mark.parametrize(
+    ("uri", "fuse"), [("dbfs:/mnt/lake/runs", "/dbfs/mnt/lake/runs"), ("DBFS:///x", "/dbfs/x")]
+)
+def test_a_dbfs_uri_is_refused_with_its_fuse_path(uri: str, fuse: str) -> None:
+    """Spark's dbfs: scheme used to become a local folder named 'dbfs:' (issue 28, part 4)."""
+    with pytest.raises(ConfigError, match=f"use its FUSE path '{fuse}', or a Unity Catalog"):
+        resolve_filesystem(uri)
+
+
+def test_volume_and_fuse_paths_are_local_paths(tmp_path: Path) -> None:
+    for path in ("/Volumes/main/ml/runs/cerebro", "/dbfs/mnt/lake/cerebro"):
+        filesystem, resolved = resolve_filesystem(path)
+        assert filesystem.type_name == "local" and resolved == path
