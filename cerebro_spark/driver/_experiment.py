@@ -348,14 +348,14 @@ class Experiment:
         warm = self._warm_eligible(placement)
         backend = take_warm(self._warm_key(job)) if warm else None
         reused = backend is not None
-        baseline: dict[str, int] = {}  # bytes warm workers read for the searches before
-        if backend is not None:
-            baseline = self._announce_warm(backend)
-        else:
+        if backend is None:
             backend = self.backend_factory(self.config)
+        baseline: dict[str, int] = {}  # bytes warm workers read for the searches before
         parked = False
         try:
-            if not reused:
+            if reused:
+                baseline = self._announce_warm(backend)
+            else:
                 backend.start(
                     job, placement=placement, first_worker=next_worker_index(self.state.workers)
                 )  # returns once a worker is ready: the others join the rounds as they are
