@@ -16,7 +16,13 @@ Each run starts its own cluster and Spark application, so each pays the start-up
 plan predicts. Re-planning is off (``replan_drift`` very large) so that every stage is
 compared with the plan made before the run.
 
-    python benchmarks/elastic_execution.py [--searches sha,seer] [--out FILE]
+With ``--load F`` (issue 30, part 3) it then runs each search's elastic plan once more,
+re-planning on (the config's ``replan_drift``), while ``(F - 1) x cores`` busy processes
+started by the benchmark share the machine (F times the CPU demand): the second table
+says in which stage the run first re-planned and why, whether the deadline was met, and
+the summary's miss line when it was not.
+
+    python benchmarks/elastic_execution.py [--searches sha,seer] [--load 2] [--out FILE]
 """
 
 from __future__ import annotations
@@ -27,8 +33,11 @@ import datetime
 import io
 import json
 import logging
+import multiprocessing
+import os
 import platform
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +128,47 @@ def table(search: str, mode: str, events: list[dict[str, Any]]) -> list[str]:
     return rows
 
 
+def _spin(stop: Any) -> None:
+    """A busy process: it burns a core until ``stop`` is set."""
+    while not stop.is_set():
+        sum(i * i for i in range(10_000))
+
+
+@contextlib.contextmanager
+def cpu_load(factor: float) -> Any:
+    """``(factor - 1) x cores`` busy processes for the block (``factor`` times the demand)."""
+    stop = multiprocessing.Event()
+    count = max(0, round((factor - 1) * (os.cpu_count() or 1)))
+    spinners = [
+        multiprocessing.Process(target=_spin, args=(stop,), daemon=True) for _ in range(count)
+    ]
+    for spinner in spinners:
+        spinner.start()
+    try:
+        yield count
+    finally:
+        stop.set()
+        for spinner in spinners:
+            spinner.join(timeout=10)
+            if spinner.is_alive():
+                spinner.kill()
+
+
+def loaded_row(search: str, events: list[dict[str, Any]]) -> str:
+    """The loaded run in one line: first re-plan, deadline met or the miss line."""
+    summary = next(e for e in events if e["event"] == "elastic_summary")
+    replans = summary.get("replans") or []
+    first = replans[0] if replans else None
+    where = "none" if first is None else f"stage {int(first['stage']) + 1}: {first['reason']}"
+    met = summary.get("deadline_met")
+    misses = "; ".join(summary.get("misses") or []) or "-"
+    return (
+        f"{search:<5} {summary['first_plan']['seconds']:>8.1f} {summary['seconds']:>8.1f} "
+        f"{summary['deadline']:>8.1f} {len(replans):>7}  {met!s:<5}  first re-plan {where}"
+        f"\n      miss: {misses}"
+    )
+
+
 def _err(actual: float, planned: float) -> str:
     return "-" if planned == 0 else f"{100 * (actual - planned) / planned:+.1f}%"
 
@@ -127,6 +177,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--searches", default="sha,seer")
     parser.add_argument("--out", help="also write the output here")
+    parser.add_argument("--load", type=float, default=0.0, help="also run under F x CPU load")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     out = io.StringIO()
@@ -135,7 +186,8 @@ def main() -> None:
         print(line, flush=True)
         out.write(line + "\n")
 
-    say(f"# python benchmarks/elastic_execution.py --searches {args.searches}")
+    load = f" --load {args.load:g}" if args.load else ""
+    say(f"# python benchmarks/elastic_execution.py --searches {args.searches}{load}")
     say(f"# {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}, "
         f"{platform.node()}, {platform.processor() or platform.machine()}")  # fmt: skip
     say()
@@ -145,6 +197,7 @@ def main() -> None:
     )
     totals: dict[str, dict[str, float]] = {}
     lines = [head]
+    loaded: list[str] = []
     for search in args.searches.split(","):
         with tempfile.TemporaryDirectory(prefix="cerebro-bench-elastic-") as tmp:
             config = search_config(search, tmp)
@@ -168,6 +221,16 @@ def main() -> None:
                     + (summary["static"]["failed_tasks"] or 0)
                 ),
             }
+            if args.load:
+                config = search_config(search, tmp)
+                del config["elastic"]["replan_drift"]  # the config's: re-planning on
+                with cpu_load(args.load):
+                    began = time.monotonic()
+                    events = run(config, "loaded")
+                loaded.append(loaded_row(search, events))
+                logging.getLogger(__name__).info(
+                    "loaded %s: %.0f s", search, time.monotonic() - began
+                )
     for line in lines:
         say(line)
     say()
@@ -180,6 +243,12 @@ def main() -> None:
             f"{1 - t['elastic_planned'] / t['static_planned']:>11.1%} "
             f"{1 - t['elastic_actual'] / t['static_actual']:>13.1%} {int(t['failed_tasks']):>13}"
         )
+    if loaded:
+        say()
+        say(f"under {args.load:g}x CPU load, re-planning on:")
+        say(f"{'search':<5} {'plan s':>8} {'actual s':>8} {'deadline':>8} {'replans':>7}  met")
+        for row in loaded:
+            say(row)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(out.getvalue())

@@ -77,7 +77,12 @@ class ConnectTransport(Transport):
         self._lock = threading.Lock()
 
     def _conf(self, key: str) -> str | None:
-        value = self._spark.conf.get(key, None)
+        """A setting of the session; ``None`` when unset or not readable (serverless)."""
+        try:
+            value = self._spark.conf.get(key, None)
+        except Exception as error:  # e.g. CONFIG_NOT_AVAILABLE
+            logger.debug("cannot read %s from the Spark Connect session: %s", key, error)
+            return None
         return None if value is None else str(value)
 
     def open(self, requested: int | None, timeout_s: float) -> int:
