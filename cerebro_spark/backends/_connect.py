@@ -36,7 +36,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from cerebro_spark.backends._serve import WorkerSpec, serve
-from cerebro_spark.backends._spark import check_spark_conf, spark_task_info
+from cerebro_spark.backends._spark_task import check_spark_conf, spark_task_info
 from cerebro_spark.backends._transport import Location, Transport
 from cerebro_spark.errors import ConfigError
 

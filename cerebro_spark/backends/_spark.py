@@ -25,12 +25,14 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from cerebro_spark.backends._connect import ConnectTransport, is_connect_session
 from cerebro_spark.backends._pool import WorkerPool
-from cerebro_spark.backends._serve import TaskInfo, WorkerSpec, serve
+from cerebro_spark.backends._serve import WorkerSpec, serve
+from cerebro_spark.backends._spark_task import check_spark_conf, spark_task_info
 from cerebro_spark.backends._transport import Location, Transport
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.spark_session import spark_session
@@ -40,40 +42,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 logger = logging.getLogger(__name__)
-
-
-def check_spark_conf(get: Callable[[str], str | None]) -> None:
-    """Refuse Spark settings under which long-lived worker tasks cannot work.
-
-    A speculative copy of a worker's task (``spark.speculation``) is refused by the
-    driver, ends first, and makes Spark kill the real worker as the "slower" attempt.
-
-    Args:
-        get: Reads a Spark setting (``SparkConf.get``); ``None`` when unset.
-
-    Raises:
-        ConfigError: ``spark.speculation`` is true.
-    """
-    if (get("spark.speculation") or "false").strip().lower() == "true":
-        raise ConfigError(
-            "spark.speculation=true is not supported by SparkBackend: a speculative copy of "
-            "a long-lived worker task would make Spark kill the worker; set "
-            "spark.speculation=false"
-        )
-
-
-def spark_task_info() -> TaskInfo:
-    """Read the :class:`~._serve.TaskInfo` of the running Spark task."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    if context is None:
-        return TaskInfo()
-    return TaskInfo(
-        attempt=context.attemptNumber(),
-        task_attempt_id=context.taskAttemptId(),
-        resources={name: tuple(info.addresses) for name, info in context.resources().items()},
-    )
 
 
 def run_worker_task(spec: WorkerSpec, rows: Iterable[Any]) -> Iterator[str]:
@@ -300,8 +268,6 @@ class SparkBackend(WorkerPool):
         join_new_executors: bool = True,
         **options: Any,
     ) -> None:
-        from cerebro_spark.backends._connect import ConnectTransport, is_connect_session
-
         transport: Transport
         if spark is not None and is_connect_session(spark):  # no SparkContext (issue 28)
             transport = ConnectTransport(spark)

@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from cerebro_spark.backends import Backend, LocalBackend, SparkBackend
-from cerebro_spark.backends._spark import check_spark_conf
+from cerebro_spark.backends._spark_task import check_spark_conf
 from cerebro_spark.driver._config import ExperimentConfig
 from cerebro_spark.driver._device import check_spark_gpus, local_gpus, pool_device
 from cerebro_spark.driver._preflight import models_in

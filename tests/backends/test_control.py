@@ -589,7 +589,7 @@ def test_the_executor_hint() -> None:
 
 
 def test_speculative_execution_is_refused() -> None:
-    from cerebro_spark.backends._spark import check_spark_conf
+    from cerebro_spark.backends._spark_task import check_spark_conf
 
     check_spark_conf({}.get)
     check_spark_conf({"spark.speculation": "false"}.get)
