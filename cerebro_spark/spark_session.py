@@ -82,9 +82,14 @@ def active_connect_session() -> Any | None:
     return connect.SparkSession.getActiveSession()
 
 
+def is_connect_session(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (it has no ``SparkContext``)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
 def spark_setting(session: Any, key: str) -> str | None:
     """A Spark setting of ``session`` (classic or Connect), ``None`` when unset."""
-    if type(session).__module__.startswith("pyspark.sql.connect"):
+    if is_connect_session(session):
         value = session.conf.get(key, None)
     else:
         value = session.sparkContext.getConf().get(key, None)

@@ -45,11 +45,6 @@ logger = logging.getLogger(__name__)
 _LOCAL = re.compile(r"local(\[(\d+|\*)(,\s*\d+)?\])?$")
 
 
-def is_connect_session(spark: Any) -> bool:
-    """Whether ``spark`` is a Spark Connect session (it has no ``SparkContext``)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
 def run_worker_batches(spec: WorkerSpec, batches: Iterable[Any]) -> Iterator[Any]:
     """The ``mapInArrow`` body of a worker's operation: serve, then yield the outcome."""
     import pyarrow as pa

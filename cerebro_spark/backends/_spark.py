@@ -29,13 +29,13 @@ from collections.abc import Collection, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from cerebro_spark.backends._connect import ConnectTransport, is_connect_session
+from cerebro_spark.backends._connect import ConnectTransport
 from cerebro_spark.backends._pool import WorkerPool
 from cerebro_spark.backends._serve import WorkerSpec, serve
 from cerebro_spark.backends._spark_task import check_spark_conf, spark_task_info
 from cerebro_spark.backends._transport import Location, Transport
 from cerebro_spark.errors import ConfigError
-from cerebro_spark.spark_session import spark_session
+from cerebro_spark.spark_session import is_connect_session, spark_session
 
 if TYPE_CHECKING:
     from pyspark import SparkContext

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from cerebro_spark.cluster._base import Capabilities, ClusterManager, Executor, ResizeTimeout
 from cerebro_spark.cluster._spark import SparkExecutors, is_local_master
 from cerebro_spark.errors import ConfigError
+from cerebro_spark.spark_session import is_connect_session
 
 try:
     from databricks.sdk import WorkspaceClient
@@ -204,7 +205,7 @@ class DatabricksCluster(ClusterManager):
             if isinstance(spark, SparkExecutors):
                 self._context = spark.context
         else:
-            if type(spark).__module__.startswith("pyspark.sql.connect"):
+            if is_connect_session(spark):
                 raise ConfigError(
                     "elastic manager 'databricks' reads the cluster's executors through the "
                     "SparkContext, which a Spark Connect session (Standard access mode, "

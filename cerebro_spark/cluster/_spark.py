@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from cerebro_spark.cluster._base import Capabilities, ClusterManager, Executor
 from cerebro_spark.errors import ConfigError
+from cerebro_spark.spark_session import is_connect_session
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -70,7 +71,7 @@ class SparkExecutors(ClusterManager):
         max_executors: int | None = None,
         instance_type: str | None = None,
     ) -> None:
-        if type(spark).__module__.startswith("pyspark.sql.connect"):
+        if is_connect_session(spark):
             raise ConfigError(
                 "elastic manager 'spark' resizes through the SparkContext "
                 "(requestTotalExecutors, killExecutors), which a Spark Connect session "

@@ -12,7 +12,12 @@ from cerebro_spark.driver._config import ExperimentConfig
 from cerebro_spark.driver._device import check_spark_gpus, local_gpus, pool_device
 from cerebro_spark.driver._preflight import models_in
 from cerebro_spark.errors import ConfigError
-from cerebro_spark.spark_session import active_connect_session, spark_session, spark_setting
+from cerebro_spark.spark_session import (
+    active_connect_session,
+    is_connect_session,
+    spark_session,
+    spark_setting,
+)
 from cerebro_spark.training import user_code_files
 
 if TYPE_CHECKING:
@@ -111,7 +116,7 @@ def ship_user_code(session: Any, config: ExperimentConfig) -> None:
         config: The experiment (its ``model`` and the space's ``model`` values).
     """
     specs = [*models_in(config.space), *([config.model] if config.model else [])]
-    connect = type(session).__module__.startswith("pyspark.sql.connect")
+    connect = is_connect_session(session)
     for file in user_code_files(specs):
         try:
             if connect:

@@ -18,6 +18,8 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from cerebro_spark.spark_session import is_connect_session
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -74,7 +76,7 @@ def spark_log_level(spark: SparkSession | None, level: str | None) -> Iterator[N
     Where the levels cannot be read (a JVM without Spark's logging object), the level is
     set and left as it is, with a warning that says so.
     """
-    if spark is None or level is None or type(spark).__module__.startswith("pyspark.sql.connect"):
+    if spark is None or level is None or is_connect_session(spark):
         yield  # a Spark Connect session's log is the server's, out of this process's reach
         return
     try:

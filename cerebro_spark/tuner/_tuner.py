@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from cerebro_spark.backends._connect import is_connect_session, local_slots
+from cerebro_spark.backends._connect import local_slots
 from cerebro_spark.data import prepare_dataset, prepare_with_spark, read_manifest
 from cerebro_spark.data._options import KindOptions
 from cerebro_spark.driver._config import ExperimentConfig, load_yaml
@@ -30,7 +30,7 @@ from cerebro_spark.driver._warm import release_for_spark_job
 from cerebro_spark.engine import SessionBackend, parse_config, run_experiment
 from cerebro_spark.errors import ConfigError, DataError
 from cerebro_spark.search import Distribution, SearchSpace
-from cerebro_spark.spark_session import active_connect_session
+from cerebro_spark.spark_session import active_connect_session, is_connect_session
 from cerebro_spark.store import Store, open_store
 from cerebro_spark.tuner._display import ProgressDisplay, showing_progress
 from cerebro_spark.tuner._procedure import Procedure
@@ -259,9 +259,9 @@ class Tuner:
 
 
 def _backend_on(spark: SparkSession | None, config: ExperimentConfig) -> dict[str, Any]:
-    """``run_experiment``'s backend on a Spark Connect session: the data's own.
+    """``run_experiment``'s backend on a Spark Connect session: the data's own session.
 
-    The engine would take a classic session first, where one runs beside it.
+    Not whichever session the engine would find active.
     """
     if config.backend == "spark" and spark is not None and is_connect_session(spark):
         return {"backend_factory": SessionBackend(spark)}

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from cerebro_spark.backends import Backend, SparkBackend, WorkerJob
-from cerebro_spark.backends._connect import ConnectTransport, is_connect_session
+from cerebro_spark.backends._connect import ConnectTransport
 from cerebro_spark.errors import ConfigError
+from cerebro_spark.spark_session import is_connect_session
 from cerebro_spark.store import open_store
 from tests.backends.contract import (
     RESULT_TIMEOUT_S,
