@@ -642,20 +642,21 @@ def criteo_table(args: argparse.Namespace, data_dir: Path) -> None:
         f"intra-op thread; median of {args.repeats} units after a warm-up unit"
     )
     print(
-        "| model | input | params | unit s | checkpoint s | rows/s (unit) | rows/s (pass) "
-        "| data wait share | held bytes |"
+        "| model | input | params | optimizer | unit s | checkpoint s | rows/s (unit) "
+        "| rows/s (pass) | data wait share | held bytes |"
     )
-    print("|--|--|--:|--:|--:|--:|--:|--:|--:|")
+    print("|--|--|--:|--|--:|--:|--:|--:|--:|--:|")
     for name, spec, manifest in runs:
         data = held[name]
         model = load_spec(spec).build_model(params, manifest.info)
         count = sum(p.numel() for p in model.parameters())
+        optimizer = type(load_spec(spec).build_optimizer(model, params)).__name__
         unit_s = statistics.median(times[name])
         io_s = statistics.median(ios[name])
         share = statistics.median(w / s for w, s in zip(waits[name], times[name], strict=True))
         kind = "13 numbers + 26 ids" if "Embedding" in name else "39 float32"
         print(
-            f"| {name} | {kind} | {count:,} | {unit_s:.2f} | {io_s:.2f} | "
+            f"| {name} | {kind} | {count:,} | {optimizer} | {unit_s:.2f} | {io_s:.2f} | "
             f"{data.rows / unit_s:,.0f} | {data.rows / (unit_s - io_s):,.0f} | "
             f"{100 * share:.1f} % | {data.nbytes / 2**20:,.1f} MiB |"
         )

@@ -55,6 +55,7 @@ from cerebro_spark.training import accepted_hyperparameters, load_spec
 from cerebro_spark.training._batches import example_features
 from cerebro_spark.training._metrics import family_metrics, overrides_batch_metrics
 from cerebro_spark.training._pack import check_packable_columns
+from cerebro_spark.training._pack_structure import check_packable_model
 from cerebro_spark.training._spec import checked_batch_size
 
 logger = logging.getLogger(__name__)
@@ -110,11 +111,12 @@ def preflight(config: ExperimentConfig, store: Store, *, started: float | None =
     """
     check_search(config)
     dataset_uri, manifest = resolve_dataset(config, store)
-    if (pack_size(config) or 1) > 1:  # auto measures whether the columns pack
+    packed = (pack_size(config) or 1) > 1  # auto measures whether the columns and models pack
+    if packed:
         check_packable_columns(manifest.features)
     info = manifest.info
     params = family_params(config)
-    families = {spec: _check_family(spec, p, info) for spec, p in params.items()}
+    families = {spec: _check_family(spec, p, info, packed) for spec, p in params.items()}
     check_worker_memory(config, manifest, params)
     resolved = resolve_objective(config, info, families)
     packing, choice = pack_size(config), None
@@ -284,8 +286,13 @@ def _strings(value: Any) -> list[str]:
     return []
 
 
-def _check_family(spec_path: str, params: Mapping[str, Any], info: DatasetInfo) -> dict[str, Any]:
-    """Import, build and run one family on a zero batch; return its metrics by name."""
+def _check_family(
+    spec_path: str, params: Mapping[str, Any], info: DatasetInfo, packed: bool
+) -> dict[str, Any]:
+    """Import, build and run one family on a zero batch; return its metrics by name.
+
+    ``packed``: the run packs trials, so the family's model must be one a pack can step.
+    """
     spec = load_spec(spec_path)  # ConfigError names the path
     trial_params = {k: v for k, v in params.items() if k != "model"}
     what = "build_model"
@@ -303,6 +310,9 @@ def _check_family(spec_path: str, params: Mapping[str, Any], info: DatasetInfo) 
             model = spec.build_model(trial_params, info)
             if not isinstance(model, torch.nn.Module):
                 raise TypeError(f"build_model must return a torch.nn.Module, got {model!r}")
+            if packed:
+                what = "the pack check"
+                check_packable_model(model)
             what = "build_optimizer"
             optimizer = spec.build_optimizer(model, trial_params)
             what = "build_lr_scheduler"

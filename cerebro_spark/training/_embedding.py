@@ -107,12 +107,18 @@ class EmbeddingMLPSpec(_TrainingParams):
       (``"relu"`` default, ``"tanh"``, ``"gelu"``), ``dropout`` (float in [0, 1), default
       0, after every hidden layer): as :class:`MLPSpec`.
     * ``standardize`` (bool, default true): the numeric columns only.
+    * ``sparse_embeddings`` (bool, default true): the tables get sparse gradients, and
+      the optimizer steps only the rows a batch looked up (:mod:`._lazy_optim`: lazy
+      Adam, AdamW or SGD; a Criteo-like table of 10^6 rows costs its batch's rows a step,
+      not 10^6). ``false``: dense gradients and torch's optimizers, every row every step
+      (and the trials can pack).
     """
 
     hyperparameters: ClassVar[frozenset[str] | None] = _SHARED_HYPERPARAMETERS | {
         "hidden_units",
         "activation",
         "embedding_dim",
+        "sparse_embeddings",
     }
 
     def build_model(self, params: Mapping[str, Any], info: DatasetInfo) -> nn.Module:
@@ -144,8 +150,9 @@ class EmbeddingMLPSpec(_TrainingParams):
             flat = dataclasses.replace(info, feature_shape=(width,))
             norm = _standardize_layers(params, flat) if dense else []
             _bool(params, "standardize", True)
+        sparse = _bool(params, "sparse_embeddings", True)
         embeddings = [
-            nn.Embedding(_cardinality(column), dim)
+            nn.Embedding(_cardinality(column), dim, sparse=sparse)
             for column, dim in zip(categorical, dims, strict=True)
         ]
         width += sum(dims)

@@ -43,7 +43,10 @@ A *group unit* covers ``k = group.size`` partitions of one trial's epoch at once
   compute on the concatenated batch (up to float rounding). Every rank then applies the
   same optimizer step to the same gradient, so the replicas stay equal. A parameter
   without a gradient on every rank keeps ``grad=None`` (the optimizer skips it, as it
-  would on one worker).
+  would on one worker). A sparse table's gradient (``sparse_embeddings``) travels dense,
+  beside one flag per row that says whether any rank's batch looked the row up; the
+  ranks then step the sparse gradient of those rows, as one worker would step the
+  concatenated batch's (:mod:`._lazy_optim`).
 * **End.** The LR scheduler steps when the unit covers the last partition of the epoch:
   ``task.step`` counts the trial's partitions already trained this epoch (``epoch_units``
   stays the number of partitions ``P``), and the scheduler steps when ``step + k ==
@@ -99,6 +102,7 @@ from cerebro_spark.metrics import State
 from cerebro_spark.store import Store
 from cerebro_spark.training._batches import BatchMaker, BatchSeeds, Features
 from cerebro_spark.training._checkpoint import encode_checkpoint, with_dataset
+from cerebro_spark.training._lazy_optim import sparse_parameters
 from cerebro_spark.training._loading import load_spec
 from cerebro_spark.training._metrics import PassMetrics
 from cerebro_spark.training._spec import ModelSpec
@@ -541,10 +545,14 @@ def _train_pass(
     state.model.train()
     params = [p for p in state.model.parameters() if p.requires_grad]
     # Gradients are summed in one buffer, in the widest parameter dtype (float32 at least);
-    # after them one has-gradient flag per parameter and one failure code per rank.
+    # after them one looked-up flag per row of each sparse table, one has-gradient flag
+    # per parameter and one failure code per rank.
     dtype = functools.reduce(torch.promote_types, (p.dtype for p in params), torch.float32)
     numels = [p.numel() for p in params]
-    flags = sum(numels)
+    sparse = sparse_parameters(state.model)
+    table_rows = [p.shape[0] if id(p) in sparse else 0 for p in params]
+    looked_up = sum(numels)
+    flags = looked_up + sum(table_rows)
     codes = flags + len(params)
     rows = 0
     failure: _Failure | None = None
@@ -560,25 +568,35 @@ def _train_pass(
         buffer = torch.zeros(codes + group.size, dtype=dtype, device=dev)
         if failure is None:
             weight = mine / sum(step_rows)
-            offset = 0
+            offset, row = 0, looked_up
             for index, (param, numel) in enumerate(zip(params, numels, strict=True)):
-                if param.grad is not None:
+                grad = param.grad
+                if grad is not None:
+                    if grad.is_sparse:
+                        grad = grad.coalesce()
+                        buffer[row : row + table_rows[index]][grad.indices()[0]] = 1
+                        grad = grad.to_dense()
                     part = buffer[offset : offset + numel]
-                    part.copy_(param.grad.reshape(-1))
+                    part.copy_(grad.reshape(-1))
                     part.mul_(weight)
                     buffer[flags + index] = 1
                 offset += numel
+                row += table_rows[index]
         else:
             buffer[codes + group.rank] = failure.code
         comm.all_reduce(buffer, dist.ReduceOp.SUM, f"the gradient all-reduce of step {step}")
         step_codes = [int(code) for code in buffer[codes:].cpu().tolist()]
         _raise_failures(task, group, step_codes, failure, f"in step {step} of {len(steps)}")
         present = buffer[flags:codes].cpu().tolist()
-        offset = 0
-        for param, numel, has_grad in zip(params, numels, present, strict=True):
+        offset, row = 0, looked_up
+        for param, numel, has_grad, table in zip(params, numels, present, table_rows, strict=True):
             grad = buffer[offset : offset + numel].view(param.shape).to(param.dtype)
+            if table:
+                used = buffer[row : row + table].nonzero().reshape(1, -1)
+                grad = torch.sparse_coo_tensor(used, grad[used[0]], param.shape).coalesce()
             param.grad = grad if has_grad > 0 else None
             offset += numel
+            row += table
         try:
             with UserCode(task, "the optimizer step"):
                 state.optimizer.step()

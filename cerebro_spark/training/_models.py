@@ -37,6 +37,7 @@ from torch import nn
 
 from cerebro_spark.data import DatasetInfo, FeatureStatistics
 from cerebro_spark.errors import ConfigError
+from cerebro_spark.training._lazy_optim import LazyAdam, LazyAdamW, LazySGD, has_sparse_gradients
 from cerebro_spark.training._spec import ModelSpec
 
 logger = logging.getLogger(__name__)
@@ -203,15 +204,27 @@ class _TrainingParams(ModelSpec):
     hyperparameters: ClassVar[frozenset[str] | None] = _SHARED_HYPERPARAMETERS
 
     def build_optimizer(self, model: nn.Module, params: Mapping[str, Any]) -> torch.optim.Optimizer:
-        """Return Adam, AdamW or SGD as the ``optimizer`` param says."""
+        """Return Adam, AdamW or SGD as the ``optimizer`` param says.
+
+        torch's class, or its lazy twin of :mod:`._lazy_optim` when the model has layers
+        with sparse gradients (``sparse_embeddings``): those step only the rows a batch
+        used, every other parameter exactly as torch's class steps it.
+        """
         lr = _float(params, "lr", 1e-3, "> 0", 0.0, low_open=True)
         decay = _float(params, "weight_decay", 0.0, ">= 0", 0.0)
         kind = _choice(params, "optimizer", "adam", ("adam", "adamw", "sgd"))
+        lazy = has_sparse_gradients(model)
         if kind == "sgd":
             momentum = _float(params, "momentum", 0.0, "in [0, 1)", 0.0, 1.0, high_open=True)
-            return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=decay)
-        optimizer = torch.optim.AdamW if kind == "adamw" else torch.optim.Adam
-        return optimizer(model.parameters(), lr=lr, weight_decay=decay)
+            sgd = LazySGD if lazy else torch.optim.SGD
+            return sgd(model.parameters(), lr=lr, momentum=momentum, weight_decay=decay)
+        adam: type[torch.optim.Adam] = {
+            ("adam", False): torch.optim.Adam,
+            ("adamw", False): torch.optim.AdamW,
+            ("adam", True): LazyAdam,
+            ("adamw", True): LazyAdamW,
+        }[kind, lazy]
+        return adam(model.parameters(), lr=lr, weight_decay=decay)
 
     def build_lr_scheduler(
         self, optimizer: torch.optim.Optimizer, params: Mapping[str, Any]

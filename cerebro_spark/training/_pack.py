@@ -94,7 +94,7 @@ from cerebro_spark.training._checkpoint import Checkpoint, checkpoint_payload, w
 from cerebro_spark.training._loading import load_spec
 from cerebro_spark.training._metrics import PassMetrics
 from cerebro_spark.training._pack_optim import stacked_optimizer, step_kind
-from cerebro_spark.training._pack_structure import check_same_structure
+from cerebro_spark.training._pack_structure import check_packable_model, check_same_structure
 from cerebro_spark.training._prefetch import Prefetcher
 from cerebro_spark.training._spec import ModelSpec
 from cerebro_spark.training._unit import (
@@ -372,11 +372,10 @@ def open_pack(
         raise ConfigError(
             f"the trials of a pack must share one batch_size (rows per step), got {listed}"
         )
-    check_same_structure(
-        [(t.task.trial_id, t.state.model) for t in live if t.state is not None],
-        spec,
-        sizes[live[0].task.trial_id] if live else 0,
-    )
+    models = [(t.task.trial_id, t.state.model) for t in live if t.state is not None]
+    check_same_structure(models, spec, sizes[live[0].task.trial_id] if live else 0)
+    if models:
+        check_packable_model(models[0][1])
 
 
 def _pack_seed(trials: Sequence[PackTrial]) -> int:

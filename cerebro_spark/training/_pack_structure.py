@@ -24,6 +24,7 @@ from torch import nn
 
 from cerebro_spark.data import DatasetInfo
 from cerebro_spark.errors import ConfigError
+from cerebro_spark.training._lazy_optim import has_sparse_gradients
 from cerebro_spark.training._spec import ModelSpec, checked_batch_size
 
 _PLAIN = (bool, int, float, str, type(None))
@@ -76,7 +77,8 @@ def pack_fingerprint(spec: ModelSpec, params: Mapping[str, Any], info: DatasetIn
         A SHA-256 hex digest of the spec, the batch size and the model's structure.
 
     Raises:
-        ConfigError: The params break the spec's rules (from the spec).
+        ConfigError: The params break the spec's rules (from the spec), or the model
+            cannot pack (:func:`check_packable_model`).
     """
     size = checked_batch_size(spec, params)
     with torch.random.fork_rng(devices=[]):
@@ -87,7 +89,25 @@ def pack_fingerprint(spec: ModelSpec, params: Mapping[str, Any], info: DatasetIn
             raise
         except Exception:  # a spec that reads its tensors' values cannot build on meta
             model = spec.build_model(params, info)
+    check_packable_model(model)
     return _digest(structure_lines(spec, model, size))
+
+
+def check_packable_model(model: nn.Module) -> None:
+    """Refuse a model a pack cannot step as its unpacked twin: sparse gradients.
+
+    A pack computes dense stacked gradients; a lazy optimizer (:mod:`._lazy_optim`) steps
+    a dense gradient's every row, so the trial would train differently than unpacked.
+
+    Raises:
+        ConfigError: Naming the rule and the two ways out.
+    """
+    if has_sparse_gradients(model):
+        raise ConfigError(
+            f"packed units step dense gradients, and {type(model).__name__} has embeddings "
+            "with sparse gradients (the optimizer steps only the rows a batch used): set "
+            "sparse_embeddings: false to pack its trials, or pack: off"
+        )
 
 
 def check_same_structure(

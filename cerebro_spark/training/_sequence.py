@@ -12,6 +12,7 @@ from cerebro_spark.data import ColumnInfo, DatasetInfo, mask_key
 from cerebro_spark.errors import ConfigError, DataError
 from cerebro_spark.training._models import (
     _SHARED_HYPERPARAMETERS,
+    _bool,
     _choice,
     _dropout,
     _int,
@@ -50,6 +51,8 @@ class SequenceModel(nn.Module):
         max_length: Longest sequence (size of the learned positional embedding); only
             with an encoder.
         dropout: Dropout before the head.
+        sparse: Whether the token embedding's gradient is sparse (the rows a batch
+            used; :mod:`._lazy_optim`).
     """
 
     def __init__(
@@ -62,11 +65,12 @@ class SequenceModel(nn.Module):
         encoder: nn.TransformerEncoder | None = None,
         max_length: int | None = None,
         dropout: float = 0.0,
+        sparse: bool = False,
     ) -> None:
         super().__init__()
         self.column = column
         self.max_length = max_length
-        self.tokens = nn.Embedding(cardinality, dim)
+        self.tokens = nn.Embedding(cardinality, dim, sparse=sparse)
         self.positions = None if encoder is None else nn.Embedding(max_length or 1, dim)
         self.encoder = encoder
         self.dropout = nn.Dropout(dropout)
@@ -123,11 +127,14 @@ class SequenceSpec(_TrainingParams):
     * ``dropout`` (float in [0, 1), default 0): in the Transformer's layers and before the
       head.
     * ``sequence_column``: the sequence column when there are several.
+    * ``sparse_embeddings`` (bool, default true): the token embedding gets sparse
+      gradients and the optimizer steps only the rows of the tokens a batch holds
+      (:mod:`._lazy_optim`); ``false``: dense gradients, every row every step.
     """
 
     hyperparameters: ClassVar[frozenset[str] | None] = (
         _SHARED_HYPERPARAMETERS - {"standardize"}
-    ) | {"dim", "encoder", "layers", "heads", "feedforward", "sequence_column"}
+    ) | {"dim", "encoder", "layers", "heads", "feedforward", "sequence_column", "sparse_embeddings"}
 
     def build_model(self, params: Mapping[str, Any], info: DatasetInfo) -> nn.Module:
         """Return the :class:`SequenceModel` the params describe."""
@@ -137,6 +144,7 @@ class SequenceSpec(_TrainingParams):
         heads = _int(params, "heads", 4, 1)
         feedforward = _int(params, "feedforward", 4 * dim, 1)
         dropout = _dropout(params)
+        sparse = _bool(params, "sparse_embeddings", True)
         if kind == "transformer" and dim % heads:
             raise ConfigError(f"heads must divide dim ({dim}), got {heads}")
         column = _sequence_column(params, info)
@@ -147,7 +155,9 @@ class SequenceSpec(_TrainingParams):
             )
         outputs = _outputs(info)
         if kind == "mean":
-            return SequenceModel(column.name, column.cardinality, dim, outputs, dropout=dropout)
+            return SequenceModel(
+                column.name, column.cardinality, dim, outputs, dropout=dropout, sparse=sparse
+            )
         if not isinstance(column.max_length, int) or column.max_length < 1:
             raise ConfigError(
                 f"encoder 'transformer' needs the max_length of sequence column "
@@ -165,6 +175,7 @@ class SequenceSpec(_TrainingParams):
             encoder=encoder,
             max_length=column.max_length,
             dropout=dropout,
+            sparse=sparse,
         )
 
 

@@ -118,3 +118,25 @@ def test_a_given_size_on_sequence_columns_is_refused_naming_the_column(
     monkeypatch.setattr(_preflight, "resolve_dataset", with_a_sequence)
     with pytest.raises(ConfigError, match=r"column .tokens. is a sequence.*pack: off"):
         preflight(auto_config(tmp_path, pack=4), open_store(str(tmp_path)))
+
+
+SPARSE = "tests.training.training_fixtures:SparseTableSpec"
+
+
+def test_a_given_size_on_a_model_with_sparse_gradients_is_refused(tmp_path: Any) -> None:
+    config = auto_config(
+        tmp_path, pack=4, space={"model": SPARSE, "hidden_units": [8], "batch_size": 16}
+    )
+    with pytest.raises(ConfigError, match=r"the pack check raised.*sparse_embeddings: false"):
+        preflight(config, open_store(str(tmp_path)))
+
+
+def test_auto_leaves_a_family_with_sparse_gradients_unpacked(tmp_path: Any) -> None:
+    space = {
+        "choice": [
+            {"model": MLP, "hidden_units": [8], "batch_size": 16},
+            {"model": SPARSE, "hidden_units": [8], "batch_size": 16},
+        ]
+    }
+    checked = preflight(auto_config(tmp_path, space=space), open_store(str(tmp_path)))
+    assert checked.pack_choice is not None and set(checked.pack_choice.curves) == {MLP}

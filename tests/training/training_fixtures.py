@@ -176,3 +176,26 @@ def one_worker_on_concatenated_batches(
             loss.backward()
             state.optimizer.step()
         return {k: v.detach().clone() for k, v in state.model.state_dict().items()}
+
+
+class _WithSparseTable(torch.nn.Module):
+    """An MLP plus a table with a sparse gradient, looked up by the signs of the first
+    four features (16 of its 32 rows can be looked up; the others never are)."""
+
+    def __init__(self, inner: torch.nn.Module, outputs: int) -> None:
+        super().__init__()
+        self.inner = inner
+        self.table = torch.nn.Embedding(32, outputs, sparse=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = ((x[:, :4] > 0).long() * torch.tensor([1, 2, 4, 8])).sum(1)
+        out: torch.Tensor = self.inner(x) + self.table(ids)
+        return out
+
+
+class SparseTableSpec(MLPSpec):
+    """An MLP with a sparse-gradient table (:class:`_WithSparseTable`): it cannot pack."""
+
+    def build_model(self, params, info):
+        outputs = info.num_classes if info.task == "classification" else 1
+        return _WithSparseTable(super().build_model(params, info), outputs)
