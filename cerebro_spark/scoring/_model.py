@@ -22,6 +22,7 @@ from cerebro_spark.training import (
     decode_checkpoint,
     encode_checkpoint,
     load_spec,
+    verify_content,
 )
 from cerebro_spark.training._batches import BatchMaker, Features
 
@@ -267,8 +268,14 @@ def model_from_bytes(
     device: str | torch.device | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
 ) -> ScoringModel:
-    """Build a :class:`ScoringModel` from checkpoint bytes that carry their metadata."""
+    """Build a :class:`ScoringModel` from checkpoint bytes that carry their metadata.
+
+    Raises:
+        CheckpointError: The bytes are no checkpoint, or its content is not what its own
+            digest says (:func:`~cerebro_spark.training.verify_content`).
+    """
     checkpoint = decode_checkpoint(data)
+    verify_content(checkpoint, where)
     return _build(
         checkpoint,
         ModelMetadata.from_checkpoint(checkpoint, where),
@@ -308,6 +315,7 @@ def load_checkpoint(
     found = read_source(source, store)
     data = found.data
     checkpoint = decode_checkpoint(found.data)
+    verify_content(checkpoint, found.where)
     if dataset is None and "data" not in checkpoint and found.experiment is not None:
         dataset = dataset_of_experiment(found.experiment)
         if dataset is not None:

@@ -16,13 +16,16 @@ are no seam for anything else.
 
 from cerebro_spark.training._checkpoint import (
     CHECKPOINT_FORMAT_VERSION,
+    CONTENT_DIGEST_KEY,
     Checkpoint,
     CheckpointError,
     Counters,
+    content_digest,
     dataset_metadata,
     decode_checkpoint,
     encode_checkpoint,
     state_digest,
+    verify_content,
     weights_digest,
     with_dataset,
 )
@@ -41,6 +44,7 @@ from cerebro_spark.training._unit import TrainedUnit, run_unit, train_unit
 __all__ = [
     "BASE_HYPERPARAMETERS",
     "CHECKPOINT_FORMAT_VERSION",
+    "CONTENT_DIGEST_KEY",
     "CNNSpec",
     "Checkpoint",
     "CheckpointError",
@@ -56,6 +60,7 @@ __all__ = [
     "add_code_directory",
     "check_pack",
     "choose_pack_size",
+    "content_digest",
     "dataset_metadata",
     "decode_checkpoint",
     "encode_checkpoint",
@@ -69,6 +74,7 @@ __all__ = [
     "train_pack",
     "train_unit",
     "user_code_files",
+    "verify_content",
     "weights_digest",
     "with_dataset",
 ]

@@ -18,7 +18,14 @@ containers (dict, list, tuple, str, int, float, bool, None)::
             "features": [{"name": ..., "dtype": ..., "shape": [...]}, ...],
             "feature_shape": [...], "label": ..., "statistics": {...} or None,
         },
+        "content_sha256": "...",                   # content_digest of all the above
     }
+
+``content_sha256`` is the checkpoint's own digest (:func:`content_digest`: every other
+entry, tensors by their bytes): a ``.pt`` read outside its experiment (``load_model`` of a
+path, a saved Transformer, a copy) is checked with it (:func:`verify_content`), where
+units rely on the SHA-256 the event log recorded for the file. Checkpoints written before
+it existed lack it and are read unchecked, as they always were.
 
 ``data`` (added by :func:`with_dataset` where a unit writes a checkpoint) describes the
 dataset the weights were trained on: what :func:`cerebro_spark.load_model` and the
@@ -64,6 +71,7 @@ from cerebro_spark.data import DatasetInfo
 from cerebro_spark.errors import CerebroError
 
 CHECKPOINT_FORMAT_VERSION = 1
+CONTENT_DIGEST_KEY = "content_sha256"
 _KEYS = ("model", "optimizer", "lr_scheduler", "torch_rng_state", "counters")
 _COUNTERS = ("epoch", "step", "samples_seen", "trial_seed")
 
@@ -96,6 +104,7 @@ class Checkpoint(TypedDict, total=False):
     counters: Counters
     trial: Mapping[str, Any]
     data: Mapping[str, Any]
+    content_sha256: str
 
 
 def _to_cpu(value: Any) -> Any:
@@ -147,10 +156,61 @@ def checkpoint_payload(checkpoint: Checkpoint) -> Checkpoint:
     if missing:
         raise CheckpointError(f"checkpoint to encode lacks keys {missing}; required: {_KEYS}")
     _check_counters(checkpoint["counters"])
-    payload = _to_cpu(dict(checkpoint))
+    payload = _to_cpu({k: v for k, v in checkpoint.items() if k != CONTENT_DIGEST_KEY})
     payload["format_version"] = CHECKPOINT_FORMAT_VERSION
+    payload[CONTENT_DIGEST_KEY] = content_digest(payload)
     checked: Checkpoint = payload
     return checked
+
+
+def content_digest(checkpoint: Mapping[str, Any]) -> str:
+    """The SHA-256 of a checkpoint's content: every entry but ``content_sha256`` itself.
+
+    Containers are walked in their order (a decoded checkpoint keeps the order it was
+    saved in), each tensor fed as its dtype, shape and raw bytes, every other value as its
+    ``repr``; so the digest of a decoded checkpoint is the one its writer computed
+    exactly when every tensor and value came back the same.
+    """
+    digest = hashlib.sha256()
+    _feed(digest, {k: v for k, v in checkpoint.items() if k != CONTENT_DIGEST_KEY})
+    return digest.hexdigest()
+
+
+def _feed(digest: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"T {tensor.dtype} {list(tensor.shape)}\n".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)
+    elif isinstance(value, Mapping):
+        digest.update(f"D {len(value)}\n".encode())
+        for key, item in value.items():
+            digest.update(f"K {key!r}\n".encode())
+            _feed(digest, item)
+    elif isinstance(value, (list, tuple)):
+        digest.update(f"L {len(value)}\n".encode())
+        for item in value:
+            _feed(digest, item)
+    else:
+        digest.update(f"V {value!r}\n".encode())
+
+
+def verify_content(checkpoint: Checkpoint, where: str) -> None:
+    """Refuse a checkpoint whose content is not what its ``content_sha256`` says.
+
+    A checkpoint without one (written before it existed) passes unchecked.
+
+    Raises:
+        CheckpointError: Naming ``where``, the digest it carries and the one it has.
+    """
+    carried = checkpoint.get(CONTENT_DIGEST_KEY)
+    if carried is None:
+        return
+    actual = content_digest(checkpoint)
+    if actual != carried:
+        raise CheckpointError(
+            f"checkpoint {where} is damaged: it carries content SHA-256 {carried}, but its "
+            f"content has {actual} (changed after it was written)"
+        )
 
 
 def encode_payload(payload: Checkpoint) -> bytes:
