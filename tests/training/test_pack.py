@@ -148,7 +148,7 @@ def assert_same_metrics(packed: UnitResult, single: UnitResult):
 
 
 def test_mlp_epoch_packed_equals_unpacked_per_trial_hyperparameters(store):
-    from conftest import MemoryStore
+    from tests.training.conftest import MemoryStore
 
     parts = [blobs(0, rows=150), blobs(1, rows=130)]
     single_store = MemoryStore()
@@ -177,7 +177,7 @@ def store_digest(store, key):
 
 
 def test_cnn_packed_equals_unpacked(store):
-    from conftest import MemoryStore
+    from tests.training.conftest import MemoryStore
 
     params = [
         {"channels": 4, "dense_units": 16, "lr": lr, "batch_size": 32, "weight_decay": wd}
@@ -195,7 +195,7 @@ def test_cnn_packed_equals_unpacked(store):
 
 
 def test_other_optimizers_step_per_trial_and_stay_twins(store):
-    from conftest import MemoryStore
+    from tests.training.conftest import MemoryStore
 
     params = [{"hidden_units": [8], "lr": lr, "batch_size": 16} for lr in (0.01, 0.001)]
     tasks = pack_tasks(params, spec="test_pack:RMSpropSpec")
@@ -209,7 +209,7 @@ def test_other_optimizers_step_per_trial_and_stay_twins(store):
 
 
 def test_nan_loss_fails_its_trial_alone(store):
-    from conftest import MemoryStore
+    from tests.training.conftest import MemoryStore
 
     params = [
         {"hidden_units": [8], "lr": 0.01, "batch_size": 16, "poison": poison}
@@ -230,7 +230,7 @@ def test_nan_loss_fails_its_trial_alone(store):
 
 
 def test_optimizer_error_fails_its_trial_alone(store):
-    from conftest import MemoryStore
+    from tests.training.conftest import MemoryStore
 
     params = [{"hidden_units": [8], "lr": 0.05, "explode": e} for e in (True, False)]
     tasks = pack_tasks(params, spec="test_pack:ExplodingStepSpec")
@@ -268,7 +268,7 @@ def test_checkpoints_are_read_back_by_run_unit(store):
 
 
 def test_pack_replays_bit_for_bit_with_dropout():
-    from conftest import MemoryStore
+    from tests.training.conftest import MemoryStore
 
     params = [{"hidden_units": [16], "dropout": 0.3, "lr": lr} for lr in (0.01, 0.02)]
     tasks = pack_tasks(params)
@@ -347,7 +347,7 @@ def test_a_trials_numbers_do_not_depend_on_its_pack_mates():
     """Whatever its mates (how many, of which optimizer, in which order), a trial's
     checkpoint is the same bytes: each optimizer kind steps its own slice, a pack of one
     trains beside a ghost (a CNN's batched convolution of one takes another path)."""
-    from conftest import MemoryStore
+    from tests.training.conftest import MemoryStore
 
     def digests(tasks, data, info):
         results = run_pack(tasks, data, MemoryStore(), info)

@@ -160,7 +160,7 @@ def test_a_fresh_process_reproduces_the_unit_bit_for_bit(store):
         f"""
         import sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from conftest import MemoryStore
+        from tests.training.conftest import MemoryStore
         from training_fixtures import BLOBS_INFO, blobs, train_task
         import torch
         from cerebro_spark.training import run_unit
