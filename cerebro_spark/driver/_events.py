@@ -70,6 +70,12 @@ Event kinds and their fields:
 * ``experiment_end``: ``best_trial``, ``best_epoch``, ``best_checkpoint``,
   ``best_checkpoint_sha256`` (what ``best.pt`` was copied from), ``failed`` (trials that
   failed), ``seconds``
+
+  Every ``checkpoint`` and ``best_checkpoint`` names a file relative to the experiment's
+  folder (``checkpoints/<trial>/e0000-s0000.pt``), so a copied or moved experiment reads
+  its own files; logs of older versions hold the whole store key
+  (``experiments/<id>/checkpoints/...``), which readers take relative to the folder the
+  log is in (:func:`~cerebro_spark.driver._layout.stored_key`).
 * ``tracking``: ``backend`` (``mlflow``), ``trial`` (null for the experiment's own run),
   ``run_id`` and ``experiment`` (the MLflow experiment id), ``uri``: where a tracker
   logs this experiment, so that a resumed run continues the same runs

@@ -71,7 +71,7 @@ from cerebro_spark.driver._checkpoints import CheckpointKeeper
 from cerebro_spark.driver._config import ExperimentConfig, worker_budget
 from cerebro_spark.driver._events import EventLog
 from cerebro_spark.driver._heap import frozen_heap
-from cerebro_spark.driver._layout import experiment_prefix
+from cerebro_spark.driver._layout import experiment_prefix, logged_key
 from cerebro_spark.driver._leaderboard import (
     LEADERBOARD_NAME,
     best_trial,
@@ -219,7 +219,7 @@ class Experiment:
         self.log.before_write = self._check_lease  # buffered events: still the holder?
         events = self.log.read()
         check_log_head(self.store, events, experiment_id)  # an emptied log is not re-run
-        self.state = ExperimentState.from_events(events)
+        self.state = ExperimentState.from_events(events, self.prefix)
         self.checkpoints = CheckpointKeeper(
             store, self.prefix, self.state, self.log, self._check_lease
         )
@@ -395,7 +395,7 @@ class Experiment:
             "experiment_end",
             best_trial=best.trial_id if best else None,
             best_epoch=best.best_epoch if best else None,
-            best_checkpoint=best_key,
+            best_checkpoint=_logged(best_key),
             best_checkpoint_sha256=best_sha256,
             failed=len(self.state.failures),
             seconds=round(time.monotonic() - started, 3),
@@ -835,7 +835,7 @@ class Experiment:
             trial=trial_id,
             epoch=trial.epochs + 1,
             metrics=metrics,
-            checkpoint=trial.checkpoint,
+            checkpoint=_logged(trial.checkpoint),
             checkpoint_sha256=trial.checkpoint_sha256,
             **self._best_fields(trial, metrics),
         )
@@ -864,12 +864,12 @@ class Experiment:
         if improves(metrics, trial.best_metrics or None, self.metric, self.mode):
             return {
                 "best_epoch": trial.epochs + 1,
-                "best_checkpoint": trial.checkpoint,
+                "best_checkpoint": _logged(trial.checkpoint),
                 "best_checkpoint_sha256": trial.checkpoint_sha256,
             }
         return {
             "best_epoch": trial.best_epoch,
-            "best_checkpoint": trial.best_checkpoint,
+            "best_checkpoint": _logged(trial.best_checkpoint),
             "best_checkpoint_sha256": trial.best_checkpoint_sha256,
         }
 
@@ -979,3 +979,8 @@ class Experiment:
     def _write_leaderboard(self) -> None:
         text = leaderboard_csv(self.state.trials.values(), self.metric, self.mode)
         self.store.put(LEADERBOARD_NAME, text.encode())
+
+
+def _logged(key: str | None) -> str | None:
+    """A checkpoint key as the log names it (relative to the experiment)."""
+    return None if key is None else logged_key(key)

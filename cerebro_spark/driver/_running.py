@@ -20,6 +20,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from cerebro_spark.backends import UnitFuture
+from cerebro_spark.driver._layout import logged_key
 from cerebro_spark.driver._state import TrialState
 from cerebro_spark.errors import StoreError, TrialError, WorkerLostError
 from cerebro_spark.mop import Assignment, Unit
@@ -162,12 +163,13 @@ def unit_end_fields(
         freed_at: When its worker was freed while it wrote the checkpoint, if it was.
     """
     lead = result if lead is None else lead
+    out = lead.task.checkpoint_out
     return {
         "seconds": round(result.seconds, 6),
         "io_seconds": round(result.io_seconds, 6),
         "rows": result.rows,
         "metric_sums": dict(result.metric_sums),
-        "checkpoint": lead.task.checkpoint_out,
+        "checkpoint": None if out is None else logged_key(out),
         "checkpoint_bytes": lead.checkpoint_bytes,
         "checkpoint_sha256": lead.checkpoint_sha256,
         **_traffic(result),

@@ -41,6 +41,7 @@ from typing import Any
 
 from cerebro_spark.driver._events import EVENT_KINDS
 from cerebro_spark.driver._heap import paused_collector
+from cerebro_spark.driver._layout import experiment_prefix, stored_key
 from cerebro_spark.driver._state_delta import apply_delta
 from cerebro_spark.errors import EventLogError
 from cerebro_spark.metrics import BatchMean, Metric, State, merge_states
@@ -227,6 +228,9 @@ class ExperimentState:
     stage_plans: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     stage_actuals: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     elastic_summary: dict[str, Any] | None = None
+    prefix: str | None = None
+    """The experiment's folder in its store, where the log was read: the checkpoint keys
+    the log names relative to it (or whole, in older logs) are store keys under it."""
     metric: str | None = None
     mode: str | None = None
     failures: list[str] = dataclasses.field(default_factory=list)
@@ -236,18 +240,22 @@ class ExperimentState:
     _unknown_kinds: set[str] = dataclasses.field(default_factory=set)
 
     @classmethod
-    def from_events(cls, events: Iterable[Mapping[str, Any]]) -> ExperimentState:
+    def from_events(
+        cls, events: Iterable[Mapping[str, Any]], prefix: str | None = None
+    ) -> ExperimentState:
         """Fold a whole event log.
 
         Args:
             events: The log's events in order; from
                 :func:`~cerebro_spark.driver.read_events`, errors name the log and line.
+            prefix: The folder the log was read from (:attr:`prefix`); default: the one
+                its ``experiment_start`` names.
 
         Raises:
             EventLogError: An event is malformed or names an unknown trial (the message
                 names where and how to recover).
         """
-        state = cls()
+        state = cls(prefix=prefix)
         position = getattr(events, "position", None)
         with paused_collector():  # the fold makes no cycle; the collector would walk the log
             for index, event in enumerate(events):
@@ -373,7 +381,15 @@ class ExperimentState:
             return any(trial.needs(key) for trial in self.trials.values())
         return owner.needs(key) or any(self.trials[t].needs(key) for t in self._clones)
 
+    def _key(self, logged: Any) -> Any:
+        """The store key of a checkpoint the log names (relative to the experiment)."""
+        if not isinstance(logged, str) or self.prefix is None:
+            return logged
+        return stored_key(self.prefix, logged)
+
     def _on_experiment_start(self, event: Mapping[str, Any]) -> None:
+        if self.prefix is None and isinstance(event.get("experiment_id"), str):
+            self.prefix = experiment_prefix(event["experiment_id"])
         self.sessions += 1
         config = event.get("config") or {}
         self.metric = config.get("metric", self.metric)
@@ -433,7 +449,7 @@ class ExperimentState:
             if trial in self._derived_best and record.best_checkpoint == record.checkpoint:
                 # The engine that wrote this log deleted the checkpoint it moved past.
                 record.best_checkpoint = record.best_checkpoint_sha256 = None
-            record.checkpoint = event["checkpoint"]
+            record.checkpoint = self._key(event["checkpoint"])
             record.checkpoint_sha256 = event["checkpoint_sha256"]
         else:
             sums = self.validation_sums[trial]
@@ -466,15 +482,14 @@ class ExperimentState:
             self._derived_best.add(trial.trial_id)
             self._derive_best(trial, event)
 
-    @staticmethod
-    def _record_best(trial: TrialState, event: Mapping[str, Any]) -> None:
+    def _record_best(self, trial: TrialState, event: Mapping[str, Any]) -> None:
         """Fold the best epoch a ``trial_epoch`` event records."""
         best = event["best_epoch"]
         trial.best_epoch = None if best is None else int(best)
         trial.best_metrics = (
             trial.history[best - 1] if best is not None and 0 < best <= len(trial.history) else {}
         )
-        trial.best_checkpoint = event.get("best_checkpoint")
+        trial.best_checkpoint = self._key(event.get("best_checkpoint"))
         trial.best_checkpoint_sha256 = event.get("best_checkpoint_sha256")
 
     def _derive_best(self, trial: TrialState, event: Mapping[str, Any]) -> None:
@@ -484,7 +499,7 @@ class ExperimentState:
         if improves(event["metrics"], trial.best_metrics or None, self.metric, self.mode):
             trial.best_epoch = int(event["epoch"])
             trial.best_metrics = event["metrics"]
-            trial.best_checkpoint = event.get("checkpoint")
+            trial.best_checkpoint = self._key(event.get("checkpoint"))
             trial.best_checkpoint_sha256 = event.get("checkpoint_sha256")
 
     def _on_decision(self, event: Mapping[str, Any]) -> None:

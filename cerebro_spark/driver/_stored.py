@@ -70,7 +70,8 @@ def load_state(
     """
     store = open_store(store_uri)
     config = load_experiment_config(store, experiment_id, secrets=secrets)
-    return config, ExperimentState.from_events(read_experiment_events(store, experiment_id))
+    events = read_experiment_events(store, experiment_id)
+    return config, ExperimentState.from_events(events, experiment_prefix(experiment_id))
 
 
 def read_experiment_events(store: Store, experiment_id: str) -> list[dict[str, Any]]:

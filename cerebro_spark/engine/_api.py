@@ -44,6 +44,12 @@ from cerebro_spark.store import (
 )
 from cerebro_spark.store._lease import default_timeout
 from cerebro_spark.tracking import track_experiment
+from cerebro_spark.training import (
+    CONTENT_DIGEST_KEY,
+    CheckpointError,
+    content_digest,
+    decode_checkpoint,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -414,15 +420,32 @@ def logged_visit_orders(store: Store, experiment_id: str) -> dict[int, dict[str,
 
 @dataclasses.dataclass(frozen=True)
 class ReplayRow:
-    """One trial's final checkpoint in the original run and in the replay."""
+    """One trial's final checkpoint in the original run and in the replay.
+
+    Attributes:
+        trial_id: The trial.
+        original_sha256: The SHA-256 of the original's final checkpoint, as logged.
+        replay_sha256: The SHA-256 of the replay's.
+        same_content: Where the bytes differ because the original was written before
+            checkpoints carried their own digest: whether the original's content (read
+            from the store) equals the replay's, tensor for tensor and value for value
+            (:func:`~cerebro_spark.training.content_digest`); ``None`` where the bytes
+            decide.
+    """
 
     trial_id: str
     original_sha256: str | None
     replay_sha256: str | None
+    same_content: bool | None = None
 
     @property
     def identical(self) -> bool:
-        """Whether the two final checkpoints are bit-identical."""
+        """Whether the two final checkpoints are the same: bit for bit, or in content.
+
+        In content for an original written before checkpoints carried their own digest.
+        """
+        if self.same_content is not None:
+            return self.same_content
         return self.original_sha256 is not None and self.original_sha256 == self.replay_sha256
 
 
@@ -464,7 +487,9 @@ def replay_experiment(
     if workers is not None:
         config = config.replace(workers=workers)
     validate_config(config)
-    original = ExperimentState.from_events(read_experiment_events(store, experiment_id))
+    original = ExperimentState.from_events(
+        read_experiment_events(store, experiment_id), experiment_prefix(experiment_id)
+    )
     if not original.finished:
         raise ConfigError(
             f"experiment {experiment_id} has not finished; resume it before replaying it"
@@ -481,11 +506,26 @@ def replay_experiment(
     )
     replayed = {t.trial_id: t for t in result.trials}
     rows = [
-        ReplayRow(
-            trial_id,
-            trial.checkpoint_sha256,
-            replayed[trial_id].checkpoint_sha256 if trial_id in replayed else None,
-        )
+        _replay_row(store, trial, replayed.get(trial_id))
         for trial_id, trial in sorted(original.trials.items())
     ]
     return ReplayReport(experiment_id, result, rows)
+
+
+def _replay_row(store: Store, original: TrialState, replay: TrialState | None) -> ReplayRow:
+    """Compare a trial's final checkpoints: by bytes, or by content for an older original."""
+    row = ReplayRow(
+        original.trial_id,
+        original.checkpoint_sha256,
+        replay.checkpoint_sha256 if replay is not None else None,
+    )
+    if row.identical or replay is None or not original.checkpoint or not replay.checkpoint:
+        return row
+    try:
+        old = decode_checkpoint(store.get(original.checkpoint))
+    except (OSError, CheckpointError):  # gone or unreadable: the bytes decide
+        return row
+    if CONTENT_DIGEST_KEY in old:
+        return row  # written with its digest: its bytes are comparable
+    new = decode_checkpoint(store.get(replay.checkpoint))
+    return dataclasses.replace(row, same_content=content_digest(old) == content_digest(new))

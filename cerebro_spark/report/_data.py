@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from cerebro_spark.driver import ExperimentConfig, ExperimentState
+from cerebro_spark.driver._layout import experiment_prefix
 from cerebro_spark.driver._state import experiment_times
 
 UNIT_KINDS = ("train", "validate", "group", "failed", "unfinished")
@@ -538,7 +539,7 @@ def collect(
         config: Its config, metric and mode resolved (as ``config.json`` holds it).
         events: Its whole event log, in order (:func:`~cerebro_spark.driver.read_events`).
     """
-    state = ExperimentState.from_events(events)
+    state = ExperimentState.from_events(events, experiment_prefix(experiment_id))
     times = experiment_times(events)  # the one clock: seconds since run
     last = max(times, default=0.0)
     units, markers, failures = _timeline(events, times, last)

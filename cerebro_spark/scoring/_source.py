@@ -18,7 +18,7 @@ import hashlib
 import logging
 import os
 import urllib.parse
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import pyarrow.fs as pafs
 
@@ -203,18 +203,22 @@ def _logged(experiment: Store | None, key: str) -> str | None:
         logger.warning("cannot read the event log of %s to verify %s: %s", experiment, key, error)
         return None
     recorded = None
-    full = f"{_experiment_key(experiment)}/{key}"
     for event in events:
         if key == BEST_CHECKPOINT and event.get("event") == "experiment_end":
             recorded = event.get("best_checkpoint_sha256")
-        elif event.get("event") == "unit_end" and event.get("checkpoint") in (full, key):
+        elif event.get("event") == "unit_end" and _names(event.get("checkpoint"), key):
             recorded = event.get("checkpoint_sha256")
     return recorded if isinstance(recorded, str) else None
 
 
-def _experiment_key(experiment: Store) -> str:
-    """``experiments/<id>``: the prefix an experiment's checkpoint keys start with."""
-    return f"{_EXPERIMENTS}/{experiment.uri.split('?', 1)[0].rstrip('/').rpartition('/')[2]}"
+def _names(logged: Any, key: str) -> bool:
+    """Whether a log's checkpoint field names ``key``, relative to the experiment.
+
+    Older logs hold the whole store key, with the id of the experiment that wrote it.
+    """
+    from cerebro_spark.driver._layout import logged_key
+
+    return isinstance(logged, str) and logged_key(logged) == key
 
 
 def _verified(

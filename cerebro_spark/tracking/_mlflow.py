@@ -15,6 +15,7 @@ from typing import Any
 
 from cerebro_spark.data import read_manifest
 from cerebro_spark.driver import ExperimentState, TrialState, best_trial, leaderboard_csv, rank
+from cerebro_spark.driver._layout import stored_key
 from cerebro_spark.tracking._base import Tracker, TrackerUnavailable, TrackingContext
 
 logger = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ class MlflowTracker(Tracker):
         self.experiment_name = experiment
         self.register_model = register_model
         self.client = MlflowClient(tracking_uri=uri)
-        self.state = ExperimentState()
+        self.state = ExperimentState(prefix=context.prefix)
         self.metric, self.mode = context.config.objective
         self.mlflow_experiment: str | None = None
         self.runs: dict[str | None, str] = {}  # trial (None: the experiment) -> run id
@@ -442,7 +443,8 @@ class MlflowTracker(Tracker):
         """Log the best checkpoint as a pyfunc model in the best trial's run."""
         from cerebro_spark.tracking._pyfunc import save_pyfunc  # imports mlflow.pyfunc
 
-        key = event.get("best_checkpoint") or best.best_checkpoint
+        logged = event.get("best_checkpoint")
+        key = stored_key(self.context.prefix, logged) if logged else best.best_checkpoint
         best_pt = f"{self.context.prefix}/best.pt"
         source = best_pt if self.context.store.exists(best_pt) else key
         if source is None or not self.context.store.exists(source):

@@ -43,7 +43,7 @@ class TensorBoardTracker(Tracker):
         del SummaryWriter  # imported now so that a missing package fails at the start
         self.context = context
         self.root = Path(directory) / context.experiment_id
-        self.state = ExperimentState()
+        self.state = ExperimentState(prefix=context.prefix)
         self.metric, self.mode = context.config.objective
         self._writers: dict[str, Any] = {}
         self._closed: set[str] = set()

@@ -6,6 +6,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from cerebro_spark.driver._layout import stored_key
 from cerebro_spark.driver._state import epoch_key
 from cerebro_spark.engine import ExperimentState, leaderboard_csv, read_events
 from cerebro_spark.store import Store, open_store
@@ -38,7 +39,9 @@ def check_checkpoints(store: Path, name: str, metric: str = "accuracy", mode: st
     epochs = [e for e in events if e["event"] == "trial_epoch"]
     last = {e["trial"]: e for e in epochs}
     for event in last.values():  # the log's last word on each trial points at kept files
-        assert event["best_checkpoint"] is None or event["best_checkpoint"] in kept
+        logged = event["best_checkpoint"]
+        assert logged is None or not logged.startswith("experiments/")  # relative
+        assert logged is None or stored_key(prefix, logged) in kept
     for trial in state.trials.values():
         if trial.best_epoch is None:
             assert all(epoch_key(m, metric, mode) is None for m in trial.history)
@@ -46,7 +49,7 @@ def check_checkpoints(store: Path, name: str, metric: str = "accuracy", mode: st
         (at_best,) = [
             e for e in epochs if e["trial"] == trial.trial_id and e["epoch"] == trial.best_epoch
         ]
-        assert at_best["checkpoint"] == trial.best_checkpoint
+        assert stored_key(prefix, at_best["checkpoint"]) == trial.best_checkpoint
         assert at_best["checkpoint_sha256"] == trial.best_checkpoint_sha256
         assert sha256(root.get(trial.best_checkpoint)) == trial.best_checkpoint_sha256
         assert trial.best_metrics == at_best["metrics"] == trial.history[trial.best_epoch - 1]
@@ -59,7 +62,7 @@ def check_checkpoints(store: Path, name: str, metric: str = "accuracy", mode: st
     if end["best_trial"] is not None:
         best = state.trials[end["best_trial"]]
         data = root.get(f"{prefix}/best.pt")
-        assert end["best_checkpoint"] == best.best_checkpoint in kept
+        assert stored_key(prefix, end["best_checkpoint"]) == best.best_checkpoint in kept
         assert sha256(data) == end["best_checkpoint_sha256"] == best.best_checkpoint_sha256
         assert end["best_epoch"] == best.best_epoch
     # The leaderboard is rebuilt from the log alone.

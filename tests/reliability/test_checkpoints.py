@@ -34,17 +34,27 @@ from cerebro_spark.engine import (
     ExperimentState,
     Stage,
     leaderboard_csv,
+    load_state,
     logged_visit_orders,
     parse_config,
     read_events,
+    replay_experiment,
     resume_experiment,
     run_experiment,
 )
 from cerebro_spark.errors import CheckpointCorruptError, DataError, TrialError
 from cerebro_spark.scoring import load_model
+from cerebro_spark.scoring._model import model_from_bytes
 from cerebro_spark.store import Store, open_store
-from cerebro_spark.training import run_unit
+from cerebro_spark.training import (
+    CONTENT_DIGEST_KEY,
+    CheckpointError,
+    content_digest,
+    decode_checkpoint,
+    run_unit,
+)
 from cerebro_spark.training._cache import CACHE_BYTES_ENV, CheckpointCache, set_worker_cache_bytes
+from cerebro_spark.training._checkpoint import encode_payload
 from cerebro_spark.units import UnitResult, UnitTask
 from tests.training.training_fixtures import BLOBS_INFO, blobs, train_task, validate_task
 
@@ -473,3 +483,110 @@ def test_spark_prepare_rewrites_a_truncated_partition(spark: Any, tmp_path: Path
     again = prepare_with_spark(str(source), str(tmp_path / "store"), spark=spark, **args)
     assert again == manifest and dataset.get(part.path) == original
     assert damaged_partitions(dataset, manifest, verify=True) == []
+
+
+# -- a checkpoint's own digest (issue 29 part 6) -------------------------------------------
+
+
+def tamper_content(data: bytes) -> bytes:
+    """Checkpoint bytes that decode, with one weight changed and the old digest kept."""
+    payload = decode_checkpoint(data)
+    name = next(iter(payload["model"]))
+    payload["model"][name].view(-1)[0] += 1.0
+    return encode_payload(payload)
+
+
+def without_digest(data: bytes) -> bytes:
+    """The bytes the writer made before checkpoints carried their own digest."""
+    payload = decode_checkpoint(data)
+    del payload[CONTENT_DIGEST_KEY]
+    return encode_payload(payload)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_outside_its_experiment_is_checked_by_its_own_digest(
+    baseline: tuple[Path, ExperimentState], tmp_path: Path
+) -> None:
+    """``load_model`` of a copied ``.pt`` and the Transformer's bytes: no log to check
+    against, so the checkpoint's ``content_sha256`` is; older ones load unchecked."""
+    store, _ = baseline
+    best = (store / "experiments" / "clean" / "best.pt").read_bytes()
+    assert content_digest(decode_checkpoint(best)) == decode_checkpoint(best)[CONTENT_DIGEST_KEY]
+    copy = tmp_path / "model.pt"
+    copy.write_bytes(best)
+    assert load_model(str(copy), device="cpu") is not None
+    copy.write_bytes(tamper_content(best))
+    message = rf"checkpoint {copy} is damaged: it carries content SHA-256 [0-9a-f]{{64}}, but"
+    with pytest.raises(CheckpointError, match=message):
+        load_model(str(copy), device="cpu")
+    with pytest.raises(CheckpointError, match="checkpoint <bytes> is damaged"):
+        model_from_bytes(tamper_content(best))
+    copy.write_bytes(without_digest(best))  # written before digests: read as before
+    assert load_model(str(copy), device="cpu") is not None
+
+
+@pytest.mark.slow
+def test_a_replay_of_a_log_from_before_checkpoint_digests_compares_content(
+    baseline: tuple[Path, ExperimentState], tmp_path: Path
+) -> None:
+    """A log whose checkpoints lack ``content_sha256`` (rewritten so, with the log's
+    SHA-256s): the replay's bytes differ by the digest, its content is the original's."""
+    store, clean = baseline
+    copy = tmp_path / "store"
+    shutil.copytree(store, copy)
+    log = copy / "experiments" / "clean" / "events.jsonl"
+    first, *others = sorted(clean.trials)
+    changed = copy / str(clean.trials[first].checkpoint)  # its content differs, too
+    text = log.read_text()
+    for path in sorted((copy / "experiments" / "clean").rglob("*.pt")):
+        old = path.read_bytes()
+        new = without_digest(old)
+        if path == changed:
+            new = tamper_content(new)
+        path.write_bytes(new)
+        text = text.replace(sha256(old), sha256(new))
+    log.write_text(text)
+    report = replay_experiment(str(copy), "clean", workers=1)
+    rows = {row.trial_id: row for row in report.rows}
+    assert others and all(rows[t].same_content and rows[t].identical for t in others), rows
+    assert all(rows[t].original_sha256 != rows[t].replay_sha256 for t in clean.trials)
+    assert rows[first].same_content is False and not report.identical
+
+
+# -- a copied experiment folder (issue 29 part 6) ------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_copied_experiment_reads_its_own_checkpoints(
+    baseline: tuple[Path, ExperimentState], tmp_path: Path
+) -> None:
+    """The log names checkpoints relative to its folder: a copy whose original is gone
+    folds, verifies and scores from its own files; so does an older log (whole keys, with
+    the original's id) read from the copy."""
+    store, clean = baseline
+    log = (store / "experiments" / "clean" / "events.jsonl").read_text()
+    assert '"checkpoint":"checkpoints/' in log.replace(" ", "")
+    assert "experiments/clean/checkpoints" not in log
+    copy = tmp_path / "store"
+    shutil.copytree(store / "experiments" / "clean", copy / "experiments" / "copy")
+    shutil.copytree(store / "datasets", copy / "datasets")
+    root = open_store(str(copy))
+
+    def check_copy() -> None:
+        _, state = load_state(str(copy), "copy")
+        for trial in state.trials.values():
+            for key in (trial.checkpoint, trial.best_checkpoint):
+                assert key is not None and key.startswith("experiments/copy/checkpoints/")
+                assert root.exists(key)
+        rel = str(clean.trials[sorted(clean.trials)[0]].checkpoint).partition("clean/")[2]
+        assert load_model(f"experiments/copy/{rel}", store=str(copy), device="cpu")
+        assert load_model("copy", store=str(copy), device="cpu") is not None
+        root.put(f"experiments/copy/{rel}", b"not the logged bytes")
+        with pytest.raises(CheckpointCorruptError, match=rel.rpartition("/")[2]):
+            load_model(f"experiments/copy/{rel}", store=str(copy), device="cpu")
+        root.put(f"experiments/copy/{rel}", (store / "experiments" / "clean" / rel).read_bytes())
+
+    check_copy()
+    older = copy / "experiments" / "copy" / "events.jsonl"
+    older.write_text(log.replace('"checkpoints/', '"experiments/clean/checkpoints/'))
+    check_copy()
