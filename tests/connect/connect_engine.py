@@ -67,3 +67,39 @@ def test_a_search_on_spark_connect_trains_what_local_workers_train(
     assert {e["executor_id"] for e in ready} == {"driver"}  # local[4]: the driver runs tasks
     run_experiment(config(tmp_path, "local"), experiment_id="local")
     assert digests(tmp_path, "connect") == digests(tmp_path, "local") != {}
+
+
+def test_hypersched_trains_in_group_units_on_spark_connect(
+    connect_server: Any, tmp_path: Path
+) -> None:
+    """HyperSched gives a live trial the idle workers (Alg. 3): on Connect, too, its group
+    units rendezvous between two worker tasks and train one trial data-parallel."""
+    raw = {
+        "name": "hypersched",
+        "seed": 4,
+        "store": str(tmp_path),
+        "data": {"source": "sklearn:digits", "partitions": 2},
+        "procedure": {"name": "hypersched", "max_trials": 2, "eta": 2, "epoch_seconds": 1.0},
+        "deadline": 600,
+        "epochs": 4,
+        "workers": 2,
+        "backend": "spark",
+        "spark": {"master": connect_server.url},
+        "model": "cerebro_spark.training:MLPSpec",
+        "space": {"hidden_units": [32], "lr": {"grid": [0.003, 0.01]}, "batch_size": 64},
+    }
+    result = run_experiment(parse_config(raw), experiment_id="groups")
+    assert result.best is not None and result.best.metrics["accuracy"] > 0.7
+    events = read_events(open_store(str(tmp_path)).child("experiments/groups"))
+    grown = {t for e in events if e["event"] == "round_start"
+             for t, k in e["resources"].items() if k == 2}  # fmt: skip
+    assert grown, "HyperSched never gave a trial two workers"
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for event in events:
+        if event["event"] == "unit_end" and "group" in event:
+            groups.setdefault(event["group"], []).append(event)
+    assert groups, "no group unit ran"
+    for ranks in groups.values():
+        assert len(ranks) == 2 and ranks[0]["worker"] != ranks[1]["worker"]
+        assert ranks[0]["checkpoint_sha256"] == ranks[1]["checkpoint_sha256"] is not None
+    assert not any(e["event"] == "unit_failed" for e in events)

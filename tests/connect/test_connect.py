@@ -74,9 +74,9 @@ def connect_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_every_connect_case_ran_and_passed(connect_run: dict[str, Any]) -> None:
     counts = connect_run["counts"]
     assert connect_run["returncode"] == 0, connect_run["output"]
-    # the backend contract (16), what Connect changes (8), a search, the notebook, the
-    # elastic managers' refusals (2)
-    assert counts["tests"] >= 28 and counts["failures"] == counts["errors"] == 0, counts
+    # the backend contract (16), what Connect changes (8), a search, HyperSched's group
+    # units, the notebook, the prepare/run/score jobs, the elastic managers' refusals (2)
+    assert counts["tests"] >= 30 and counts["failures"] == counts["errors"] == 0, counts
     assert counts["skipped"] == 0, connect_run["output"]
 
 
