@@ -22,7 +22,12 @@ started by the benchmark share the machine (F times the CPU demand): the second 
 says in which stage the run first re-planned and why, whether the deadline was met, and
 the summary's miss line when it was not.
 
+With ``--keep DIR`` each search's store (datasets, experiments and their ``events.jsonl``:
+``DIR/<search>/experiments/{elastic,static,loaded}``) is kept there instead of a
+temporary folder, to compare the plan's stages with the rounds the runs trained.
+
     python benchmarks/elastic_execution.py [--searches sha,seer] [--load 2] [--out FILE]
+        [--keep DIR]
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import logging
 import multiprocessing
 import os
 import platform
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -169,6 +175,20 @@ def loaded_row(search: str, events: list[dict[str, Any]]) -> str:
     )
 
 
+@contextlib.contextmanager
+def _store_dir(keep: str | None, search: str) -> Any:
+    """A temporary folder for a search's store, or ``keep/<search>`` (kept, emptied first)."""
+    if keep is None:
+        with tempfile.TemporaryDirectory(prefix="cerebro-bench-elastic-") as tmp:
+            yield tmp
+        return
+    path = Path(keep) / search
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    yield str(path)
+
+
 def _err(actual: float, planned: float) -> str:
     return "-" if planned == 0 else f"{100 * (actual - planned) / planned:+.1f}%"
 
@@ -178,6 +198,7 @@ def main() -> None:
     parser.add_argument("--searches", default="sha,seer")
     parser.add_argument("--out", help="also write the output here")
     parser.add_argument("--load", type=float, default=0.0, help="also run under F x CPU load")
+    parser.add_argument("--keep", help="keep each search's store (its event logs) under DIR")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     out = io.StringIO()
@@ -187,7 +208,8 @@ def main() -> None:
         out.write(line + "\n")
 
     load = f" --load {args.load:g}" if args.load else ""
-    say(f"# python benchmarks/elastic_execution.py --searches {args.searches}{load}")
+    keep = f" --keep {args.keep}" if args.keep else ""
+    say(f"# python benchmarks/elastic_execution.py --searches {args.searches}{load}{keep}")
     say(f"# {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}, "
         f"{platform.node()}, {platform.processor() or platform.machine()}")  # fmt: skip
     say()
@@ -199,7 +221,7 @@ def main() -> None:
     lines = [head]
     loaded: list[str] = []
     for search in args.searches.split(","):
-        with tempfile.TemporaryDirectory(prefix="cerebro-bench-elastic-") as tmp:
+        with _store_dir(args.keep, search) as tmp:
             config = search_config(search, tmp)
             prepare(config)
             workers, plan = static_plan_file(config, Path(tmp) / "static.json")

@@ -42,6 +42,11 @@ workers. Alg. 2's marginal-benefit rule still chooses among them.
 A search procedure with a deadline of its own (``ExperimentSpec.deadline``: SEER's ``T``)
 stops then, so the plan must meet the earlier of the two deadlines.
 
+A procedure whose stages end by the clock (``ExperimentSpec.clock``: SEER's) trains less on
+an allocation that makes its stages late (:meth:`Simulator.trained`): a plan is no cheaper
+for cutting the search short, so every allocation considered must train as many
+trial-epochs as the static plans that meet the deadline train at most.
+
 Infeasible deadlines or budgets raise :class:`PlanInfeasible` with the fastest allocation
 simulated, and the cheapest one that meets the deadline (else the cheapest), their seconds
 and dollars.
@@ -384,7 +389,14 @@ def _plan_type(sim: Simulator, deadline: float, budget: float | None) -> _Found:
         sizes.append(sim.running)
     statics = [(w,) * stages for w in sizes]
     timed = [(sim.evaluate(a), a) for a in statics]
-    feasible = [(usd, seconds, a) for (seconds, usd), a in timed if meets(seconds)]
+    # Stages the clock closes train less on a slower allocation: none may train less than
+    # the static plans that meet the deadline can (the module docstring).
+    work = max((sim.trained(a) for (seconds, _), a in timed if meets(seconds)), default=0)
+
+    def keeps(allocation: Allocation, seconds: float) -> bool:
+        return meets(seconds) and sim.trained(allocation) >= work
+
+    feasible = [(usd, seconds, a) for (seconds, usd), a in timed if keeps(a, seconds)]
     if not feasible:
         return _Found(None, None)
     static = min(feasible)[2]
@@ -392,9 +404,9 @@ def _plan_type(sim: Simulator, deadline: float, budget: float | None) -> _Found:
     if spec.elastic:
         for factor in RESTARTS:
             start = (min(high, static[0] * factor),) * stages
-            if not meets(sim.evaluate(start)[0]):
+            if not keeps(start, sim.evaluate(start)[0]):
                 continue
-            result = _greedy(sim, start, meets)
+            result = _greedy(sim, start, keeps)
             if sim.evaluate(result)[1] < sim.evaluate(best)[1] - _DELTA:
                 best = result
     outcome = sim.run(best)
@@ -496,8 +508,14 @@ def _count_fair(low: int, high: int, trials: int) -> int:
     return multiples + sum(1 for d in _divisors(trials) if low <= d <= high and d < trials)
 
 
-def _greedy(sim: Simulator, start: Allocation, meets: Callable[[float], bool]) -> Allocation:
-    """RubberBand Alg. 2 from ``start``, with more candidates (the module docstring)."""
+def _greedy(
+    sim: Simulator, start: Allocation, meets: Callable[[Allocation, float], bool]
+) -> Allocation:
+    """RubberBand Alg. 2 from ``start``, with more candidates (the module docstring).
+
+    ``meets(allocation, seconds)``: whether a candidate is acceptable (its deadline, and
+    the work a clock-closed procedure must keep).
+    """
     best = start
     best_seconds, best_usd = sim.evaluate(best)
     stages = len(best)
@@ -508,7 +526,7 @@ def _greedy(sim: Simulator, start: Allocation, meets: Callable[[float], bool]) -
                 candidate = (*best[:i], lower, *best[i + 1 :])
                 seconds, usd = sim.evaluate(candidate)
                 saved = best_usd - usd
-                if saved <= _DELTA or not meets(seconds):
+                if saved <= _DELTA or not meets(candidate, seconds):
                     continue
                 slower = seconds - best_seconds
                 benefit = math.inf if slower <= 0 else saved / slower

@@ -34,6 +34,19 @@ stage by stage from the frontier (RubberBand §4.2, "DAG construction"):
   longest-trial term takes the former. ``k = 1`` is the formula above.
 * **SYNC**: the end of the stage (zero latency).
 
+**Stages the clock closes** (``spec.clock``: SEER §5): the procedure closes its stage ``k``
+at its planned end (experiment time from ``run``) once every member trained one epoch,
+whatever epochs the stage was given; a run whose start-up or workers make the stage late
+trains fewer, and the trials it leaves untrained are trained in later stages (SEER's
+``epochs`` cap). Then the run's rounds are replayed (:meth:`StageClock.rounds
+<cerebro_spark.search.StageClock.rounds>`) on the allocation's mean times -- a round of
+``n_j`` trials per bracket on ``W`` workers takes the TRAIN formula for one epoch each,
+a stage's first round starts after its SCALE, INIT_INSTANCE or REHOME -- and counted into
+the spec's stages in order (stage ``i`` is its ``e_i`` rounds, as the elastic controller
+counts them): a stage's TRAIN is the sum of its rounds (with the sampled latencies), and a
+stage the run never reaches (it ended before) takes no time, no resize and no money. A
+re-plan's stages left (or ``running`` workers) are priced by their epochs.
+
 Every node's only predecessor is the frontier, so the DAG is a chain and its critical path
 (Alg. 1 ``sample_duration``) is the running sum of the latencies: :meth:`Simulator.run`
 sums the same per-stage pieces :meth:`Simulator.to_dag` shows (memoized per stage, worker
@@ -79,7 +92,7 @@ import numpy as np
 from cerebro_spark.elastic._prices import InstancePrice, PriceCatalog
 from cerebro_spark.elastic._profile import Latency, TypeProfile, trial_epoch
 from cerebro_spark.errors import ConfigError
-from cerebro_spark.search._stages import Cohort, ExperimentSpec, StageSpec
+from cerebro_spark.search._stages import Cohort, ExperimentSpec, StageClock, StageSpec
 
 
 class NodeKind(str, enum.Enum):
@@ -273,7 +286,10 @@ class Simulator:
         ]
         self.samples = samples if any(s > 0 for s in spreads) else 1
         rng = np.random.default_rng(seed)
+        self._clock = self._clock_of(spec, running)
         widest = max(len(stage.cohorts) for stage in spec.stages)
+        if self._clock is not None:
+            widest = max(widest, len(self._clock.resources))
         # Standard normals, by stage: [scale, start, load, then unit, hop, validation per cohort].
         self._z = rng.standard_normal((len(spec.stages), 3 + 3 * widest, self.samples))
         self._epoch: dict[tuple[int, int], tuple[float, float]] = {}
@@ -285,6 +301,8 @@ class Simulator:
         self._pieces: dict[tuple[int, int, int], _Piece] = {}
         self._evaluated: dict[tuple[int, ...], tuple[float, float]] = {}
         self._memo: dict[tuple[int, ...], Outcome] = {}
+        self._replayed: dict[tuple[int, ...], list[list[tuple[int, ...]]]] = {}
+        self._clocked_trains: dict[tuple[int, ...], list[tuple[Samples, Samples] | None]] = {}
 
     # -- the model --------------------------------------------------------------------------
 
@@ -502,6 +520,139 @@ class Simulator:
         self._pieces[key] = piece
         return piece
 
+    # -- stages the clock closes -----------------------------------------------------------
+
+    @staticmethod
+    def _clock_of(spec: ExperimentSpec, running: int) -> StageClock | None:
+        """The spec's clock where its rounds count into these stages (module docstring).
+
+        Not for a re-plan's stages left, nor with workers running: priced by their epochs.
+        """
+        clock = spec.clock
+        if clock is None or running or spec.fixed_seconds is not None:
+            return None
+        if clock.blocks != tuple(stage.epochs for stage in spec.stages):
+            return None
+        return clock
+
+    def _bracket_groups(self, index: int, workers: int, clock: StageClock) -> list[int]:
+        """Each bracket's group size in stage ``index`` on ``workers``.
+
+        Its resources (at most ``workers``), or the group the stage's cohorts without
+        resources get.
+        """
+        cohorts = self._stage(index).cohorts
+        groups = self.groups(index, workers)
+        free = next((g for c, g in zip(cohorts, groups, strict=True) if c.resources == 1), 1)
+        return [min(p, workers) if p > 1 else free for p in clock.resources]
+
+    def _replay(self, key: tuple[int, ...], clock: StageClock) -> list[list[tuple[int, ...]]]:
+        """The rounds the run trains on allocation ``key``, per stage of the spec.
+
+        In each, the trials of every bracket that train (memoized; the module docstring).
+        """
+        cached = self._replayed.get(key)
+        if cached is not None:
+            return cached
+        firsts = [0]
+        for rounds in clock.blocks[:-1]:
+            firsts.append(firsts[-1] + rounds)
+
+        def stage_of(round_index: int) -> int:
+            return max(i for i, first in enumerate(firsts) if first <= round_index)
+
+        def seconds(round_index: int, training: tuple[int, ...]) -> tuple[float, float]:
+            index = stage_of(round_index)
+            before = 0.0
+            if round_index == firsts[index]:
+                held = self.running if index == 0 else key[index - 1]
+                before = self._mean(self._piece(index, held, key[index]).before)
+            groups = self._bracket_groups(index, key[index], clock)
+            kept = [j for j, n in enumerate(training) if n]
+            work, longest = self._work(
+                [Cohort(training[j], 1, clock.resources[j]) for j in kept],
+                [groups[j] for j in kept],
+            )
+            return before, max(work / key[index], longest)
+
+        per_stage: list[list[tuple[int, ...]]] = [[] for _ in key]
+        for round_index, training in enumerate(clock.rounds(seconds, self.spec.deadline)):
+            per_stage[stage_of(round_index)].append(training)
+        self._replayed[key] = per_stage
+        return per_stage
+
+    def _clocked(self, key: tuple[int, ...]) -> list[tuple[Samples, Samples] | None] | None:
+        """Per stage of ``key``, its training seconds and busy worker-seconds by the clock.
+
+        Where the clock closes the procedure's stages: ``None`` for a stage the run ended
+        before. ``None`` when the spec has no clock that applies (memoized).
+        """
+        clock = self._clock
+        if clock is None:
+            return None
+        cached = self._clocked_trains.get(key)
+        if cached is None:
+            cached = self._clocked_trains[key] = [
+                self._rounds_train(i, key[i], rounds, clock) if rounds else None
+                for i, rounds in enumerate(self._replay(key, clock))
+            ]
+        return cached
+
+    def trained(self, workers: Sequence[int]) -> int:
+        """Trial-epochs the run trains on an allocation.
+
+        The spec's, or, where the clock closes the procedure's stages, those of the rounds
+        it replays (fewer on an allocation that makes the stages late).
+
+        Raises:
+            ConfigError: The allocation does not give every stage at least one worker.
+        """
+        key = self._check(workers)
+        if self._clock is None:
+            return sum(stage.trial_epochs for stage in self.spec.stages)
+        replayed = self._replay(key, self._clock)
+        return sum(sum(training) for rounds in replayed for training in rounds)
+
+    def _rounds_train(
+        self, index: int, workers: int, rounds: list[tuple[int, ...]], clock: StageClock
+    ) -> tuple[Samples, Samples]:
+        """Training seconds and busy worker-seconds of ``rounds`` in stage ``index``.
+
+        Each round is the TRAIN formula for one epoch of its trials, on the stage's sampled
+        latencies (bracket ``j`` samples as the stage's cohort ``j`` does).
+        """
+        profile, z = self.profile, self._z[index]
+        groups = self._bracket_groups(index, workers, clock)
+        costs: dict[tuple[int, int], tuple[Samples, Samples]] = {}
+
+        def cost(j: int, trials: int) -> tuple[Samples, Samples]:
+            grouped = groups[j] > 1 or clock.resources[j] > 1
+            pack = 1 if grouped else min(self.pack_size, trials)
+            found = costs.get((j, pack))
+            if found is None:
+                found = costs[(j, pack)] = self._costs(
+                    self._sample(profile.unit, z[3 + 3 * j]),
+                    self._sample(profile.hop, z[4 + 3 * j]),
+                    self._sample(profile.validation, z[5 + 3 * j]),
+                    groups[j],
+                    pack,
+                )
+            return found
+
+        train: Samples = 0.0
+        busy: Samples = 0.0
+        for training in rounds:
+            work: Samples = 0.0
+            longest: Samples = 0.0
+            for j, trials in enumerate(training):
+                if trials:
+                    t, per_trial = cost(j, trials)
+                    work = work + trials * groups[j] * per_trial
+                    longest = self._maximum(longest, t)
+            train = train + self._maximum(work / workers, longest)
+            busy = busy + work
+        return train, busy
+
     # -- the DAG ----------------------------------------------------------------------------
 
     def to_dag(self, workers: Sequence[int]) -> list[Node]:
@@ -511,6 +662,7 @@ class Simulator:
         predecessor is the frontier).
         """
         key = self._check(workers)
+        clocked = self._clocked(key)
         nodes: list[Node] = []
         frontier: tuple[int, ...] = ()
         held = self.running
@@ -524,6 +676,9 @@ class Simulator:
             now = now + samples
 
         for i, w in enumerate(key):
+            train = None if clocked is None else clocked[i]
+            if clocked is not None and train is None:
+                w = held  # the run ended before this stage: nothing changes
             piece = self._piece(i, held, w)
             if piece.kind is NodeKind.INIT_INSTANCE:
                 add(NodeKind.SCALE, i, piece.scale)
@@ -531,6 +686,8 @@ class Simulator:
                 add(piece.kind, i, piece.latency)
             if self.spec.fixed_seconds is not None:
                 add(NodeKind.TRAIN, i, np.maximum(0.0, self.spec.fixed_seconds - now))
+            elif clocked is not None:
+                add(NodeKind.TRAIN, i, 0.0 if train is None else train[0])
             else:
                 add(NodeKind.TRAIN, i, piece.train)
             add(NodeKind.SYNC, i, 0.0)
@@ -660,11 +817,18 @@ class Simulator:
                 if piece[0] == 0:
                     stack.pop()
 
+        clocked = self._clocked(key)
         now: Samples = 0.0
         for i, w in enumerate(key):
+            train = None if clocked is None else clocked[i]
+            if clocked is not None and train is None:
+                w = held  # the run ended before this stage: nothing changes
             piece = self._piece(i, held, w)
             start = now + piece.before
-            if fixed is None:
+            if clocked is not None:
+                end = start + (0.0 if train is None else train[0])
+                busy = 0.0 if train is None else train[1]
+            elif fixed is None:
                 end = start + piece.train
                 busy = piece.busy
             else:  # one stage (ExperimentSpec checks): it ends at max(start-up, fixed)
@@ -685,7 +849,8 @@ class Simulator:
                 compute.append(worker_rate * (piece.new_workers * piece.latency + busy))
             held = w
             now = end
-        if per_instance:
-            release(current, now, len(key) - 1)
+        if per_instance:  # at the end of the last stage the run reaches
+            reached = len(key) if clocked is None else sum(t is not None for t in clocked)
+            release(current, now, max(0, reached - 1))
         gb_usd = self.profile.partition_bytes / 1e9 * catalog.ingress_usd_per_gb
         return _Trace(starts, ends, compute, loads, [n * gb_usd for n in loads])

@@ -22,7 +22,7 @@ from cerebro_spark.search._registry import (
 )
 from cerebro_spark.search._seer import SEER, SeerPlan, seer_plan
 from cerebro_spark.search._sha import SuccessiveHalving
-from cerebro_spark.search._stages import Cohort, ExperimentSpec, StageSpec
+from cerebro_spark.search._stages import Cohort, ExperimentSpec, StageClock, StageSpec
 from cerebro_spark.search._template import EpochTemplate, RoundOpening, TrialStatus
 from cerebro_spark.search._tpe import TPESearch
 from cerebro_spark.search.space import (
@@ -63,6 +63,7 @@ __all__ = [
     "SearchProcedure",
     "SearchSpace",
     "SeerPlan",
+    "StageClock",
     "StageSpec",
     "SuccessiveHalving",
     "TPESearch",

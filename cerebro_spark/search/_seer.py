@@ -68,7 +68,7 @@ from cerebro_spark.search._base import Clock, Decision, EpochReport, SearchProce
 from cerebro_spark.search._clock import deadline_start
 from cerebro_spark.search._grid import check_space, positive_int
 from cerebro_spark.search._hypersched import check_number, clean_score
-from cerebro_spark.search._stages import Cohort, ExperimentSpec, StageSpec
+from cerebro_spark.search._stages import Cohort, ExperimentSpec, StageClock, StageSpec
 from cerebro_spark.search.space import SearchSpace
 
 _EPS = 1e-9
@@ -507,8 +507,10 @@ class SEER(SearchProcedure):
 
         A cohort has the bracket's trials, the epochs each trains in the stage (at most
         ``epochs`` in all) and its workers per trial (at most ``num_workers``). The spec
-        carries ``T`` (``deadline``: SEER stops then) and ``epoch_seconds`` (the time per
-        epoch the stages were shaped with).
+        carries ``T`` (``deadline``: SEER stops then), ``epoch_seconds`` (the time per
+        epoch the stages were shaped with) and the stage ends with the rules that apply
+        them (``clock``): a run whose start-up or cluster makes the plan's stages late
+        trains fewer epochs in them (at least one each), and the planner simulates that.
         """
         stages = []
         trained = [0] * len(self.plan.N)
@@ -523,8 +525,20 @@ class SEER(SearchProcedure):
                     trained[i] += epochs
             if cohorts:
                 stages.append(StageSpec(tuple(cohorts)))
+        clock = StageClock(
+            ends=tuple(stage.end for stage in self.plan.stages),
+            trials=tuple(stage.trials for stage in self.plan.stages),
+            epochs=tuple(stage.epochs for stage in self.plan.stages),
+            resources=tuple(min(p, self.num_workers) for p in self.plan.P),
+            max_epochs=self.epochs,
+            blocks=tuple(stage.epochs for stage in stages),
+        )
         return ExperimentSpec(
-            "seer", tuple(stages), deadline=self.deadline, epoch_seconds=self.epoch_seconds
+            "seer",
+            tuple(stages),
+            deadline=self.deadline,
+            epoch_seconds=self.epoch_seconds,
+            clock=clock,
         )
 
     def resources(self, trial_id: str) -> int:

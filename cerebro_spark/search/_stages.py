@@ -25,12 +25,22 @@ as ``deadline``: it stops then, counted like a plan's time from the experiment's
 clock starts before the workers do), so a plan must end by it. SEER, which turns stage time
 into epochs with an assumed ``epoch_seconds``, gives that too, so that the planner can warn
 when the profile disagrees.
+
+SEER's stages also end by the clock (SEER §5): stage ``k`` closes at its planned end, in
+experiment time from ``run``, once every member trained at least one epoch, whatever
+epochs it was given. Start-up (counted on that clock) and a cluster smaller than the
+stage's workers make a run close them early, so the stages' epochs are then not what it
+trains: the spec's :class:`StageClock` says how the procedure decides, and
+:meth:`StageClock.rounds` replays its rounds for the planner's simulated times (the stages
+keep their epochs: the run's rounds are counted into them in order, as the elastic
+controller counts them).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 from cerebro_spark.errors import ConfigError
@@ -92,6 +102,122 @@ class StageSpec:
         }
 
 
+_CLOCK_EPS = 1e-9
+"""Tolerance of a stage end's comparison (SEER's)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StageClock:
+    """Stages that the clock closes (SEER §5; the rules of :mod:`~cerebro_spark.search._seer`).
+
+    The procedure's stage ``k`` has ``trials[k][i]`` members in bracket ``i``, each to train
+    at most ``epochs[k][i]`` more epochs (a trial's total at most ``max_epochs``) on
+    ``resources[i]`` workers, and closes at ``ends[k]`` seconds of experiment time (from
+    ``run``, start-up included).
+
+    Attributes:
+        ends: When each stage ends.
+        trials: Members per bracket, per stage.
+        epochs: Most epochs a member of each bracket trains in each stage.
+        resources: Workers per trial of each bracket.
+        max_epochs: Most epochs a trial trains in all.
+        blocks: Epochs (rounds) of each of the spec's stages this clock's rounds are counted
+            into (the stages' epochs when no stage end cuts one short). A spec cut to the
+            stages left (a re-plan) no longer matches them: its stages keep their epochs.
+    """
+
+    ends: tuple[float, ...]
+    trials: tuple[tuple[int, ...], ...]
+    epochs: tuple[tuple[int, ...], ...]
+    resources: tuple[int, ...]
+    max_epochs: int
+    blocks: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        brackets = len(self.resources)
+        shapes = [len(row) for row in (*self.trials, *self.epochs)]
+        if (
+            not self.ends
+            or len(self.trials) != len(self.ends)
+            or len(self.epochs) != len(self.ends)
+            or any(n != brackets for n in shapes)
+            or min(self.resources, default=0) < 1
+            or self.max_epochs < 1
+            or any(v < 0 for row in (*self.trials, *self.epochs) for v in row)
+        ):
+            raise ConfigError(f"a StageClock needs one row per stage and per bracket, got {self}")
+
+    def rounds(
+        self,
+        seconds: Callable[[int, tuple[int, ...]], tuple[float, float]],
+        deadline: float | None = None,
+    ) -> list[tuple[int, ...]]:
+        """The rounds a run trains: in each, the members of every bracket that train.
+
+        SEER's rules, on counts: a stage's members progress in proportion to their epochs
+        (after its round ``r`` a member has ``ceil(r * E / M)`` of its ``E``, ``M`` the
+        stage's largest); the stage closes when every member has its epochs, or after a
+        round when the next one, as long as it, would end after the stage's end (so every
+        member trains at least one epoch); the run stops at the first round that ends at or
+        after ``deadline``, or that would start then. A bracket's members count as one
+        (a promoted trial brings its own epochs; here each bracket keeps its own).
+
+        Args:
+            seconds: For round ``r`` (0-based, over the run) training ``trials`` (members
+                per bracket): the seconds from the previous round's end (the first: from
+                ``run``) to its start, and the seconds it lasts.
+            deadline: The procedure's deadline, in the same experiment time.
+        """
+        now = 0.0
+        trained = [0] * len(self.resources)
+        out: list[tuple[int, ...]] = []
+        for k, end in enumerate(self.ends):
+            members = self.trials[k]
+            start = list(trained)
+            target = [
+                min(self.max_epochs, start[i] + self.epochs[k][i]) if members[i] else start[i]
+                for i in range(len(members))
+            ]
+            most = max(t - s for t, s in zip(target, start, strict=True))
+            if most <= 0:
+                continue  # nothing to train: the stage closes at once
+            done = list(start)
+            stage_round = 0
+            while True:
+                stage_round += 1
+                due = [
+                    s + min(t - s, -(-stage_round * (t - s) // most))
+                    for s, t in zip(start, target, strict=True)
+                ]
+                training = tuple(
+                    n if d < u else 0 for n, d, u in zip(members, done, due, strict=True)
+                )
+                before, during = seconds(len(out), training)
+                now += before
+                if deadline is not None and now >= deadline:
+                    return out
+                now += during
+                out.append(training)
+                done = [d + (1 if n else 0) for d, n in zip(done, training, strict=True)]
+                if deadline is not None and now >= deadline:
+                    return out
+                if now + during > end + _CLOCK_EPS or done == target:
+                    break
+            trained = done
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the clock as JSON values."""
+        return {
+            "ends": list(self.ends),
+            "trials": [list(row) for row in self.trials],
+            "epochs": [list(row) for row in self.epochs],
+            "resources": list(self.resources),
+            "max_epochs": self.max_epochs,
+            "blocks": list(self.blocks),
+        }
+
+
 @dataclasses.dataclass(frozen=True)
 class ExperimentSpec:
     """A search's stages (RubberBand Fig. 6), with what constrains its allocation.
@@ -109,6 +235,7 @@ class ExperimentSpec:
             stops then), if it has one.
         epoch_seconds: Seconds of one trial-epoch on one worker the procedure assumed when
             it shaped its stages (SEER), if any.
+        clock: How the clock closes the procedure's stages (SEER), if it does.
     """
 
     procedure: str
@@ -118,6 +245,7 @@ class ExperimentSpec:
     fixed_seconds: float | None = None
     deadline: float | None = None
     epoch_seconds: float | None = None
+    clock: StageClock | None = None
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -157,6 +285,7 @@ class ExperimentSpec:
             "fixed_seconds": self.fixed_seconds,
             "deadline": self.deadline,
             "epoch_seconds": self.epoch_seconds,
+            "clock": None if self.clock is None else self.clock.to_dict(),
             "stages": [stage.to_dict() for stage in self.stages],
         }
 

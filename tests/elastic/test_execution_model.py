@@ -15,9 +15,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cerebro_spark.elastic import NodeKind, Simulator, parse_catalog, partition_moves
+from cerebro_spark.elastic import (
+    NodeKind,
+    Simulator,
+    parse_catalog,
+    partition_moves,
+    procedure_spec,
+)
 from cerebro_spark.errors import ConfigError
-from cerebro_spark.search import Cohort, ExperimentSpec, StageSpec
+from cerebro_spark.search import Cohort, ExperimentSpec, StageClock, StageSpec
 from tests.elastic.helpers import TYPE, catalog, profile, two_stages
 
 PER_FUNCTION = {
@@ -131,6 +137,54 @@ def test_seer_resources_are_kept() -> None:
     spec = ExperimentSpec("seer", (StageSpec((Cohort(2, 1), Cohort(1, 1, resources=2))),))
     assert simulator(spec).groups(0, 4) == (1, 2)
     assert simulator(spec).groups(0, 1) == (1, 1)
+
+
+def late_seer() -> ExperimentSpec:
+    """SEER with T = 120 s, B = 200 worker-seconds, epochs of 6 s, at most 6 epochs a
+    trial: 8 trials, stages ending at 6.25, 18.75, 43.75 and 93.75 s with 1, 2, 4 and 8
+    epochs; the spec's stages (the cap applied) are 8 x 1, 4 x 2 and 2 x 3 epochs."""
+    spec = procedure_spec("seer", 6, deadline=120, worker_seconds=200, epoch_seconds=6.0,
+                          num_workers=2)  # fmt: skip
+    assert [(s.trials, s.epochs) for s in spec.stages] == [(8, 1), (4, 2), (2, 3)]
+    return spec
+
+
+def test_seer_stages_that_start_late_train_what_their_clock_leaves() -> None:
+    """SEER closes a stage at its end once each member trained an epoch. On 2 workers
+    start-up (5 + 10 + 2 x 0.5 = 16 s) and a round of 8 trials (24 s) run past the ends of
+    stages 1-3, so the run trains rounds of 8, 4, 2 trials (one epoch each), then the last
+    trial's 3 epochs left (ends 64, 70, 76 s, within 93.75 s): counted into the spec's
+    stages (1, 2 and 3 rounds), 24 s, 12 + 6 s and 3 x 6 s: 76 s, not the 82 s of the
+    stages' epochs (stage 2: 4 trials x 2 epochs, 24 s), 17 trial-epochs, not 22."""
+    sim = simulator(late_seer())
+    out = sim.run((2, 2, 2))
+    assert [s.seconds for s in out.stages] == pytest.approx([24.0, 18.0, 18.0])
+    assert out.seconds == pytest.approx(76.0)
+    assert sim.trained((2, 2, 2)) == 8 + 4 + 2 + 3
+    # The spec's stages and epochs are kept: the elastic controller counts rounds by them.
+    assert [(s.trials, s.epochs) for s in out.stages] == [(8, 1), (4, 2), (2, 3)]
+    # A re-plan's stages left are priced by their epochs (the clock no longer applies).
+    rest = dataclasses.replace(late_seer(), stages=late_seer().stages[1:])
+    assert simulator(rest).run((2, 2)).stages[0].seconds == pytest.approx(24.0)
+
+
+def test_a_stage_the_run_never_reaches_costs_nothing() -> None:
+    """Stage ends passed (1, 2, 3 s) and a 39 s deadline: rounds of 4 trials (12 s, to
+    28 s), 2 (6 s) and 1 (6 s, to 40 s: the deadline stops the run). The third stage's
+    rounds never come: no re-homing to its 1 worker, no time, no money."""
+    stages = (StageSpec((Cohort(4, 1),)), StageSpec((Cohort(2, 2),)), StageSpec((Cohort(1, 2),)))
+    clock = StageClock(ends=(1.0, 2.0, 3.0), trials=((4,), (2,), (1,)),
+                       epochs=((1,), (2,), (4,)), resources=(1,), max_epochs=5,
+                       blocks=(1, 2, 2))  # fmt: skip
+    spec = ExperimentSpec("seer", stages, deadline=39.0, clock=clock)
+    sim = simulator(spec)
+    out = sim.run((2, 2, 1))
+    assert [s.seconds for s in out.stages] == pytest.approx([12.0, 12.0, 0.0])
+    assert out.seconds == pytest.approx(40.0) and out.stages[2].start == pytest.approx(40.0)
+    assert out.stages[2].usd == 0 and out.stages[2].loads == 0
+    assert out.usd == pytest.approx(simulator(spec).run((2, 2, 2)).usd)
+    assert [n.kind for n in sim.to_dag((2, 2, 1)) if n.stage == 2] == [NodeKind.TRAIN,
+                                                                         NodeKind.SYNC]  # fmt: skip
 
 
 def test_the_useful_workers_of_a_forced_group_that_stops_paying() -> None:
@@ -248,7 +302,7 @@ def test_the_dag_run_and_evaluate_agree(noisy: bool) -> None:
     )
     fixed = ExperimentSpec("asha", (StageSpec((Cohort(4, 9),)),), elastic=False,
                            max_workers=3, fixed_seconds=40.0)  # fmt: skip
-    for spec, running in itertools.product((two_stages(), fixed), (0, 3)):
+    for spec, running in itertools.product((two_stages(), fixed, late_seer()), (0, 3)):
         sim = simulator(spec, profile=profile(**changes), running=running)
         for allocation in itertools.product((1, 2, 3, 5, 9), repeat=len(spec.stages)):
             out = sim.run(allocation)

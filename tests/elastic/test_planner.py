@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -263,3 +264,18 @@ def test_planning_sha_512_with_r_4096_at_a_tight_deadline_takes_under_5_s() -> N
     result = plan(spec, prof, load_catalog(PRICES), deadline=38_000, instance_type=P3)
     assert time.perf_counter() - begun < 5
     assert result.seconds <= 38_000 and result.saving > 0.1
+
+
+def test_a_seer_plan_is_not_cheaper_for_cutting_its_stages_short() -> None:
+    """SEER's stages end by the clock: on 1 worker they start later and are cut shorter
+    (15 trial-epochs in 107 s, $0.147) than on 2 (17 in 76 s, $0.192). Both meet the
+    120 s deadline; the plan keeps the work the static plans that meet it can do."""
+    spec = procedure_spec("seer", 6, deadline=120, worker_seconds=200, epoch_seconds=6.0,
+                          num_workers=2)  # fmt: skip
+    spec = dataclasses.replace(spec, max_workers=2)
+    sim = Simulator(spec, profile().for_type(TYPE), catalog(), catalog().price(TYPE))
+    assert sim.trained((1, 1, 1)) == 15 and sim.trained((2, 2, 2)) == 17
+    assert sim.evaluate((1, 1, 1)) == pytest.approx((107.0, 0.147))
+    assert sim.evaluate((2, 2, 2)) == pytest.approx((76.0, 0.192))
+    planned = plan(spec, profile(), catalog(), deadline=120)
+    assert planned.outcome.workers == (2, 2, 2) and planned.static.workers == (2, 2, 2)

@@ -368,6 +368,63 @@ def test_state_from_another_plan_is_refused() -> None:
         seer(FakeClock(), worker_seconds=200.0).load_state_dict(state)
 
 
+@pytest.mark.parametrize(
+    ("options", "startup", "epoch", "workers"),
+    [
+        # The elastic benchmark's SEER: stage ends 1, 3, 7, 15, 31 s, all but the last
+        # passed in a 16 s start-up; a round of 16 trials on 2 workers takes 5 s.
+        ({"epochs": 8, "deadline": 45, "worker_seconds": 80, "epoch_seconds": 0.65,
+          "num_workers": 2}, 16.0, 0.648, 2),
+        # SEER §3.4's two brackets (P = [1, 2]), paced; short rounds, then late ones.
+        ({"epochs": 100, "deadline": 10, "worker_seconds": 80, "num_workers": 4}, 0.0, 0.3, 4),
+        ({"epochs": 100, "deadline": 10, "worker_seconds": 80, "num_workers": 4}, 1.0, 0.5, 2),
+    ],
+    ids=["late", "paced", "cut"],
+)  # fmt: skip
+def test_the_stage_clock_replays_the_rounds_seer_trains(
+    options: dict[str, Any], startup: float, epoch: float, workers: int
+) -> None:
+    """What the planner simulates (the spec's clock) is what SEER does on the same clock:
+    per round, the members of each bracket that train."""
+    clock = FakeClock()
+    proc = SEER(SPACE, metric="score", mode="max", rng=np.random.default_rng(0), clock=clock,
+                **options)  # fmt: skip
+    stage_clock = proc.stage_spec().clock
+    assert stage_clock is not None
+
+    def seconds(round_index: int, training: tuple[int, ...]) -> tuple[float, float]:
+        busy = sum(n * p for n, p in zip(training, stage_clock.resources, strict=True))
+        return (startup if round_index == 0 else 0.0), epoch * max(1.0, busy / workers)
+
+    expected = stage_clock.rounds(seconds, options["deadline"])
+    clock.now = startup
+    rng = np.random.default_rng(1)
+    epochs: dict[str, int] = {}
+    live: list[str] = []
+    trained: list[tuple[int, ...]] = []
+    while not (proc.is_finished() and not live):
+        for spec in proc.suggest():
+            epochs[spec.trial_id] = 0
+        live += proc.resumed()
+        live = sorted(set(live) | {t for t in epochs if epochs[t] == 0})
+        if not live:
+            break
+        training = [0] * len(stage_clock.resources)
+        for trial_id in live:
+            training[proc.bracket(trial_id) or 0] += 1
+        trained.append(tuple(training))
+        clock.now += seconds(len(trained), tuple(training))[1]
+        going = []
+        for trial_id in live:
+            epochs[trial_id] += 1
+            decision = proc.on_epoch_end(report(trial_id, epochs[trial_id], float(rng.random())))
+            if decision is Decision.CONTINUE:
+                going.append(trial_id)
+        live = going
+    assert trained == expected
+    assert len(trained) > len(proc.plan.stages)  # not one round per stage: something to check
+
+
 def test_registered_as_seer() -> None:
     proc = make_procedure(
         "seer",
