@@ -135,7 +135,7 @@ def test_the_demo_configs_give_one_deadline(caplog) -> None:
         seer = load_config(ROOT / "conf/experiments/digits-seer.yaml")
         elastic = load_config(ROOT / "conf/experiments/digits-elastic.yaml")
     assert not warnings(caplog)
-    assert (seer.deadline, elastic.deadline) == (60.0, 40.0)
+    assert (seer.deadline, elastic.deadline) == (60.0, 45.0)
     assert experiment_spec(seer).deadline == 60.0
 
 
