@@ -36,7 +36,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from cerebro_spark.backends._serve import WorkerSpec, serve
-from cerebro_spark.backends._spark_task import check_spark_conf, spark_task_info
+from cerebro_spark.backends._spark_task import check_spark_conf, run_in_thread, spark_task_info
 from cerebro_spark.backends._transport import Location, Transport
 from cerebro_spark.errors import ConfigError
 
@@ -121,23 +121,16 @@ class ConnectTransport(Transport):
             self._tags[spec.worker_id] = tag
             self._done[spec.worker_id] = ended
 
-        def run_operation() -> None:
+        def run_operation() -> str:
+            self._spark.addTag(tag)  # this thread's operations only
             try:
-                self._spark.addTag(tag)  # this thread's operations only
-                try:
-                    body = functools.partial(run_worker_batches, spec)
-                    frame = self._spark.range(1, numPartitions=1).mapInArrow(body, "outcome string")
-                    rows = frame.collect()
-                finally:
-                    self._spark.removeTag(tag)
-            except BaseException as exc:
-                ended.set_exception(exc)
-            else:
-                ended.set_result(", ".join(str(row[0]) for row in rows))
+                body = functools.partial(run_worker_batches, spec)
+                frame = self._spark.range(1, numPartitions=1).mapInArrow(body, "outcome string")
+                return ", ".join(str(row[0]) for row in frame.collect())
+            finally:
+                self._spark.removeTag(tag)
 
-        threading.Thread(
-            target=run_operation, name=f"cerebro-spark-connect-{spec.worker_id}", daemon=True
-        ).start()
+        run_in_thread(f"cerebro-spark-connect-{spec.worker_id}", ended, run_operation)
         return ended
 
     def kill(self, worker_id: str) -> None:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from cerebro_spark.backends._connect import ConnectTransport
 from cerebro_spark.backends._pool import WorkerPool
 from cerebro_spark.backends._serve import WorkerSpec, serve
-from cerebro_spark.backends._spark_task import check_spark_conf, spark_task_info
+from cerebro_spark.backends._spark_task import check_spark_conf, run_in_thread, spark_task_info
 from cerebro_spark.backends._transport import Location, Transport
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.spark_session import is_connect_session, spark_session
@@ -120,21 +120,12 @@ class SparkTransport(Transport):
             self._groups[spec.worker_id] = group
             self._done[spec.worker_id] = ended
 
-        def run_job() -> None:
-            try:
-                sc.setJobGroup(
-                    group, f"cerebro-spark worker {spec.worker_id}", interruptOnCancel=True
-                )
-                body = functools.partial(run_worker_task, spec)
-                outcome = sc.parallelize([spec.worker_id], 1).mapPartitions(body).collect()
-            except BaseException as exc:
-                ended.set_exception(exc)
-            else:
-                ended.set_result(", ".join(outcome))
+        def run_job() -> str:
+            sc.setJobGroup(group, f"cerebro-spark worker {spec.worker_id}", interruptOnCancel=True)
+            body = functools.partial(run_worker_task, spec)
+            return ", ".join(sc.parallelize([spec.worker_id], 1).mapPartitions(body).collect())
 
-        threading.Thread(
-            target=run_job, name=f"cerebro-spark-job-{spec.worker_id}", daemon=True
-        ).start()
+        run_in_thread(f"cerebro-spark-job-{spec.worker_id}", ended, run_job)
         return ended
 
     def kill(self, worker_id: str) -> None:

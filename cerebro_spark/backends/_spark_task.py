@@ -6,10 +6,29 @@ module imports pyspark only inside :func:`spark_task_info` (it runs in a task).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from cerebro_spark.backends._serve import TaskInfo
 from cerebro_spark.errors import ConfigError
+
+
+def run_in_thread(name: str, ended: Future[str], job: Callable[[], str]) -> None:
+    """Run a worker's blocking Spark call in a daemon thread named ``name``.
+
+    ``ended`` gets ``job``'s result (the worker's outcome), or the exception it raised.
+    """
+
+    def run() -> None:
+        try:
+            outcome = job()
+        except BaseException as exc:
+            ended.set_exception(exc)
+        else:
+            ended.set_result(outcome)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
 
 
 def check_spark_conf(get: Callable[[str], str | None]) -> None:
