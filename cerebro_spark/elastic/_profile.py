@@ -16,6 +16,16 @@ the pilot was run under):
 * ``worker_start_seconds`` (required): from an executor granted to its worker ready
   (Python worker, ``import torch``, the first partition loads excepted).
 * ``scale_seconds`` (required): provider latency from a request to an executor granted.
+* ``scale_seconds_each`` (default 0): what each further instance of one request adds to
+  ``scale_seconds``: a request for ``n`` instances is granted after ``scale_seconds + (n -
+  1) * scale_seconds_each``, and instance ``k`` of it is billed from ``(k - 1) *
+  scale_seconds_each`` after the request (a provider that starts instances one after
+  another, as the local standalone cluster starts its worker daemons, each one's script
+  waiting for its JVM; 0 where they start at once, as a cloud's instances do).
+* ``driver_start_seconds`` (default 0): from ``run`` to the first request for instances
+  (the configuration, the dataset, the pre-flight, the plan, and whatever the manager
+  starts before any instance: a standalone master). Not billed: the driver is not an
+  instance of the plan. A re-plan (its workers already running) pays none.
 * ``scaling`` (required): a trial's throughput on ``g`` workers relative to one, ``{1:
   1.0, 2: ..., 4: ...}`` (``1`` must map to ``1.0``, and no ``g`` to more than ``g``), or
   ``linear`` / ``sqrt`` / ``none``. Between listed sizes it is interpolated linearly;
@@ -34,7 +44,8 @@ the pilot was run under):
 * ``partition_bytes`` (default 0): bytes of one partition (both splits): data ingress.
 * Optional spreads (standard deviations, same shape as their key): ``unit_seconds_spread``,
   ``validation_seconds_spread``, ``hop_seconds_spread``, ``worker_start_seconds_spread``,
-  ``scale_seconds_spread``, ``partition_load_seconds_spread``.
+  ``scale_seconds_spread``, ``driver_start_seconds_spread``,
+  ``partition_load_seconds_spread``.
 * Optional, not read by the planner: ``families`` (per model family measurements),
   ``group`` (what Cynthia's model was given), ``measured`` (provenance).
 
@@ -63,6 +74,7 @@ _SPREADS = (
     "hop_seconds_spread",
     "worker_start_seconds_spread",
     "scale_seconds_spread",
+    "driver_start_seconds_spread",
     "partition_load_seconds_spread",
 )
 _INFORMATIONAL = ("families", "group", "measured")
@@ -90,6 +102,8 @@ class TypeProfile:
         hop: Checkpoint read and write around a unit.
         worker_start: Executor granted to worker ready.
         scale: Request to executor granted.
+        scale_each: What each further instance of one request adds to ``scale``.
+        driver_start: ``run`` to the first request for instances (not billed).
         load: One partition into a worker.
         partition_bytes: Bytes of one partition.
         scaling: Throughput of a trial on ``g`` workers relative to one.
@@ -107,6 +121,12 @@ class TypeProfile:
     partition_bytes: float
     scaling: Scaling
     packing: Scaling = dataclasses.field(default_factory=lambda: Scaling(name="none"))
+    scale_each: float = 0.0
+    driver_start: Latency = Latency(0.0)
+
+    def scale_seconds(self, instances: int) -> float:
+        """Mean seconds from a request for ``instances`` instances to the last one granted."""
+        return self.scale.mean + max(0, instances - 1) * self.scale_each
 
     def trial_epoch_seconds(self, group: int = 1) -> float:
         """Mean seconds of one trial-epoch on a group of ``group`` workers (:func:`trial_epoch`)."""
@@ -175,6 +195,8 @@ class Profile:
         partition_load_seconds: One partition into a worker.
         partition_bytes: Bytes of one partition.
         packing: Pack speedups (``None``: not measured).
+        scale_seconds_each: What each further instance of a request adds.
+        driver_start_seconds: ``run`` to the first request for instances (not billed).
         spreads: Standard deviations, by key (per type for the per-type keys).
         extra: The informational keys, as written.
     """
@@ -189,6 +211,8 @@ class Profile:
     partition_load_seconds: float = 0.0
     partition_bytes: float = 0.0
     packing: Scaling | None = None
+    scale_seconds_each: float = 0.0
+    driver_start_seconds: float = 0.0
     spreads: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -227,6 +251,8 @@ class Profile:
             partition_bytes=self.partition_bytes,
             scaling=self.scaling,
             packing=self.packing if self.packing is not None else Scaling(name="none"),
+            scale_each=self.scale_seconds_each,
+            driver_start=Latency(self.driver_start_seconds, spread("driver_start_seconds")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -238,6 +264,8 @@ class Profile:
             "hop_seconds": self.hop_seconds,
             "worker_start_seconds": self.worker_start_seconds,
             "scale_seconds": self.scale_seconds,
+            "scale_seconds_each": self.scale_seconds_each,
+            "driver_start_seconds": self.driver_start_seconds,
             "scaling": self.scaling.to_yaml(),
             "partition_load_seconds": self.partition_load_seconds,
             "partition_bytes": self.partition_bytes,
@@ -288,6 +316,8 @@ def parse_profile(raw: Any) -> Profile:
         "hop_seconds",
         "worker_start_seconds",
         "scale_seconds",
+        "scale_seconds_each",
+        "driver_start_seconds",
         "scaling",
         "partition_load_seconds",
         "partition_bytes",
@@ -342,6 +372,8 @@ def parse_profile(raw: Any) -> Profile:
         worker_start_seconds=_number(raw, "worker_start_seconds", positive=False),
         scale_seconds=_number(raw, "scale_seconds", positive=False),
         scaling=parse_scaling(raw["scaling"]),
+        scale_seconds_each=_number(raw, "scale_seconds_each", positive=False, default=0.0),
+        driver_start_seconds=_number(raw, "driver_start_seconds", positive=False, default=0.0),
         partition_load_seconds=_number(raw, "partition_load_seconds", positive=False, default=0.0),
         partition_bytes=_number(raw, "partition_bytes", positive=False, default=0.0),
         packing=None if raw.get("packing") is None else parse_scaling(raw["packing"], "packing"),

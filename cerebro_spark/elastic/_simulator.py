@@ -4,8 +4,11 @@ An *allocation* gives every stage of an :class:`~cerebro_spark.search.Experiment
 workers ``W_i``. :meth:`Simulator.to_dag` turns spec and allocation into a DAG of tasks,
 stage by stage from the frontier (RubberBand §4.2, "DAG construction"):
 
-* **SCALE** (``scale_seconds``): the stage needs more workers than are held: a blocking
-  request to the provider, billed from its start.
+* **DRIVER_START** (``driver_start_seconds``): a fresh run's driver, from ``run`` to its
+  first request for instances; not billed (a re-plan has none).
+* **SCALE** (``scale_seconds + (n - 1) * scale_seconds_each`` for ``n`` new instances):
+  the stage needs more workers than are held: a blocking request to the provider, each
+  instance billed from its own start (``scale_seconds_each`` apart).
 * **INIT_INSTANCE** (``worker_start_seconds + share * partition_load_seconds``): the new
   workers start and load their partitions in parallel, after SCALE. Starting from none,
   worker ``k`` of ``W`` loads partitions ``i = k mod W`` (the pool's placement) and, past
@@ -98,6 +101,7 @@ from cerebro_spark.search._stages import Cohort, ExperimentSpec, StageClock, Sta
 class NodeKind(str, enum.Enum):
     """Task types of the DAG (RubberBand §4.2)."""
 
+    DRIVER_START = "driver_start"
     SCALE = "scale"
     INIT_INSTANCE = "init_instance"
     REHOME = "rehome"
@@ -283,6 +287,7 @@ class Simulator:
             profile.worker_start.spread,
             profile.scale.spread,
             profile.load.spread,
+            profile.driver_start.spread,
         ]
         self.samples = samples if any(s > 0 for s in spreads) else 1
         rng = np.random.default_rng(seed)
@@ -292,12 +297,16 @@ class Simulator:
             widest = max(widest, len(self._clock.resources))
         # Standard normals, by stage: [scale, start, load, then unit, hop, validation per cohort].
         self._z = rng.standard_normal((len(spec.stages), 3 + 3 * widest, self.samples))
+        driver_z = rng.standard_normal(self.samples)  # drawn last: earlier samples unchanged
         self._epoch: dict[tuple[int, int], tuple[float, float]] = {}
         self._groups: dict[tuple[int, int], tuple[int, ...]] = {}
         self._useful: dict[int, int] = {}
         self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._trains: dict[tuple[int, int], tuple[Samples, Samples]] = {}
         self._scalar = self.samples == 1
+        self._driver: Samples = 0.0  # a fresh run's DRIVER_START (a re-plan has none)
+        if running == 0:
+            self._driver = self._sample(profile.driver_start, driver_z)
         self._pieces: dict[tuple[int, int, int], _Piece] = {}
         self._evaluated: dict[tuple[int, ...], tuple[float, float]] = {}
         self._memo: dict[tuple[int, ...], Outcome] = {}
@@ -496,7 +505,8 @@ class Simulator:
         latency: Samples = 0.0
         if workers > held:
             kind = NodeKind.INIT_INSTANCE
-            scale = self._sample(profile.scale, z[0])
+            more = self._instances(workers) - self._instances(held)
+            scale = self._sample(profile.scale, z[0]) + max(0, more - 1) * profile.scale_each
             latency = self._sample(profile.worker_start, z[1]) + share * self._sample(
                 profile.load, z[2]
             )
@@ -567,6 +577,8 @@ class Simulator:
             if round_index == firsts[index]:
                 held = self.running if index == 0 else key[index - 1]
                 before = self._mean(self._piece(index, held, key[index]).before)
+            if round_index == 0:
+                before += self._mean(self._driver)
             groups = self._bracket_groups(index, key[index], clock)
             kept = [j for j, n in enumerate(training) if n]
             work, longest = self._work(
@@ -675,6 +687,10 @@ class Simulator:
             frontier = (len(nodes) - 1,)
             now = now + samples
 
+        if self.running == 0 and (
+            self.profile.driver_start.mean or self.profile.driver_start.spread
+        ):
+            add(NodeKind.DRIVER_START, 0, self._driver)
         for i, w in enumerate(key):
             train = None if clocked is None else clocked[i]
             if clocked is not None and train is None:
@@ -817,8 +833,9 @@ class Simulator:
                 if piece[0] == 0:
                     stack.pop()
 
+        each = self.profile.scale_each
         clocked = self._clocked(key)
-        now: Samples = 0.0
+        now: Samples = self._driver
         for i, w in enumerate(key):
             train = None if clocked is None else clocked[i]
             if clocked is not None and train is None:
@@ -840,7 +857,11 @@ class Simulator:
             if per_instance:
                 need = self._instances(w)
                 compute.append(need * instance_rate * (end - now))
-                if need > current:
+                if need > current and each > 0:  # instance k of the request from (k - 1) * each
+                    more = need - current
+                    compute[i] = compute[i] - instance_rate * each * more * (more - 1) / 2
+                    stack.extend([1, now + k * each, False] for k in range(more))
+                elif need > current:
                     stack.append([need - current, now, False])
                 elif need < current:
                     release(current - need, now, max(0, i - 1))

@@ -993,9 +993,14 @@ def elastic_run(
 
 
 def _lead_seconds(typed: TypeProfile, stages: list[StagePlan]) -> float:
-    """Seconds from asking for executors to their workers ready with their partitions."""
-    loads, _ = partition_moves(typed.partitions, 0, max(s.workers for s in stages))
-    return typed.scale.mean + typed.worker_start.mean + loads * typed.load.mean
+    """Seconds from asking for executors to their workers ready with their partitions.
+
+    For the most the plan holds (one executor per instance: an upper bound of the instances
+    one request starts).
+    """
+    widest = max(s.workers for s in stages)
+    loads, _ = partition_moves(typed.partitions, 0, widest)
+    return typed.scale_seconds(widest) + typed.worker_start.mean + loads * typed.load.mean
 
 
 def _elastic_of(config: ExperimentConfig) -> ElasticConfig:

@@ -25,7 +25,8 @@ on the config's real data, models and backend:
    first trial on partition 0, twice; ``packing[k] = unit / member unit`` (a member's
    compute is its share of the pass, without I/O; at most ``k``). A size that fails (a
    GPU out of memory) ends the table.
-5. ``scale_seconds`` is not measurable on a fixed cluster: it is given.
+5. ``scale_seconds`` is not measurable on a fixed cluster: it is given, as are
+   ``scale_seconds_each`` and ``driver_start_seconds`` (both 0 by default).
 6. ``measured.load``: the machine's 1-minute load average and cores before the pilot
    started (:func:`~cerebro_spark.elastic.machine_load`); ``run`` warns when today's load
    per core differs by more than :data:`~cerebro_spark.elastic.LOAD_CHANGE`.
@@ -83,6 +84,8 @@ def pilot_profile(
     epochs: int = 2,
     groups: Sequence[int] = (2, 4),
     scale_seconds: float = 0.0,
+    scale_seconds_each: float = 0.0,
+    driver_start_seconds: float = 0.0,
     bandwidth: float = 1.25e9,
     backend_factory: Callable[[ExperimentConfig], Backend] = default_backend,
 ) -> Profile:
@@ -173,6 +176,8 @@ def pilot_profile(
         hop_seconds=statistics.median(r.io_seconds for r in units),
         worker_start_seconds=start["worker_start_seconds"],
         scale_seconds=scale_seconds,
+        scale_seconds_each=scale_seconds_each,
+        driver_start_seconds=driver_start_seconds,
         scaling=Scaling(table=tuple(sorted(scaling.items()))),
         partition_load_seconds=partition_load,
         partition_bytes=sum(p.bytes for p in manifest.partitions) / partitions,

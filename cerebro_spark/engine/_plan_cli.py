@@ -313,6 +313,19 @@ def add_profile_command(subparsers: Any) -> argparse.ArgumentParser:
         help="provider latency from request to executor (not measurable on a fixed cluster)",
     )
     parser.add_argument(
+        "--scale-seconds-each",
+        type=float,
+        default=0.0,
+        help="what each further instance of one request adds to --scale-seconds "
+        "(a provider that starts them one after another; default 0)",
+    )
+    parser.add_argument(
+        "--driver-start-seconds",
+        type=float,
+        default=0.0,
+        help="from `run` to the first request for instances, not billed (default 0)",
+    )
+    parser.add_argument(
         "--bandwidth",
         type=float,
         default=1.25e9,
@@ -345,6 +358,8 @@ def run_profile(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         groups=groups,
         scale_seconds=args.scale_seconds,
+        scale_seconds_each=args.scale_seconds_each,
+        driver_start_seconds=args.driver_start_seconds,
         bandwidth=args.bandwidth,
     )
     out = Path(args.out or f"{config.name}.profile.yaml")

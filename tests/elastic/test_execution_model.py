@@ -332,3 +332,50 @@ def test_a_spec_checks_its_deadline_parts() -> None:
         ExperimentSpec("x", stage, deadline=-1)
     spec = ExperimentSpec("seer", stage, deadline=60.0, epoch_seconds=2.0)
     assert spec.to_dict()["deadline"] == 60.0 and spec.to_dict()["epoch_seconds"] == 2.0
+
+
+def test_the_drivers_start_delays_every_stage_and_is_not_billed() -> None:
+    """3 s from ``run`` to the first request: every stage 3 s later (67 s), the bill as
+    before (the instances are requested 3 s later and released 3 s later); a DRIVER_START
+    node heads the DAG; a re-plan (workers running) has none."""
+    driver = profile(driver_start_seconds=3.0)
+    out = simulator(profile=driver).run((4, 2))
+    base = simulator().run((4, 2))
+    assert out.seconds == pytest.approx(base.seconds + 3.0)
+    assert [s.start for s in out.stages] == pytest.approx([s.start + 3 for s in base.stages])
+    assert out.usd == pytest.approx(base.usd)
+    assert simulator(profile=driver).to_dag((4, 2))[0].kind is NodeKind.DRIVER_START
+    replan = simulator(profile=driver, running=4).run((4, 2))
+    assert replan.seconds == pytest.approx(simulator(running=4).run((4, 2)).seconds)
+
+
+def test_instances_started_one_after_another() -> None:
+    """``scale_seconds_each`` 2 s: 4 new instances are granted after 5 + 3 x 2 = 11 s (stage 1
+    trains 21.5 -> 45.5, stage 2 46 -> 70); instance k is billed from 2 (k - 1) s, so the
+    first stage's window bills 0 + 2 + 4 + 6 = 12 instance-seconds less. The 2 that leave
+    at 45.5 s (the last two started, at 4 and 6 s) pay the 60 s minimum; the 2 kept to the
+    end are held 70 and 68 s."""
+    out = simulator(profile=profile(scale_seconds_each=2.0)).run((4, 2))
+    assert [(s.start, s.end) for s in out.stages] == [
+        pytest.approx((21.5, 45.5)),
+        pytest.approx((46.0, 70.0)),
+    ]
+    assert out.compute_usd == pytest.approx(2 * 0.060 + 0.070 + 0.068)
+    # Growing by one instance pays no "each".
+    assert simulator(profile=profile(scale_seconds_each=2.0), running=3).run((4, 4)).stages[
+        0
+    ].start == pytest.approx(simulator(running=3).run((4, 4)).stages[0].start)
+
+
+@pytest.mark.parametrize("noisy", [False, True], ids=["floats", "samples"])
+def test_the_dag_agrees_with_a_driver_start_and_serial_instances(noisy: bool) -> None:
+    changes: dict[str, Any] = {"driver_start_seconds": 4.0, "scale_seconds_each": 1.5}
+    if noisy:
+        changes["driver_start_seconds_spread"] = 1.0
+    for spec in (two_stages(), late_seer()):
+        sim = simulator(spec, profile=profile(**changes))
+        for allocation in itertools.product((1, 2, 5), repeat=len(spec.stages)):
+            out = sim.run(allocation)
+            finish = Simulator.critical_path(sim.to_dag(allocation))
+            assert float(np.mean(finish[-1])) == pytest.approx(out.seconds)
+            assert sum(s.usd for s in out.stages) == pytest.approx(out.usd)

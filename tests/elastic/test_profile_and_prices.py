@@ -33,6 +33,18 @@ def test_a_profile_round_trips_through_yaml(tmp_path: Path) -> None:
     assert view.trial_epoch_seconds(2) == pytest.approx(4 * (1 / 1.5 + 0.25) + 1)
 
 
+def test_the_start_up_keys_default_to_nothing_and_round_trip(tmp_path: Path) -> None:
+    plain = profile().for_type(TYPE)
+    assert (plain.driver_start.mean, plain.scale_each, plain.scale_seconds(8)) == (0, 0, 5.0)
+    timed = profile(driver_start_seconds=4.0, driver_start_seconds_spread=0.5,
+                    scale_seconds_each=2.5)  # fmt: skip
+    timed.dump(tmp_path / "p.yaml")
+    assert load_profile(tmp_path / "p.yaml") == timed
+    view = timed.for_type(TYPE)
+    assert (view.driver_start.mean, view.driver_start.spread) == (4.0, 0.5)
+    assert (view.scale_seconds(1), view.scale_seconds(3)) == (5.0, 10.0)
+
+
 @pytest.mark.parametrize(
     ("change", "match"),
     [
@@ -52,6 +64,8 @@ def test_a_profile_round_trips_through_yaml(tmp_path: Path) -> None:
         ({"partition_bytes": "nan"}, "'partition_bytes' must be a number >= 0, got 'nan'"),
         ({"scaling": {1: 1.0, 2: 2.5}}, r"'scaling.2' must be at most 2 .*superlinear"),
         ({"scaling": {1: 1.0, 2: "1.5x"}}, r"'scaling.2' must be a number > 0, got '1.5x'"),
+        ({"driver_start_seconds": -2}, "'driver_start_seconds' must be a number >= 0, got -2"),
+        ({"scale_seconds_each": "x"}, "'scale_seconds_each' must be a number >= 0, got 'x'"),
     ],
 )
 def test_a_bad_profile_names_the_key(change: dict[str, Any], match: str) -> None:
