@@ -143,11 +143,17 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
     return encode_payload(checkpoint_payload(checkpoint))
 
 
-def checkpoint_payload(checkpoint: Checkpoint) -> Checkpoint:
+def checkpoint_payload(checkpoint: Checkpoint, *, sealed: bool = True) -> Checkpoint:
     """Return what :func:`encode_checkpoint` saves: the checkpoint checked, on the CPU.
 
     Its tensors may be the checkpoint's own (a CPU tensor is not copied); with
     ``format_version`` set it is what :func:`decode_checkpoint` of its bytes returns.
+
+    Args:
+        checkpoint: The checkpoint to save.
+        sealed: Add its ``content_sha256`` now (:func:`seal`). A train unit takes its
+            payload unsealed and seals it in the thread that writes it, so that hashing
+            every tensor (about 0.3 s for 600 MB here) does not delay its next unit.
 
     Raises:
         CheckpointError: If a required key or counter is missing.
@@ -158,9 +164,14 @@ def checkpoint_payload(checkpoint: Checkpoint) -> Checkpoint:
     _check_counters(checkpoint["counters"])
     payload = _to_cpu({k: v for k, v in checkpoint.items() if k != CONTENT_DIGEST_KEY})
     payload["format_version"] = CHECKPOINT_FORMAT_VERSION
-    payload[CONTENT_DIGEST_KEY] = content_digest(payload)
-    checked: Checkpoint = payload
-    return checked
+    return seal(payload) if sealed else payload
+
+
+def seal(payload: Checkpoint) -> Checkpoint:
+    """Set ``payload``'s ``content_sha256`` (its last key) unless it has one; return it."""
+    if "content_sha256" not in payload:  # CONTENT_DIGEST_KEY, as the TypedDict needs it
+        payload["content_sha256"] = content_digest(payload)
+    return payload
 
 
 def content_digest(checkpoint: Mapping[str, Any]) -> str:

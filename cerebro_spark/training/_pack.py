@@ -616,6 +616,6 @@ def _close(
     torch.default_generator.manual_seed(
         stream_seed((task.trial_seed, task.epoch, task.partition), TORCH_STREAM)
     )
-    payload = checkpoint_payload(with_dataset(snapshot(state, task), info))
+    payload = checkpoint_payload(with_dataset(snapshot(state, task), info), sealed=False)
     trial.io_seconds += time.perf_counter() - taking
     return payload, reported

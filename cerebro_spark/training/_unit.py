@@ -60,6 +60,7 @@ from cerebro_spark.training._checkpoint import (
     checkpoint_payload,
     decode_checkpoint,
     encode_payload,
+    seal,
     with_dataset,
 )
 from cerebro_spark.training._loading import load_spec
@@ -217,8 +218,9 @@ class TrainedUnit:
         """
         began = time.perf_counter()
         key = required_key(self.result.task, self.result.task.checkpoint_out, "checkpoint_out")
-        blob = encode_payload(self.payload)
-        sha256 = write_checkpoint(self.store, key, blob, self.payload)
+        payload = seal(self.payload)  # its content digest, off the training thread
+        blob = encode_payload(payload)
+        sha256 = write_checkpoint(self.store, key, blob, payload)
         took = time.perf_counter() - began
         result = dataclasses.replace(
             self.result,
@@ -658,7 +660,7 @@ def _train(
     states, sums = report_metrics(metrics, task)
     _end_unit(state, task)
     taking = time.perf_counter()
-    payload = checkpoint_payload(with_dataset(snapshot(state, task), info))
+    payload = checkpoint_payload(with_dataset(snapshot(state, task), info), sealed=False)
     io_seconds += time.perf_counter() - taking
     result = UnitResult(
         task=task,

@@ -23,6 +23,7 @@ from cerebro_spark.data import PartitionData
 from cerebro_spark.errors import ConfigError, DataError, TrialError
 from cerebro_spark.metrics import default_metrics
 from cerebro_spark.training import (
+    CONTENT_DIGEST_KEY,
     CheckpointError,
     MLPSpec,
     decode_checkpoint,
@@ -33,6 +34,7 @@ from cerebro_spark.training import (
     train_unit,
     weights_digest,
 )
+from cerebro_spark.training import _checkpoint as checkpoint_module
 from cerebro_spark.training import _unit as unit_module
 from cerebro_spark.training._unit import (
     _build_model,
@@ -73,23 +75,36 @@ def test_a_train_unit_writes_a_checkpoint_and_reports_row_weighted_sums(store):
 
 
 def test_a_trained_unit_encodes_its_checkpoint_in_the_thread_that_writes_it(store, monkeypatch):
-    """Encoding is part of the write, which a worker overlaps with its next unit."""
+    """Encoding and both digests are part of the write, which a worker overlaps with its
+    next unit: the content digest (a hash of every tensor) is not computed on the training
+    thread, nor is the file's."""
     encoded_in: list[str] = []
-    encode = unit_module.encode_payload
+    digested_in: list[str] = []
+    encode, digest_of = unit_module.encode_payload, checkpoint_module.content_digest
 
     def recording(payload):
         encoded_in.append(threading.current_thread().name)
         return encode(payload)
 
+    def digesting(checkpoint):
+        digested_in.append(threading.current_thread().name)
+        return digest_of(checkpoint)
+
     monkeypatch.setattr(unit_module, "encode_payload", recording)
+    monkeypatch.setattr(checkpoint_module, "content_digest", digesting)
     task = train_task(params={"hidden_units": [16], "batch_size": 64})
     trained = train_unit(task, blobs(0, rows=150), store, BLOBS_INFO)
-    assert encoded_in == [] and not store.exists(task.checkpoint_out)
+    assert encoded_in == [] == digested_in and not store.exists(task.checkpoint_out)
+    assert CONTENT_DIGEST_KEY not in trained.payload
     assert trained.result.checkpoint_bytes == 0 and trained.result.checkpoint_sha256 is None
     with ThreadPoolExecutor(1, thread_name_prefix="writer") as writer:
         result = writer.submit(trained.write).result()
     assert len(encoded_in) == 1 and encoded_in[0].startswith("writer")
+    assert len(digested_in) == 1 and digested_in[0].startswith("writer")
     blob = store.get(task.checkpoint_out)
+    written = decode_checkpoint(blob)
+    assert written[CONTENT_DIGEST_KEY] == digest_of(written)
+    assert list(written)[-1] == CONTENT_DIGEST_KEY
     assert result.checkpoint_bytes == result.checkpoint_bytes_written == len(blob)
     assert result.checkpoint_sha256 == hashlib.sha256(blob).hexdigest()
     whole = run_unit(dataclasses.replace(task, checkpoint_out="again.pt"), blobs(0, rows=150),
