@@ -13,6 +13,9 @@ through what Connect has (``shared/design.md``, "Spark Connect"):
 * **Where**: each worker says where it runs when it registers (its host, and its
   executor id where the executor's environment or work directory tells it,
   :func:`~._serve.executor_hint`); in ``local[N]`` it is the driver, as on classic Spark.
+  Its host is the address its control connection came from (the node's private IP, which
+  the Databricks REST API lists: the ``databricks`` manager matches workers to nodes by
+  it), its hostname where that address is a loopback one.
 * **Settings** come from ``spark.conf`` (``spark.speculation`` is refused as on classic
   Spark). The session does not say how many task slots its executors have: the number of
   workers must be given, and with a ``local[N]`` master it may not exceed ``N``. Executors
@@ -148,13 +151,23 @@ class ConnectTransport(Transport):
             )
 
     def locate(self, worker_id: str, registration: Mapping[str, Any], peer: str) -> Location | None:
-        """Where the worker said it runs (the driver, in ``local[N]``)."""
+        """Where the worker runs (the driver, in ``local[N]``).
+
+        The address it connected from, unless that is a loopback one (then the hostname it
+        reported): the module docstring.
+        """
         del worker_id
         if local_slots(self._master) is not None:
             return Location("localhost", "driver")
         hint = registration.get("executor_hint")
-        host = registration.get("hostname") or peer.rsplit(":", 1)[0]
+        host = peer if peer and not _loopback(peer) else registration.get("hostname") or peer
         return Location(str(host), hint if isinstance(hint, str) else None)
+
+
+def _loopback(address: str) -> bool:
+    """Whether ``address`` names this machine only (``127.x``, ``::1``, ``localhost``)."""
+    text = address.strip().strip("[]").lower()
+    return text in ("localhost", "::1") or text.startswith("127.")
 
 
 def local_slots(master: str) -> int | None:

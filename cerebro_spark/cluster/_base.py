@@ -22,7 +22,8 @@ Rules every manager keeps:
 * :meth:`ClusterManager.wait` blocks until exactly ``target`` executors serve, or raises
   :class:`ResizeTimeout` with the numbers.
 * :attr:`ClusterManager.capabilities` says what it can do: resize at all (``local[N]`` is
-  fixed), choose victims, the least and most executors, the instance type it runs.
+  fixed), choose victims, the least and most executors, the instance type it runs, and
+  whether the pool sees the executors a grow adds (not under Spark Connect).
 * :meth:`ClusterManager.close` releases what this manager started and nothing else (an
   existing cluster keeps running); it is idempotent.
 
@@ -91,6 +92,10 @@ class Capabilities:
         min_executors: Fewest executors it allows.
         max_executors: Most executors it allows (``None``: no limit it knows of).
         instance_type: The instance type its executors run on, when it knows.
+        workers_follow: Whether the backend starts workers on the executors a grow adds
+            by itself (classic Spark: the pool sees them arrive). ``False`` where nothing
+            tells the pool (Spark Connect): the controller waits for the executors and
+            starts their workers (``Backend.add_worker``).
     """
 
     resizable: bool
@@ -98,6 +103,7 @@ class Capabilities:
     min_executors: int = 0
     max_executors: int | None = None
     instance_type: str | None = None
+    workers_follow: bool = True
 
 
 class ResizeTimeout(CerebroError, TimeoutError):

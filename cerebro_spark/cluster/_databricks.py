@@ -27,6 +27,27 @@ before a grow (a standalone application capped at fewer executors would not use 
 nodes), lowered once a shrink is accepted (Spark never kills an executor to reach a lower
 target). With one executor per node the target equals the nodes, so this is harmless where
 the platform manages executors itself.
+
+**Under Spark Connect** (Databricks Standard access mode, Databricks Connect: no
+``SparkContext``, ``shared/design.md``, "Spark Connect") the manager works through the REST
+API only:
+
+* the cluster id comes from ``spark.conf`` (:data:`CLUSTER_ID_CONF`), else the
+  ``cluster_id`` option;
+* its executors are the worker nodes the cluster's REST description (``clusters.get``)
+  lists as serving (listed with a private IP): one executor per node, its id the node's
+  id, billed as the node from its start (or from the attach), not Spark's executors;
+* no ``requestTotalExecutors`` (no JVM): Databricks starts one executor per node itself;
+* :meth:`DatabricksCluster.wait` waits on the nodes the API lists as serving, and the
+  pool does not see new executors arrive (:attr:`Capabilities.workers_follow` is false):
+  the elastic controller starts the workers of a grow itself;
+* the pool's workers are matched to nodes by host (:func:`match_workers`; each Connect
+  worker reports where it runs): :meth:`DatabricksCluster.placement` says which node runs
+  which worker, which nodes run none and which workers run on no listed node.
+
+Serverless compute has no cluster to resize: the engine runs there at the capacity the
+session gives (``engine/_managers.py``); this manager refuses a session without a cluster
+id.
 """
 
 from __future__ import annotations
@@ -72,6 +93,9 @@ logger = logging.getLogger(__name__)
 #: The Spark setting that holds the cluster id in a Databricks notebook or job.
 CLUSTER_ID_CONF = "spark.databricks.clusterUsageTags.clusterId"
 
+#: What every loopback name of a host is compared as (:func:`host_key`).
+LOOPBACK = "127.0.0.1"
+
 _OPTIONS = ("cluster_id", "host", "token_env", "resize_retry_s", "min_workers", "max_workers")
 
 
@@ -95,6 +119,11 @@ class Node:
     def billed_as(self) -> str:
         """What the provider bills: the instance, else the node."""
         return self.instance_id or self.node_id
+
+    @property
+    def serving(self) -> bool:
+        """Whether it serves: the API lists its private IP (a node being set up has none)."""
+        return self.host is not None
 
     @classmethod
     def of(cls, node: SparkNode) -> Node:
@@ -136,6 +165,81 @@ def billed_by_node(
     return billed
 
 
+def host_key(host: str | None) -> str | None:
+    """A host as matching compares it (``None`` for none: ``None``, empty, ``unknown``).
+
+    Lower case, without IPv6 brackets, and every loopback name (``localhost``,
+    ``127.x.y.z``, ``::1``) as :data:`LOOPBACK`.
+    """
+    if host is None:
+        return None
+    text = host.strip().lower().strip("[]")
+    if not text or text == "unknown":
+        return None
+    if text in ("localhost", "localhost.localdomain", "::1") or text.startswith("127."):
+        return LOOPBACK
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """The worker pool's workers matched to the cluster's nodes by host.
+
+    Attributes:
+        nodes: Each serving node's id, with the ids of the workers that run on it (empty:
+            none), in the nodes' order.
+        idle: The nodes no worker runs on.
+        elsewhere: The workers that run on no serving node (the driver, a node the API no
+            longer lists, a host it does not know).
+    """
+
+    nodes: dict[str, tuple[str, ...]]
+    idle: tuple[str, ...]
+    elsewhere: tuple[str, ...]
+
+
+def _worker_order(worker_id: str) -> tuple[int, str]:
+    """``w2`` before ``w10``: the pool numbers its workers in the order it starts them."""
+    digits = worker_id.lstrip("w")
+    return (int(digits) if digits.isdigit() else -1, worker_id)
+
+
+def match_workers(nodes: Sequence[Node], workers: Mapping[str, str | None]) -> Placement:
+    """Match workers (id -> host) to the serving nodes by host (:func:`host_key`).
+
+    A worker runs on the node that has its host. Where several nodes share a host (a
+    loopback test cluster) the host's workers go to its nodes in turn, in the order the
+    nodes started and the workers were started, one each before any node gets a second:
+    the count per host is right, the pairing is as good as hosts tell. Nodes that do not
+    serve yet (no private IP) are left out.
+    """
+    serving = sorted(
+        (n for n in nodes if n.serving),
+        key=lambda n: (math.inf if n.started is None else n.started, n.node_id),
+    )
+    by_host: dict[str, list[Node]] = {}
+    for node in serving:
+        key = host_key(node.host)
+        assert key is not None  # ok: a serving node has a host
+        by_host.setdefault(key, []).append(node)
+    on: dict[str, list[str]] = {n.node_id: [] for n in serving}
+    elsewhere: list[str] = []
+    turn: Counter[str] = Counter()
+    for worker in sorted(workers, key=_worker_order):
+        key = host_key(workers[worker])
+        hosts = by_host.get(key, []) if key is not None else []
+        if key is None or not hosts:
+            elsewhere.append(worker)
+            continue
+        on[hosts[turn[key] % len(hosts)].node_id].append(worker)
+        turn[key] += 1
+    return Placement(
+        nodes={n: tuple(w) for n, w in on.items()},
+        idle=tuple(n for n, w in on.items() if not w),
+        elsewhere=tuple(elsewhere),
+    )
+
+
 @dataclasses.dataclass
 class _Pending:
     target: int
@@ -148,9 +252,10 @@ class DatabricksCluster(ClusterManager):
     """The Databricks cluster the Spark application runs on (see the module docstring).
 
     Args:
-        spark: The running session (its executors are counted through
-            :class:`~cerebro_spark.cluster.SparkExecutors`), or a manager that lists the
-            application's executors (then ``cluster_id`` is required).
+        spark: The running session: classic (its executors are counted through
+            :class:`~cerebro_spark.cluster.SparkExecutors`) or Spark Connect (its executors
+            are the nodes the REST API lists: the module docstring); or a manager that
+            lists the application's executors (then ``cluster_id`` is required).
         cluster_id: The cluster to resize (default: the Spark setting
             ``spark.databricks.clusterUsageTags.clusterId``).
         workspace: The workspace client (default: one built from ``host`` and ``token``,
@@ -167,7 +272,7 @@ class DatabricksCluster(ClusterManager):
             ``node_type_id``).
         request_executors: Set the application's executor target with
             ``requestTotalExecutors`` around each resize (default: on a ``spark://``
-            master).
+            master; never under Spark Connect, which has no JVM to ask).
         backoff_s: First wait before retrying a busy cluster (doubled each time).
         max_backoff_s: Longest wait between retries.
         nodes_refresh_s: Seconds the cluster's node list is cached.
@@ -200,18 +305,21 @@ class DatabricksCluster(ClusterManager):
                 f"DatabricksCluster: resize_retry_s must be > 0 seconds, got {resize_retry_s!r}"
             )
         self._context: SparkContext | None = None
+        self._source: ClusterManager | None = None
+        #: Under Spark Connect: executors, waits and resizes through the REST API only.
+        self.rest_only = False
+        cores = 1
         if isinstance(spark, ClusterManager):
-            self._source: ClusterManager = spark
+            self._source = spark
             if isinstance(spark, SparkExecutors):
                 self._context = spark.context
+        elif is_connect_session(spark):
+            self.rest_only = True
+            _check_connect_allocation(spark)
+            cores = _cores(_connect_conf(spark, "spark.executor.cores"))
+            if cluster_id is None:
+                cluster_id = _connect_conf(spark, CLUSTER_ID_CONF)
         else:
-            if is_connect_session(spark):
-                raise ConfigError(
-                    "elastic manager 'databricks' reads the cluster's executors through the "
-                    "SparkContext, which a Spark Connect session (Standard access mode, "
-                    "serverless, Databricks Connect) does not have; a REST-only manager is "
-                    "not built yet: run on a dedicated (classic) cluster, or leave elastic out"
-                )
             master = spark.sparkContext.master or ""
             if is_local_master(master):
                 raise ConfigError(
@@ -226,11 +334,20 @@ class DatabricksCluster(ClusterManager):
             if cluster_id is None:
                 cluster_id = _conf(spark, CLUSTER_ID_CONF)
         if not cluster_id:
+            serverless = (
+                " (serverless compute has no cluster id and no cluster to resize: there an "
+                "elastic run with manager databricks and no cluster_id runs at the capacity "
+                "the session gives)"
+                if self.rest_only
+                else ""
+            )
             raise ConfigError(
                 f"no Databricks cluster id: the Spark setting {CLUSTER_ID_CONF} is not set "
-                "(Databricks sets it in notebooks and jobs); set elastic.databricks.cluster_id"
+                "(Databricks sets it in notebooks and jobs); set "
+                f"elastic.databricks.cluster_id{serverless}"
             )
         self.cluster_id: str = cluster_id
+        self._cores = cores
         master = (self._context.master or "") if self._context is not None else ""
         self._request_executors = (
             request_executors if request_executors is not None else master.startswith("spark://")
@@ -273,6 +390,7 @@ class DatabricksCluster(ClusterManager):
             min_executors=min_workers,
             max_executors=max_workers,
             instance_type=instance_type or details.node_type_id,
+            workers_follow=not self.rest_only,
         )
         self._attached_at = time.time()
         self._cond = threading.Condition()
@@ -289,9 +407,10 @@ class DatabricksCluster(ClusterManager):
         self._refreshed_at = -math.inf
         self._take(details)
         logger.info(
-            "attached to Databricks cluster %s at %s: %d workers, %s, node type %s",
+            "attached to Databricks cluster %s at %s%s: %d workers, %s, node type %s",
             self.cluster_id,
             self._host,
+            " through the REST API only (Spark Connect)" if self.rest_only else "",
             self.initial_workers,
             details.state.value if details.state is not None else "state unknown",
             details.node_type_id,
@@ -362,12 +481,18 @@ class DatabricksCluster(ClusterManager):
     # -- executors -----------------------------------------------------------------------
 
     def executors(self) -> list[Executor]:
-        """Spark's live executors, less those on released nodes, billed as their nodes."""
+        """Spark's live executors, less those on released nodes, billed as their nodes.
+
+        Under Spark Connect: the nodes the API lists as serving, each an executor billed as
+        itself from its start (the module docstring).
+        """
         self._refresh(self._refresh_s)
-        live = self._source.executors()
         with self._cond:
             gone = set(self._gone_hosts)
             nodes = list(self._nodes)
+        if self._source is None:
+            return node_executors(nodes, self._cores, not_before=self._attached_at)
+        live = self._source.executors()
         return billed_by_node(
             [e for e in live if e.host not in gone], nodes, not_before=self._attached_at
         )
@@ -377,6 +502,13 @@ class DatabricksCluster(ClusterManager):
         self._refresh(self._refresh_s)
         with self._cond:
             return list(self._nodes)
+
+    def placement(self, workers: Mapping[str, str | None]) -> Placement:
+        """The pool's workers (id -> the host each reported) matched to the serving nodes.
+
+        See :func:`match_workers`; the nodes are the ones the API listed last.
+        """
+        return match_workers(self.nodes(), workers)
 
     # -- resizing ------------------------------------------------------------------------
 
@@ -400,7 +532,8 @@ class DatabricksCluster(ClusterManager):
         """Wait until exactly ``target`` executors serve in Spark; return them.
 
         The cluster's ``RUNNING`` state is not enough: its new nodes' executors must have
-        registered, and its released nodes' executors must be gone.
+        registered, and its released nodes' executors must be gone. Under Spark Connect,
+        which lists no executors, until the API lists exactly ``target`` serving nodes.
 
         Raises:
             ResizeTimeout: They did not within ``timeout_s``, or the resize to ``target``
@@ -488,7 +621,8 @@ class DatabricksCluster(ClusterManager):
 
     def _submit(self, target: int) -> int:
         try:
-            grow = target > len(self._source.executors())
+            live = self._source.executors() if self._source is not None else self.executors()
+            grow = target > len(live)
         except Exception:  # the application has stopped (close after the session)
             grow = target > self._accepted
         if grow:
@@ -631,6 +765,55 @@ class DatabricksCluster(ClusterManager):
             self._gone_hosts = (self._gone_hosts | (before - hosts)) - hosts
             self._nodes = nodes
             self._details = details
+
+
+def node_executors(nodes: Sequence[Node], cores: int, not_before: float = 0.0) -> list[Executor]:
+    """The serving nodes as executors (Spark Connect, which lists none): one per node.
+
+    Each is named and billed as its node (:attr:`Node.billed_as`) from the node's start,
+    never before ``not_before`` (when the manager attached).
+    """
+    return [
+        Executor(
+            executor_id=node.node_id,
+            host=node.host or "unknown",
+            cores=cores,
+            since=max(node.started if node.started is not None else not_before, not_before),
+            instance=node.billed_as,
+        )
+        for node in nodes
+        if node.serving
+    ]
+
+
+def _connect_conf(spark: Any, key: str) -> str | None:
+    """A setting of a Spark Connect session; ``None`` when unset or not readable there."""
+    try:
+        value = spark.conf.get(key, None)
+    except Exception as error:  # e.g. CONFIG_NOT_AVAILABLE on serverless
+        logger.debug("cannot read %s from the Spark Connect session: %s", key, error)
+        return None
+    return str(value) if value else None
+
+
+def _check_connect_allocation(spark: Any) -> None:
+    """Refuse dynamic allocation on a Connect session (what the classic path refuses)."""
+    enabled = (_connect_conf(spark, "spark.dynamicAllocation.enabled") or "false").strip()
+    if enabled.lower() == "true":
+        raise ConfigError(
+            "the Spark Connect session has spark.dynamicAllocation.enabled=true: Spark's "
+            "allocation manager would release executors the plan keeps; set it to false on "
+            "the cluster (and give it a fixed num_workers) to resize it with the databricks "
+            "manager"
+        )
+
+
+def _cores(raw: str | None) -> int:
+    """``spark.executor.cores`` as a number (1 when unset or not a positive integer)."""
+    try:
+        return max(1, int(raw)) if raw else 1
+    except ValueError:
+        return 1
 
 
 def _conf(spark: SparkSession, key: str) -> str | None:

@@ -40,6 +40,15 @@ deadline or budget saying by how much and why, each also logged as a WARNING
 Mapping a plan's stages onto the engine's rounds: a stage of ``e`` epochs is ``e`` rounds
 (one epoch of every live trial per round), so stage ``k`` starts at the round numbered
 ``sum(epochs of stages before k)``.
+
+Where the manager will have nothing to resize (a Spark Connect session on serverless
+compute: :attr:`~cerebro_spark.engine._managers.ManagerEntry.given_capacity`), the run
+takes the capacity the session gives as given: every stage is planned, re-planned and run
+at those workers (:func:`plan_at_capacity`), priced at the config's instance type, and
+the plan is refused, saying why and what to do, when it misses the deadline or the
+budget there. Where the pool does not see the executors a grow adds (Spark Connect:
+:attr:`~cerebro_spark.cluster.Capabilities.workers_follow`), the controller waits for them
+and starts their workers itself.
 """
 
 from __future__ import annotations
@@ -67,6 +76,7 @@ from cerebro_spark.elastic import (
     PlanInfeasible,
     PriceCatalog,
     Profile,
+    Simulator,
     TypeProfile,
     calibrated,
     load_catalog,
@@ -81,7 +91,7 @@ from cerebro_spark.elastic import (
     summarize,
     units_calibration,
 )
-from cerebro_spark.engine._managers import BackendFactory, manager_entry
+from cerebro_spark.engine._managers import BackendFactory, GivenCapacity, manager_entry
 from cerebro_spark.engine._pilot import pilot_profile
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.search import ExperimentSpec
@@ -659,6 +669,9 @@ class ElasticController:
             else:
                 if self._grow_requested != index:
                     self.manager.resize(target)
+                if not caps.workers_follow:  # the pool does not see them (Spark Connect)
+                    self.manager.wait(target, self.resize_timeout)
+                    self._top_up(backend, target)
                 self._wait_for_workers(backend, target)
         except Exception as error:  # any failure: go on with what there is
             self._failed_resizes += 1
@@ -682,6 +695,7 @@ class ElasticController:
         If it released executors whose workers had not retired (they were lost and
         re-homed), the retired workers' executors are idle: new workers start there. A
         backend that cannot add workers raises (``Backend.add_worker``): the resize failed.
+        Also after a grow the pool does not see (``Capabilities.workers_follow``).
         """
         deadline = time.monotonic() + self.resize_timeout
         while len(backend.workers()) + backend.starting() < target:
@@ -802,15 +816,18 @@ def load_plan_inputs(config: ExperimentConfig) -> tuple[Profile, PriceCatalog]:
     return profile, catalog
 
 
-def planned_spec(config: ExperimentConfig, profile: Profile) -> ExperimentSpec:
+def planned_spec(
+    config: ExperimentConfig, profile: Profile, capacity: int | None = None
+) -> ExperimentSpec:
     """The stages ``run`` follows, with the most executors the run may hold.
 
     At most the dataset's partitions (a worker beyond them would hold replicas only, and
-    the pool starts no more workers than partitions) and at most the manager's cap
-    (``max_executors``, Databricks' ``max_workers``, EC2's ``max_instances``).
+    the pool starts no more workers than partitions), at most the manager's cap
+    (``max_executors``, Databricks' ``max_workers``, EC2's ``max_instances``) and at most
+    the ``capacity`` the run takes as given, if any.
     """
     spec = experiment_spec(config)
-    caps = [profile.partitions]
+    caps = [profile.partitions] + ([] if capacity is None else [capacity])
     elastic = _elastic_of(config)
     key = manager_entry(elastic.manager).cap_option
     most = elastic.options.get(key)
@@ -842,12 +859,46 @@ def planned_pack_size(config: ExperimentConfig, profile: Profile) -> int:
     return choose_pack_size(dict(profile.packing.table))
 
 
-def plan_config(config: ExperimentConfig, profile: Profile, catalog: PriceCatalog) -> Plan:
-    """Plan a config's search: the stages ``run`` follows, its deadline and budget."""
+def given_capacity(config: ExperimentConfig) -> GivenCapacity | None:
+    """The capacity the config's elastic run takes as given (``None``: it resizes).
+
+    Asks the manager the config names (it may connect to the config's Spark Connect
+    session to find out; nothing is started).
+
+    Raises:
+        ConfigError: The manager cannot run on the config's session (the message names
+            what to use instead).
+    """
     elastic = _elastic_of(config)
-    spec = planned_spec(config, profile)
+    return manager_entry(elastic.manager).given_capacity(config, elastic)
+
+
+def plan_config(
+    config: ExperimentConfig,
+    profile: Profile,
+    catalog: PriceCatalog,
+    given: GivenCapacity | None = None,
+) -> Plan:
+    """Plan a config's search: the stages ``run`` follows, its deadline and budget.
+
+    With ``given``, at that capacity (:func:`plan_at_capacity`).
+    """
+    elastic = _elastic_of(config)
+    spec = planned_spec(config, profile, None if given is None else given.workers)
     deadline = plan_deadline(spec, config.deadline)
     assert deadline is not None  # ok: an elastic config has a deadline (parse_config)
+    if given is not None:
+        return plan_at_capacity(
+            spec,
+            profile,
+            catalog,
+            given,
+            deadline=deadline,
+            budget=elastic.budget,
+            instance_type=elastic.instance_type,
+            seed=config.seed,
+            pack_size=planned_pack_size(config, profile),
+        )
     return plan(
         spec,
         profile,
@@ -857,6 +908,126 @@ def plan_config(config: ExperimentConfig, profile: Profile, catalog: PriceCatalo
         instance_type=elastic.instance_type,
         seed=config.seed,
         pack_size=planned_pack_size(config, profile),
+    )
+
+
+def capacity_type(profile: Profile, catalog: PriceCatalog, instance_type: str | None) -> str:
+    """The instance type a run at a given capacity is priced as.
+
+    ``instance_type`` (the config's), else the one type the profile measured that the
+    catalog prices.
+
+    Raises:
+        ConfigError: No type is given and the profile and catalog share none, or several.
+    """
+    if instance_type is not None:
+        catalog.price(instance_type)  # raises naming the catalog's types
+        return instance_type
+    shared = [t for t in profile.instance_types if t in catalog.instances]
+    if len(shared) != 1:
+        raise ConfigError(
+            "a run at the capacity the session gives cannot choose its instance type: set "
+            "elastic.instance_type to what the session's workers are billed as (a type of "
+            f"price catalog {catalog.name}: {sorted(catalog.instances)}); the profile "
+            f"measured {profile.instance_types}"
+        )
+    return shared[0]
+
+
+def outcome_at_capacity(
+    spec: ExperimentSpec,
+    profile: Profile,
+    catalog: PriceCatalog,
+    instance_type: str,
+    workers: int,
+    *,
+    samples: int = 32,
+    seed: int = 0,
+    running: int = 0,
+    pack_size: int = 1,
+) -> Outcome:
+    """The simulated time and dollars of every stage of ``spec`` on ``workers`` workers."""
+    simulator = Simulator(
+        spec,
+        profile.for_type(instance_type),
+        catalog,
+        catalog.price(instance_type),
+        samples=samples,
+        seed=seed,
+        running=running,
+        pack_size=pack_size,
+    )
+    return simulator.run((workers,) * len(spec.stages))
+
+
+def plan_at_capacity(
+    spec: ExperimentSpec,
+    profile: Profile,
+    catalog: PriceCatalog,
+    given: GivenCapacity,
+    *,
+    deadline: float,
+    budget: float | None = None,
+    instance_type: str | None = None,
+    samples: int = 32,
+    seed: int = 0,
+    pack_size: int = 1,
+) -> Plan:
+    """The plan of a run that takes its capacity as given: every stage on its workers.
+
+    Nothing is chosen but the instance type's price (:func:`capacity_type`): the stages,
+    their seconds and dollars are simulated on ``given.workers`` workers (at most
+    ``spec.max_workers``: the dataset's partitions, the manager's cap). The arguments are
+    :func:`~cerebro_spark.elastic.plan`'s.
+
+    Raises:
+        ConfigError: No instance type to price it at.
+        PlanInfeasible: It misses the deadline or the budget (the message says by how
+            much, why nothing is resized, and what to change).
+    """
+    name = capacity_type(profile, catalog, instance_type)
+    workers = given.workers
+    if spec.max_workers is not None and spec.max_workers < workers:
+        logger.info(
+            "the session gives %d workers, but the run uses at most %d (the dataset's "
+            "partitions, the manager's cap): planned at %d",
+            workers,
+            spec.max_workers,
+            spec.max_workers,
+        )
+        workers = spec.max_workers
+    outcome = outcome_at_capacity(
+        spec, profile, catalog, name, workers, samples=samples, seed=seed, pack_size=pack_size
+    )
+    late = outcome.seconds > deadline + 1e-9
+    dear = budget is not None and outcome.usd > budget + 1e-9
+    if late or dear:
+        misses = []
+        if late:
+            misses.append(f"the deadline of {deadline:g} s")
+        if dear:
+            misses.append(f"the budget of ${budget:.4f}")
+        raise PlanInfeasible(
+            f"at the capacity the session gives, {workers} workers of {name} "
+            f"({given.reason}), the search takes {outcome.seconds:.1f} s for "
+            f"${outcome.usd:.4f} by the profile, over {' and '.join(misses)}: give the "
+            "session more workers (workers: N, as many as its executors run tasks at once), "
+            "a later deadline or a larger budget, fewer trials or epochs, or run on a "
+            "Databricks cluster the databricks manager can resize (one that names its "
+            "cluster id)",
+            (name, outcome),
+            (name, outcome),
+        )
+    return Plan(
+        spec,
+        name,
+        deadline,
+        budget,
+        outcome,
+        outcome,
+        {name: (outcome.seconds, outcome.usd)},
+        price=catalog.price(name),
+        pack_size=pack_size,
     )
 
 
@@ -879,13 +1050,16 @@ def elastic_run(
         PlanInfeasible: No plan meets the deadline and the budget.
     """
     elastic = _elastic_of(config)
-    manager_entry(elastic.manager)  # an unknown manager is refused before any pilot
+    entry = manager_entry(elastic.manager)  # an unknown manager is refused before any pilot
+    given = entry.given_capacity(config, elastic)  # so is a session it cannot run on
     started_at = time.time() - (0.0 if started is None else time.monotonic() - started)
     deadline = config.deadline
     assert deadline is not None  # ok: an elastic config has a deadline (parse_config)
     profile, catalog = load_plan_inputs(config)
-    spec = planned_spec(config, profile)
+    spec = planned_spec(config, profile, None if given is None else given.workers)
     fields: dict[str, Any] = {"manager": elastic.manager, "load": machine_load()}
+    if given is not None:
+        fields["given_capacity"] = {"workers": given.workers, "reason": given.reason}
     measured = profile.extra.get("measured")
     changed = load_change(
         measured.get("load") if isinstance(measured, Mapping) else None, fields["load"]
@@ -893,7 +1067,7 @@ def elastic_run(
     if changed is not None:
         logger.warning("profile %s: %s", elastic.profile, changed)
     if elastic.plan == "auto":
-        planned = plan_config(config, profile, catalog)
+        planned = plan_config(config, profile, catalog, given)
         instance_type = planned.instance_type
         stages = stages_of(planned.outcome)
         fields.update(
@@ -914,16 +1088,34 @@ def elastic_run(
         instance_type = elastic.instance_type or str(raw.get("instance_type") or "")
         if not instance_type:
             raise ConfigError(f"elastic.instance_type is required with plan {path}")
+        if given is not None and any(s.workers != spec.max_workers for s in stages):
+            raise ConfigError(
+                f"plan {path} runs stages on {[s.workers for s in stages]} workers, but the "
+                f"run takes its {spec.max_workers} workers as given ({given.reason}): plan "
+                "again with this config (elastic.plan: auto) or give the session those workers"
+            )
         fields.update(instance_type=instance_type, plan_file=str(path))
     lead = _lead_seconds(profile.for_type(instance_type), stages)
     fields["lead_seconds"] = round(lead, 3)
-    logger.info(
-        "elastic plan on %s: workers %s, %.0f s, $%.4f",
-        instance_type,
-        [s.workers for s in stages],
-        stages[-1].end,
-        sum(s.usd for s in stages),
-    )
+    if given is not None:
+        logger.info(
+            "elastic plan at the capacity the session gives, %d workers of %s (%s): "
+            "stages %s, %.0f s, $%.4f",
+            stages[0].workers,
+            instance_type,
+            given.reason,
+            [s.workers for s in stages],
+            stages[-1].end,
+            sum(s.usd for s in stages),
+        )
+    else:
+        logger.info(
+            "elastic plan on %s: workers %s, %.0f s, $%.4f",
+            instance_type,
+            [s.workers for s in stages],
+            stages[-1].end,
+            sum(s.usd for s in stages),
+        )
 
     def replan(
         index: int, seconds: float, usd: float | None, running: int, measured: Profile | None
@@ -942,6 +1134,22 @@ def elastic_run(
             deadline=None if spec.deadline is None else max(1.0, spec.deadline - offset),
             epoch_seconds=None,  # checked when the run was planned
         )
+
+        if given is not None:  # nothing to resize: the stages left at the same workers
+            return stages_of(
+                outcome_at_capacity(
+                    rest,
+                    profile_now,
+                    catalog,
+                    instance_type,
+                    stages[0].workers,
+                    seed=config.seed,
+                    running=running,
+                    pack_size=planned_pack_size(config, profile_now),
+                ),
+                index,
+                offset,
+            )
 
         def cheapest(deadline: float, budget: float | None) -> Outcome:
             return plan(
@@ -968,7 +1176,7 @@ def elastic_run(
                 fresh = late.fastest[1]
         return stages_of(fresh, index, offset)
 
-    opening = manager_entry(elastic.manager).open(config, elastic, stages[0].workers, instance_type)
+    opening = entry.open(config, elastic, stages[0].workers, instance_type)
     with opening as (manager, factory):
         meter = CostMeter(manager, catalog, instance_type)
         controller = ElasticController(

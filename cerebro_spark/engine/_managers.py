@@ -11,20 +11,41 @@ The registry lives on the engine's floor: an entry composes a cluster manager
 cluster room does not know. The config parser (``driver/_config.py``, a floor below)
 keeps its own tuple of the names to read ``elastic:`` sections;
 ``tests/engine/test_elastic_managers.py`` holds the two equal.
+
+Before anything is planned, an entry says whether its run will have anything to resize
+(:attr:`ManagerEntry.given_capacity`): where it will not, the run is planned and followed
+at the capacity the session gives (:class:`GivenCapacity`, :class:`FixedWorkers`), and
+where the manager cannot run at all it refuses, naming what to use instead. Under Spark
+Connect (Databricks Standard access mode, serverless, Databricks Connect; no
+``SparkContext``):
+
+* ``spark`` is refused (it resizes through the JVM);
+* ``databricks`` resizes the cluster through the REST API only when the session (or
+  ``elastic.databricks.cluster_id``) names a cluster, and the controller starts the
+  workers of a grow (the pool does not see executors arrive);
+* ``databricks`` with no cluster id (serverless: no cluster to resize) runs at the
+  capacity the session gives: the config's ``workers``, billed as ``instance_type`` at
+  the catalog's price.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from cerebro_spark.backends import Backend
 from cerebro_spark.cluster import (
+    Capabilities,
     ClusterManager,
     Ec2Cluster,
+    Executor,
     LocalStandaloneCluster,
     SparkExecutors,
     StandaloneCluster,
@@ -32,15 +53,55 @@ from cerebro_spark.cluster import (
 from cerebro_spark.driver._config import ElasticConfig, ExperimentConfig
 from cerebro_spark.engine._backend import spark_backend
 from cerebro_spark.errors import ConfigError
-from cerebro_spark.spark_session import spark_session
+from cerebro_spark.spark_session import active_connect_session, is_connect_session, spark_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+logger = logging.getLogger(__name__)
 
 BackendFactory = Callable[[ExperimentConfig], Backend]
 Opened = tuple[ClusterManager, BackendFactory]
 Opener = Callable[[ExperimentConfig, ElasticConfig, int, str], AbstractContextManager[Opened]]
 """Opens a cluster: ``(config, elastic, workers, instance_type)`` -> ``(manager, factory)``."""
+
+#: The Spark setting that holds a Databricks notebook's cluster id (the same as
+#: ``cluster._databricks.CLUSTER_ID_CONF``, whose module imports databricks-sdk, which
+#: serverless compute at the given capacity does not need).
+CLUSTER_ID_CONF = "spark.databricks.clusterUsageTags.clusterId"
+
+#: The options of ``elastic.databricks`` (``cluster._databricks._OPTIONS``, likewise).
+DATABRICKS_OPTIONS = (
+    "cluster_id",
+    "host",
+    "token_env",
+    "resize_retry_s",
+    "min_workers",
+    "max_workers",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class GivenCapacity:
+    """The capacity a run takes as given: there is nothing to resize.
+
+    Attributes:
+        workers: The workers (one executor's worth each) every stage runs on.
+        reason: Why nothing is resized (for the log line and the ``elastic_plan`` event).
+    """
+
+    workers: int
+    reason: str
+
+
+CapacityCheck = Callable[[ExperimentConfig, ElasticConfig], GivenCapacity | None]
+"""Before planning: the capacity as given (``None``: the manager resizes); may refuse."""
+
+
+def _resizes(config: ExperimentConfig, elastic: ElasticConfig) -> GivenCapacity | None:
+    """The default capacity check: the manager resizes whatever the session."""
+    del config, elastic
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,17 +114,25 @@ class ManagerEntry:
             and its ``elastic:`` section; a context that yields ``(manager, backend
             factory)`` and releases what it started when it exits.
         cap_option: The option of ``elastic.<name>`` that caps its executors.
+        given_capacity: Called before anything is planned: the capacity the run takes as
+            given where the manager will have nothing to resize (the plan keeps it for
+            every stage; ``open`` is then called with it), ``None`` where it resizes.
+            Raises :class:`ConfigError` where the manager cannot run on the config's
+            session at all, naming what to use instead.
     """
 
     name: str
     open: Opener
     cap_option: str
+    given_capacity: CapacityCheck = _resizes
 
 
 _REGISTRY: dict[str, ManagerEntry] = {}
 
 
-def register(name: str, *, cap_option: str) -> Callable[[Opener], Opener]:
+def register(
+    name: str, *, cap_option: str, given_capacity: CapacityCheck = _resizes
+) -> Callable[[Opener], Opener]:
     """Register the decorated opener as the manager ``name``.
 
     Raises:
@@ -73,7 +142,7 @@ def register(name: str, *, cap_option: str) -> Callable[[Opener], Opener]:
     def decorate(opener: Opener) -> Opener:
         if name in _REGISTRY:
             raise ValueError(f"cluster manager {name!r} is registered already")
-        _REGISTRY[name] = ManagerEntry(name, opener, cap_option)
+        _REGISTRY[name] = ManagerEntry(name, opener, cap_option, given_capacity)
         return opener
 
     return decorate
@@ -106,6 +175,65 @@ def check_options(options: Mapping[str, Any], manager: str, known: set[str]) -> 
 
 def _session_name(config: ExperimentConfig) -> str:
     return f"cerebro-spark {config.name}"
+
+
+def runs_on_connect(config: ExperimentConfig) -> bool:
+    """Whether the config's application session will be Spark Connect (nothing started).
+
+    As :func:`~cerebro_spark.spark_session.spark_session` decides: an ``sc://`` master, or
+    no master and a Connect session active (or ``SPARK_REMOTE`` set) with no classic one.
+    """
+    master = config.spark.master
+    if master is not None:
+        return master.startswith("sc://")
+    if active_connect_session() is None and not os.environ.get("SPARK_REMOTE"):
+        return False
+    context = sys.modules.get("pyspark.context")  # else no classic session can run
+    return context is None or context.SparkContext._active_spark_context is None
+
+
+class FixedWorkers(ClusterManager):
+    """The capacity a session gives, taken as given: nothing to resize (serverless).
+
+    Its executors are ``workers`` slots of ``instance_type``, each billed as itself from
+    when the manager was made, as the plan priced them.
+
+    Args:
+        workers: The workers the session gives.
+        instance_type: What each is billed as (a type of the price catalog).
+        reason: Why nothing is resized (for messages).
+    """
+
+    def __init__(self, workers: int, instance_type: str, reason: str) -> None:
+        self.workers = workers
+        self.reason = reason
+        self.capabilities = Capabilities(
+            resizable=False,
+            choose_victims=False,
+            min_executors=workers,
+            max_executors=workers,
+            instance_type=instance_type,
+        )
+        self._since = time.time()
+
+    def executors(self) -> list[Executor]:
+        """The ``workers`` slots, each billed as itself."""
+        return [
+            Executor(f"given-{i}", "given", 1, since=self._since, instance=f"given-{i}")
+            for i in range(self.workers)
+        ]
+
+    def resize(self, target: int, victims: Sequence[str] = ()) -> None:
+        """Accept only the capacity as given.
+
+        Raises:
+            ConfigError: Any other ``target`` (the reason nothing is resized is named).
+        """
+        if target != self.workers or victims:
+            raise ConfigError(
+                f"cannot resize to {target} workers: the run takes its {self.workers} "
+                f"workers as given ({self.reason})"
+            )
 
 
 def _factory(session: SparkSession, workers: int) -> BackendFactory:
@@ -184,7 +312,27 @@ def _application_session(config: ExperimentConfig) -> SparkSession:
     )
 
 
-@register("spark", cap_option="max_executors")
+def _spark_capacity(config: ExperimentConfig, elastic: ElasticConfig) -> GivenCapacity | None:
+    """``spark`` resizes (or is a fixed ``local[N]``); it cannot run under Spark Connect.
+
+    Raises:
+        ConfigError: The run's session will be Spark Connect (the alternatives are named).
+    """
+    del elastic
+    if runs_on_connect(config):
+        raise ConfigError(
+            "elastic manager 'spark' resizes executors through the SparkContext "
+            "(requestTotalExecutors, killExecutors), which a Spark Connect session "
+            "(Databricks Standard access mode, serverless, Databricks Connect) does not "
+            "have: set elastic.manager to databricks (on a Databricks cluster it resizes the "
+            "cluster through the REST API; on serverless, or with no cluster id, the run is "
+            "planned at the capacity the session gives, its workers), leave elastic out, or "
+            "run on a classic session"
+        )
+    return None
+
+
+@register("spark", cap_option="max_executors", given_capacity=_spark_capacity)
 @contextlib.contextmanager
 def open_spark_executors(
     config: ExperimentConfig, elastic: ElasticConfig, workers: int, instance_type: str
@@ -206,19 +354,71 @@ def open_spark_executors(
         yield opened
 
 
-@register("databricks", cap_option="max_workers")
+def connect_cluster_id(session: Any) -> str | None:
+    """The Databricks cluster id a Connect session's ``spark.conf`` names, if readable."""
+    try:
+        value = session.conf.get(CLUSTER_ID_CONF, None)
+    except Exception as error:  # serverless may answer CONFIG_NOT_AVAILABLE
+        logger.warning(
+            "cannot read %s from the Spark Connect session (%s): taken as no cluster "
+            "(serverless); on a cluster, set elastic.databricks.cluster_id",
+            CLUSTER_ID_CONF,
+            error,
+        )
+        return None
+    return str(value) if value else None
+
+
+def _serverless(
+    config: ExperimentConfig, elastic: ElasticConfig, session: Any | None = None
+) -> GivenCapacity | None:
+    """The capacity as given where a Connect session has no cluster to resize.
+
+    Raises:
+        ConfigError: An option ``elastic.databricks`` does not have (checked here too: the
+            manager that checks them is not made there).
+    """
+    if elastic.options.get("cluster_id") or not runs_on_connect(config):
+        return None
+    session = session if session is not None else _application_session(config)
+    if not is_connect_session(session) or connect_cluster_id(session) is not None:
+        return None
+    check_options(elastic.options, "databricks", set(DATABRICKS_OPTIONS))
+    return GivenCapacity(
+        config.workers,
+        f"the Spark Connect session names no Databricks cluster ({CLUSTER_ID_CONF} is "
+        "unset: serverless compute) and elastic.databricks.cluster_id is not set: nothing "
+        "to resize",
+    )
+
+
+@register("databricks", cap_option="max_workers", given_capacity=_serverless)
 @contextlib.contextmanager
 def open_databricks(
     config: ExperimentConfig, elastic: ElasticConfig, workers: int, instance_type: str
 ) -> Iterator[Opened]:
     """The Databricks cluster the run is on, resized (``DatabricksCluster``).
 
+    Under Spark Connect through the REST API only; with no cluster to resize
+    (serverless) at the capacity the session gives (:class:`FixedWorkers`).
+
     Options (``elastic.databricks``): see ``DatabricksCluster.from_options``.
     """
+    session = _application_session(config)
+    given = _serverless(config, elastic, session)
+    if given is not None:  # the plan was made at it (elastic_run)
+        logger.info(
+            "no cluster to resize: running at the capacity the session gives, %d workers "
+            "of %s (%s)",
+            workers,
+            instance_type,
+            given.reason,
+        )
+        yield FixedWorkers(workers, instance_type, given.reason), _factory(session, workers)
+        return
     # here: the module imports databricks-sdk, an optional dependency
     from cerebro_spark.cluster import DatabricksCluster
 
-    session = _application_session(config)
     manager = DatabricksCluster.from_options(
         session, dict(elastic.options), instance_type=instance_type
     )

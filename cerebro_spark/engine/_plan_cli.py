@@ -41,7 +41,12 @@ from cerebro_spark.elastic import (
     plan_deadline,
     procedure_spec,
 )
-from cerebro_spark.engine._elastic import planned_pack_size, planned_spec
+from cerebro_spark.engine._elastic import (
+    given_capacity,
+    plan_at_capacity,
+    planned_pack_size,
+    planned_spec,
+)
 from cerebro_spark.engine._pilot import pilot_profile
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.search import ExperimentSpec
@@ -234,20 +239,21 @@ def run_plan(args: argparse.Namespace) -> int:
             f"the profile {args.profile} measured partitions={profile.partitions}, but the "
             f"config's data.partitions is {partitions}: profile this config again"
         )
+    given = None
     if config is not None and config.elastic is not None:
-        spec = planned_spec(config.replace(workers=args.workers or config.workers), profile)
+        config = config.replace(workers=args.workers or config.workers)
+        given = given_capacity(config)  # serverless: the run cannot resize (``run``'s rule)
+        spec = planned_spec(config, profile, None if given is None else given.workers)
+    catalog = load_catalog(args.prices)
+    pack_size = 1 if config is None else planned_pack_size(config, profile)
+    options: dict[str, Any] = {"budget": args.budget, "instance_type": args.instance_type,
+                               "samples": args.samples, "seed": args.seed,
+                               "pack_size": pack_size}  # fmt: skip
     try:
-        result = plan(
-            spec,
-            profile,
-            load_catalog(args.prices),
-            deadline=deadline,
-            budget=args.budget,
-            instance_type=args.instance_type,
-            samples=args.samples,
-            seed=args.seed,
-            pack_size=1 if config is None else planned_pack_size(config, profile),
-        )
+        if given is not None:
+            result = plan_at_capacity(spec, profile, catalog, given, deadline=deadline, **options)
+        else:
+            result = plan(spec, profile, catalog, deadline=deadline, **options)
     except PlanInfeasible as error:
         if args.format != "json":
             raise

@@ -27,13 +27,18 @@ from typing import Any
 
 import pytest
 
+from cerebro_spark.backends._transport import Location
 from cerebro_spark.cluster import ClusterManager, Executor, ResizeTimeout
 from cerebro_spark.cluster._base import Capabilities
 from cerebro_spark.cluster._databricks import (
     CLUSTER_ID_CONF,
+    LOOPBACK,
     DatabricksCluster,
     Node,
     billed_by_node,
+    host_key,
+    match_workers,
+    node_executors,
 )
 from cerebro_spark.errors import ConfigError
 from tests.cluster.fake_databricks import FakeDatabricks
@@ -338,6 +343,145 @@ def test_nodes_shared_by_a_host_bill_executors_as_themselves() -> None:
     assert (one[0].instance, one[0].since) == ("i-1", 100.0)
     alone = billed_by_node([*executors[:1], Executor("3", "127.0.0.1", 1)], nodes[:1])
     assert [e.instance for e in alone] == [None, None], "two executors on one node's host"
+
+
+# -- Spark Connect: the REST API only (issue 28 part 3) --------------------------------------
+
+
+def test_hosts_compare_without_case_brackets_or_loopback_names() -> None:
+    assert [host_key(h) for h in ("localhost", "127.0.1.1", "[::1]", "LOCALHOST")] == [LOOPBACK] * 4
+    assert host_key(" 10.1.0.7 ") == "10.1.0.7" and host_key("Node-A") == "node-a"
+    assert [host_key(h) for h in (None, "", "unknown")] == [None, None, None]
+
+
+def test_workers_are_matched_to_the_nodes_on_their_hosts() -> None:
+    nodes = [
+        Node("n1", "10.1.0.1", "i-1", 100.0),
+        Node("n2", "10.1.0.2", "i-2", 101.0),
+        Node("n3", "10.1.0.3", "i-3", 102.0),
+        Node("n4", None, "i-4", 103.0),  # being set up: no private IP yet
+    ]
+    workers = {"w0": "10.1.0.2", "w1": "10.1.0.1", "w2": "10.9.9.9", "w3": None}
+    placement = match_workers(nodes, workers)
+    assert placement.nodes == {"n1": ("w1",), "n2": ("w0",), "n3": ()}
+    assert placement.idle == ("n3",)
+    assert placement.elsewhere == ("w2", "w3")  # a host the API does not list, none known
+
+
+def test_nodes_sharing_a_host_get_its_workers_in_turn() -> None:
+    """A loopback cluster: every node on 127.0.0.1, the Connect workers on ``localhost``."""
+    nodes = [Node("b", "127.0.0.1", started=2.0), Node("a", "127.0.0.1", started=1.0)]
+    one = match_workers(nodes, {"w0": "localhost"})
+    assert one.nodes == {"a": ("w0",), "b": ()} and one.idle == ("b",)
+    three = match_workers(nodes, {"w10": "localhost", "w2": "127.0.0.1", "w1": "localhost"})
+    assert three.nodes == {"a": ("w1", "w10"), "b": ("w2",)}
+    assert three.idle == () and three.elsewhere == ()
+    assert match_workers([], {"w0": "localhost"}).elsewhere == ("w0",)
+
+
+def test_serving_nodes_are_the_executors_billed_as_themselves() -> None:
+    nodes = [Node("n1", "10.1.0.1", "i-1", 100.0), Node("n2", "10.1.0.2", None, None)]
+    nodes.append(Node("n3", None, "i-3", 150.0))
+    live = node_executors(nodes, 4, not_before=120.0)
+    assert [(e.executor_id, e.host, e.cores) for e in live] == [
+        ("n1", "10.1.0.1", 4),
+        ("n2", "10.1.0.2", 4),
+    ]
+    assert [(e.billed_as, e.since) for e in live] == [("i-1", 120.0), ("n2", 120.0)]
+
+
+class ConnectConf:
+    def __init__(self, settings: dict[str, str], refused: tuple[str, ...] = ()) -> None:
+        self.settings = settings
+        self.refused = refused
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key in self.refused:
+            raise RuntimeError(f"[CONFIG_NOT_AVAILABLE] {key}")
+        return self.settings.get(key, default)
+
+
+class ConnectSession:
+    """What the manager reads of a Spark Connect session: ``conf`` (no SparkContext)."""
+
+    def __init__(self, settings: dict[str, str], refused: tuple[str, ...] = ()) -> None:
+        self.conf = ConnectConf(settings, refused)
+
+    @property
+    def sparkContext(self) -> Any:
+        raise AssertionError("JVM_ATTRIBUTE_NOT_SUPPORTED: the manager asked for the JVM")
+
+
+ConnectSession.__module__ = "pyspark.sql.connect.session"  # is_connect_session's test
+
+
+def connect_manager(fake: FakeDatabricks, settings: dict[str, str], **kwargs: Any) -> Any:
+    kwargs.setdefault("backoff_s", 0.05)
+    return DatabricksCluster(
+        ConnectSession(settings),  # type: ignore[arg-type]
+        host=fake.host,
+        token=fake.token,
+        nodes_refresh_s=0.2,
+        **kwargs,
+    )
+
+
+def test_on_spark_connect_the_nodes_are_the_executors_and_resizes_go_through_rest(
+    fake: FakeDatabricks,
+) -> None:
+    settings = {CLUSTER_ID_CONF: fake.cluster_id, "spark.executor.cores": "4"}
+    cluster = connect_manager(fake, settings)
+    try:
+        assert cluster.rest_only and cluster.cluster_id == fake.cluster_id
+        assert not cluster.capabilities.workers_follow
+        live = cluster.executors()
+        assert [(e.executor_id, e.host, e.cores) for e in live] == [
+            ("fake-node-0001", "10.1.0.1", 4),
+            ("fake-node-0002", "10.1.0.2", 4),
+        ]
+        cluster.resize(3)
+        live = cluster.wait(3, timeout_s=30)
+        assert [e.instance for e in live][-1] == "i-fake00000003"
+        assert accepted_targets(fake) == [3]
+        placement = cluster.placement({"w0": "10.1.0.1", "w1": "10.1.0.3", "w2": "127.0.0.1"})
+        assert placement.idle == ("fake-node-0002",) and placement.elsewhere == ("w2",)
+    finally:
+        cluster.close()
+    assert accepted_targets(fake) == [3, 2]
+
+
+def test_on_spark_connect_the_cluster_id_and_dynamic_allocation_are_read_from_spark_conf(
+    fake: FakeDatabricks,
+) -> None:
+    with pytest.raises(ConfigError, match="serverless compute has no cluster id") as err:
+        DatabricksCluster(
+            ConnectSession({}, refused=(CLUSTER_ID_CONF,)),  # type: ignore[arg-type]
+            host=fake.host,
+            token=fake.token,
+        )
+    assert "elastic.databricks.cluster_id" in str(err.value)
+    with pytest.raises(ConfigError, match=r"spark\.dynamicAllocation\.enabled=true"):
+        connect_manager(fake, {"spark.dynamicAllocation.enabled": "true"})
+    assert fake.calls == []
+    cluster = connect_manager(fake, {}, cluster_id=fake.cluster_id)  # the option, no conf
+    assert cluster.rest_only and cluster.executors()[0].cores == 1
+    cluster.close()
+
+
+def test_a_connect_worker_is_located_at_the_address_it_connected_from() -> None:
+    """The REST API lists a node's private IP: a Connect worker reports it, not its name."""
+    from cerebro_spark.backends._connect import ConnectTransport
+
+    transport = ConnectTransport(ConnectSession({"spark.master": "yarn"}))
+    transport.open(2, 1.0)
+    registration = {"hostname": "0101-node-a", "executor_hint": "3"}
+    where = transport.locate("w0", registration, "10.1.0.7")
+    assert (where.host, where.executor_id) == ("10.1.0.7", "3")  # type: ignore[union-attr]
+    loopback = transport.locate("w1", registration, "127.0.0.1")
+    assert loopback is not None and loopback.host == "0101-node-a"
+    local = ConnectTransport(ConnectSession({"spark.master": "local[2]"}))
+    local.open(2, 1.0)
+    assert local.locate("w0", registration, "10.1.0.7") == Location("localhost", "driver")
 
 
 # -- a real Spark application --------------------------------------------------------------------

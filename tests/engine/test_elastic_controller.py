@@ -99,7 +99,7 @@ CATALOG = parse_catalog(
 
 
 def controller(
-    cluster: PoolCluster,
+    cluster: ClusterManager,
     cfg: ExperimentConfig,
     workers: list[int],
     *,
@@ -293,3 +293,64 @@ def test_stage_times_count_from_run_on_the_drivers_clock(tmp_path: Path) -> None
         shown = ended[f"stage {actual['stage'] + 1} ended"]
         assert actual["end"] - 0.01 <= shown <= actual["end"] + 10.0
     assert data.last == pytest.approx(state.experiment_seconds)
+
+
+class NodesCluster(ClusterManager):
+    """A platform's nodes, which the pool does not see arrive (Spark Connect's databricks
+    manager): a resize changes the nodes at once and starts no worker."""
+
+    def __init__(self, nodes: int, *, workers_follow: bool = False) -> None:
+        self.capabilities = Capabilities(
+            resizable=True, choose_victims=False, min_executors=1, workers_follow=workers_follow
+        )
+        self.nodes = nodes
+        self.requests: list[int] = []
+        self.began = time.time()
+
+    def executors(self) -> list[Executor]:
+        return [
+            Executor(f"node-{i}", "127.0.0.1", 1, since=self.began, instance=f"node-{i}")
+            for i in range(self.nodes)
+        ]
+
+    def resize(self, target: int, victims: Sequence[str] = ()) -> None:
+        self.check_resize(target, victims)
+        self.requests.append(target)
+        self.nodes = target
+
+
+def run_on_nodes(tmp_path: Path, cluster: NodesCluster, hook: ElasticController) -> list[Any]:
+    def factory(c: ExperimentConfig) -> WorkerPool:
+        return WorkerPool(ThreadTransport(), 2, heartbeat_s=0.5, heartbeat_timeout_s=10)
+
+    cfg = sha_config(tmp_path)
+    run_experiment(cfg, experiment_id="e", backend_factory=factory, on_stage=hook)
+    return read_events(open_store(str(tmp_path)).child("experiments/e"))
+
+
+def test_where_the_pool_does_not_see_new_executors_the_controller_starts_their_workers(
+    tmp_path: Path,
+) -> None:
+    """Spark Connect: the nodes a grow adds get no worker from the pool; the controller
+    waits for them and starts one on each (``Capabilities.workers_follow`` false)."""
+    cluster = NodesCluster(2)
+    events = run_on_nodes(tmp_path, cluster, controller(cluster, sha_config(tmp_path), [2, 1, 3]))
+    assert cluster.requests == [1, 3]
+    resized = [e for e in events if e["event"] == "resized"]
+    assert [(e["stage"], e["from"], e["target"], e["workers"]) for e in resized] == [
+        (1, 2, 1, 1),
+        (2, 1, 3, 3),
+    ]
+    assert [a["workers"] for a in events if a["event"] == "stage_actual"] == [2, 1, 3]
+    assert not any(e["event"] in ("resize_failed", "unit_failed") for e in events)
+    started = [e["worker"] for e in events if e["event"] == "worker_ready"]
+    assert len(started) == 4  # two at the start, two the controller started for stage 3
+
+
+def test_a_grow_the_pool_does_not_see_would_wait_in_vain_without_it(tmp_path: Path) -> None:
+    """The same nodes said to be followed by the pool: nobody starts their workers."""
+    cluster = NodesCluster(2, workers_follow=True)
+    hook = controller(cluster, sha_config(tmp_path), [2, 2, 3], resize_timeout=1.0)
+    events = run_on_nodes(tmp_path, cluster, hook)
+    failed = [e for e in events if e["event"] == "resize_failed"]
+    assert [(e["stage"], e["target"], e["workers"]) for e in failed] == [(2, 3, 2)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,18 +21,34 @@ from cerebro_spark.backends import WorkerPool
 from cerebro_spark.driver import cost_table
 from cerebro_spark.driver._config import MANAGERS as CONFIG_MANAGERS
 from cerebro_spark.driver._preflight import preflight
-from cerebro_spark.elastic import PlanInfeasible, load_profile
+from cerebro_spark.elastic import PlanInfeasible, load_catalog, load_profile
 from cerebro_spark.engine import (
     ExperimentConfig,
     _api,
     _managers,
     experiment_prefix,
+    experiment_spec,
     load_state,
     read_events,
     run_experiment,
 )
-from cerebro_spark.engine._elastic import elastic_run, planned_spec
-from cerebro_spark.engine._managers import MANAGERS, ManagerEntry, manager_entry, register
+from cerebro_spark.engine._elastic import (
+    capacity_type,
+    elastic_run,
+    given_capacity,
+    plan_at_capacity,
+    plan_config,
+    planned_spec,
+)
+from cerebro_spark.engine._managers import (
+    MANAGERS,
+    FixedWorkers,
+    GivenCapacity,
+    ManagerEntry,
+    manager_entry,
+    register,
+    runs_on_connect,
+)
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.store import open_store
 from tests.backends import fake_transport
@@ -274,3 +291,127 @@ def test_an_optimistic_profile_misses_its_deadline_aloud(
     last = next(r for r in rows if r.split()[:2] == ["total", "last"])
     assert f"{plan['seconds']:.1f}/{summary['seconds']:.1f}" in first.replace(" ", "")
     assert first != last and rows[-1] == miss
+
+
+# -- the capacity as given (issue 28 part 3: serverless, nothing to resize) ------------------
+
+
+def given_two(config: ExperimentConfig, elastic: Any) -> GivenCapacity:
+    return GivenCapacity(2, "nothing to resize here")
+
+
+@pytest.fixture
+def fixed_opener(monkeypatch: pytest.MonkeyPatch) -> PoolClusterOpener:
+    """Registered as the ``spark`` manager, at a capacity of 2 workers taken as given."""
+    opener = PoolClusterOpener()
+    entry = ManagerEntry("spark", opener, "max_executors", given_two)
+    monkeypatch.setitem(_managers._REGISTRY, "spark", entry)
+    return opener
+
+
+def test_a_run_at_the_given_capacity_plans_every_stage_there(
+    tmp_path: Path, fixed_opener: PoolClusterOpener, caplog: pytest.LogCaptureFixture
+) -> None:
+    with (
+        caplog.at_level(logging.INFO, logger="cerebro_spark.engine._elastic"),
+        elastic_run(elastic_sha_config(tmp_path)) as (_, controller),
+    ):
+        assert [s.workers for s in controller.stages] == [2] * len(controller.stages)
+        assert fixed_opener.opened == [(2, "local-core")]
+        assert controller.stages[-1].end > 0 and sum(s.usd for s in controller.stages) > 0
+        fields = controller._plan_fields
+        assert fields["given_capacity"] == {"workers": 2, "reason": "nothing to resize here"}
+        assert fields["static"]["workers"] == 2
+    assert (
+        "elastic plan at the capacity the session gives, 2 workers of local-core "
+        "(nothing to resize here): stages [2, 2, 2]"
+    ) in caplog.text
+
+
+def test_plan_at_capacity_simulates_the_given_workers_and_refuses_what_it_misses(
+    tmp_path: Path,
+) -> None:
+    profile = load_profile(PROFILE)
+    catalog = load_catalog(str(ROOT / "conf/prices/local.yaml"))
+    config = elastic_sha_config(tmp_path)
+    given = GivenCapacity(3, "serverless")
+    spec = planned_spec(config, profile, given.workers)
+    assert spec.max_workers == 3
+    planned = plan_at_capacity(spec, profile, catalog, given, deadline=600.0, seed=config.seed)
+    assert planned.outcome.workers == (3,) * len(spec.stages)
+    assert planned.static == planned.outcome and planned.instance_type == "local-core"
+    assert plan_config(config, profile, catalog, given).outcome == planned.outcome
+    # More workers than the run can use: planned at the most it uses (the partitions).
+    wide = plan_at_capacity(
+        planned_spec(config, profile), profile, catalog, GivenCapacity(9, "x"), deadline=600.0
+    )
+    assert set(wide.outcome.workers) == {profile.partitions}
+    with pytest.raises(PlanInfeasible) as late:
+        plan_at_capacity(spec, profile, catalog, given, deadline=5.0, budget=1e-9)
+    message = str(late.value)
+    assert message.startswith("at the capacity the session gives, 3 workers of local-core ")
+    assert "(serverless)" in message and "over the deadline of 5 s and the budget" in message
+    assert "give the session more workers" in message
+    assert late.value.fastest[0] == "local-core" and set(late.value.fastest[1].workers) == {3}
+
+
+def test_the_instance_type_at_a_given_capacity_comes_from_the_config() -> None:
+    profile = load_profile(PROFILE)
+    catalog = load_catalog(str(ROOT / "conf/prices/aws-us-east-1.yaml"))
+    with pytest.raises(ConfigError, match=r"set elastic\.instance_type to what the session"):
+        capacity_type(profile, catalog, None)
+    with pytest.raises(ConfigError, match="nope"):
+        capacity_type(profile, catalog, "nope")
+    local = load_catalog(str(ROOT / "conf/prices/local.yaml"))
+    assert capacity_type(profile, local, None) == "local-core"  # the one type both share
+
+
+def test_a_plan_file_off_the_given_capacity_is_refused(
+    tmp_path: Path, fixed_opener: PoolClusterOpener
+) -> None:
+    config = elastic_sha_config(tmp_path)
+    spec = experiment_spec(config)
+    stages = [{"trials": s.trials, "epochs": s.epochs, "workers": 1} for s in spec.stages]
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"feasible": True, "stages": stages}))
+    with pytest.raises(ConfigError, match=r"runs stages on \[1, 1, 1\] workers, but the run"):  # noqa: SIM117
+        with elastic_run(with_elastic(config, plan=str(plan))):
+            pytest.fail("the run started")
+    assert fixed_opener.opened == []
+
+
+def test_the_spark_manager_refuses_a_connect_session_before_planning(tmp_path: Path) -> None:
+    """No server needed: an ``sc://`` master says the session will be Spark Connect."""
+    config = with_elastic(elastic_sha_config(tmp_path), profile="/nowhere.yaml")
+    config = config.replace(spark=dataclasses.replace(config.spark, master="sc://127.0.0.1:9"))
+    assert runs_on_connect(config)
+    with pytest.raises(ConfigError) as refused, elastic_run(config):
+        pytest.fail("the run started")
+    message = str(refused.value)
+    assert message.startswith("elastic manager 'spark' resizes executors through the SparkContext")
+    assert "set elastic.manager to databricks" in message and "leave elastic out" in message
+
+
+def test_a_classic_config_resizes_without_asking_any_session(tmp_path: Path) -> None:
+    config = elastic_sha_config(tmp_path)
+    assert config.spark.master is None and not runs_on_connect(config)
+    databricks = with_elastic(config, manager="databricks")
+    assert given_capacity(databricks) is None
+    assert given_capacity(config) is None  # spark, classic
+    from cerebro_spark.cluster import _databricks  # imports databricks-sdk
+
+    assert _managers.CLUSTER_ID_CONF == _databricks.CLUSTER_ID_CONF
+    assert _managers.DATABRICKS_OPTIONS == _databricks._OPTIONS
+
+
+def test_the_fixed_workers_are_billed_as_the_plan_priced_them() -> None:
+    fixed = FixedWorkers(2, "local-core", "serverless")
+    live = fixed.executors()
+    assert [e.billed_as for e in live] == ["given-0", "given-1"]
+    assert not fixed.capabilities.resizable
+    assert fixed.capabilities.min_executors == fixed.capabilities.max_executors == 2
+    fixed.resize(2)
+    with pytest.raises(
+        ConfigError, match=r"cannot resize to 3 workers: .* as given \(serverless\)"
+    ):
+        fixed.resize(3)
