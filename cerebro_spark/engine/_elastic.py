@@ -887,28 +887,16 @@ def plan_config(
     spec = planned_spec(config, profile, None if given is None else given.workers)
     deadline = plan_deadline(spec, config.deadline)
     assert deadline is not None  # ok: an elastic config has a deadline (parse_config)
+    options: dict[str, Any] = {
+        "deadline": deadline,
+        "budget": elastic.budget,
+        "instance_type": elastic.instance_type,
+        "seed": config.seed,
+        "pack_size": planned_pack_size(config, profile),
+    }
     if given is not None:
-        return plan_at_capacity(
-            spec,
-            profile,
-            catalog,
-            given,
-            deadline=deadline,
-            budget=elastic.budget,
-            instance_type=elastic.instance_type,
-            seed=config.seed,
-            pack_size=planned_pack_size(config, profile),
-        )
-    return plan(
-        spec,
-        profile,
-        catalog,
-        deadline=deadline,
-        budget=elastic.budget,
-        instance_type=elastic.instance_type,
-        seed=config.seed,
-        pack_size=planned_pack_size(config, profile),
-    )
+        return plan_at_capacity(spec, profile, catalog, given, **options)
+    return plan(spec, profile, catalog, **options)
 
 
 def capacity_type(profile: Profile, catalog: PriceCatalog, instance_type: str | None) -> str:

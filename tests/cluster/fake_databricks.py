@@ -31,10 +31,12 @@ import dataclasses
 import http.server
 import json
 import logging
+import os
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from cerebro_spark.cluster import SparkDaemons
@@ -377,3 +379,15 @@ def _handler(fake: FakeDatabricks) -> type[http.server.BaseHTTPRequestHandler]:
             self._answer("POST")
 
     return Handler
+
+
+def isolate_databricks_config(monkeypatch: Any, tmp_path: Path) -> None:
+    """No credentials of this machine leak into a test: only what the test gives counts.
+
+    Drops every ``DATABRICKS_*`` variable and points the SDK's config file at nothing
+    (``monkeypatch``: pytest's, so both come back after the test).
+    """
+    for key in list(os.environ):
+        if key.startswith("DATABRICKS_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("DATABRICKS_CONFIG_FILE", str(tmp_path / "no-databrickscfg"))

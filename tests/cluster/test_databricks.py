@@ -41,18 +41,14 @@ from cerebro_spark.cluster._databricks import (
     node_executors,
 )
 from cerebro_spark.errors import ConfigError
-from tests.cluster.fake_databricks import FakeDatabricks
+from tests.cluster.fake_databricks import FakeDatabricks, isolate_databricks_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
 def _no_databricks_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No credentials of this machine leak in: only what a test gives counts."""
-    for key in list(os.environ):
-        if key.startswith("DATABRICKS_"):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("DATABRICKS_CONFIG_FILE", str(tmp_path / "no-databrickscfg"))
+    isolate_databricks_config(monkeypatch, tmp_path)
 
 
 class NodeExecutors(ClusterManager):

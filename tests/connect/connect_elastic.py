@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,7 +36,7 @@ from cerebro_spark.engine import parse_config, read_events, run_experiment
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.store import open_store
 from tests.backends.contract import RESULT_TIMEOUT_S, make_dataset
-from tests.cluster.fake_databricks import FakeDatabricks
+from tests.cluster.fake_databricks import FakeDatabricks, isolate_databricks_config
 
 pytestmark = [pytest.mark.spark]
 
@@ -47,11 +46,7 @@ TOKEN_ENV = "FAKE_DBX_TOKEN"
 
 @pytest.fixture(autouse=True)
 def _no_databricks_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No credentials of this machine leak in: only what a test gives counts."""
-    for key in list(os.environ):
-        if key.startswith("DATABRICKS_"):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("DATABRICKS_CONFIG_FILE", str(tmp_path / "no-databrickscfg"))
+    isolate_databricks_config(monkeypatch, tmp_path)
 
 
 @pytest.fixture
