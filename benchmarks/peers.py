@@ -1,6 +1,6 @@
-"""cerebro-spark against its peers: the same grid search trained four ways on Spark.
+"""cerebro-spark against its peers: the same grid search trained six ways on Spark.
 
-Four systems train the same configs (``MLPSpec`` models from a grid of ``hidden_units`` x
+Six systems train the same configs (``MLPSpec`` models from a grid of ``hidden_units`` x
 ``lr``, Adam, batch size 64, cross-entropy, one torch thread per worker) for the same
 epochs on the same prepared dataset (cerebro-spark's partitioned Parquet, prepared once
 and reused), validating every config after every epoch in batches of
@@ -21,6 +21,34 @@ its whole default metric set there, the peers accuracy alone):
    workers, one config after the other. Rank ``r`` reads partitions ``r, r + W, ...`` of
    each split; each rank's batch is ``64 / W`` rows, so one step averages the gradient of
    64 rows, as in the other three.
+5. **optuna** -- Optuna on Spark as MLflow 3 runs it, the way Databricks recommends since
+   it dropped Hyperopt: ``mlflow.pyspark.optuna.study.MlflowSparkStudy`` with an
+   ``MlflowStorage`` (the study and every trial are MLflow runs, written and read through
+   the tracking server's REST API), ``optimize(n_trials=configs)`` with its default
+   ``n_jobs=-1``: one ``mapInPandas`` Spark task per trial, each task loading the study from
+   MLflow and running its trial, whose objective reads the whole training and validation
+   data and trains the config for all epochs, as above. The tracking server is a real
+   ``mlflow server`` (full ``mlflow``, from a virtual environment of its own: it pins
+   versions the package's environment must not take; ``--mlflow-venv``) on 127.0.0.1 with a
+   SQLite store, started before the repeats and stopped by the benchmark. Configs are
+   handed out as the grid: a sampler gives Spark task ``p`` config ``p``
+   (:func:`task_grid_sampler`). Optuna's own ways do not train each config exactly once
+   here: ``GridSampler`` picks each trial's point at random among those not yet visited
+   (and ``MlflowSparkStudy`` reseeds it in every task), so two tasks that start together can
+   pick the same one; ``enqueue_trial``'s waiting trials are claimed by a read-then-write
+   on ``MlflowStorage`` (in a try of 4 enqueued configs on 2 slots, one stayed waiting and
+   was never trained).
+6. **ray** -- Ray Tune on Spark: ``ray.util.spark.setup_ray_cluster`` (a Ray head node on
+   the driver, one Ray worker node per Spark task: ``max_worker_nodes`` = workers, one CPU
+   each, ``spark.task.cpus``; local mode allows no other shape), then ``ray.tune.Tuner``
+   with a ``grid_search`` over the configs, one CPU per trial, ``max_concurrent_trials`` =
+   workers; each trial (a Ray actor on a worker node) reads the whole data and trains the
+   config, as above; then ``shutdown_ray_cluster``. Its wall time includes starting the Ray
+   cluster (as cerebro's includes starting its workers), printed apart in the progress
+   line: Ray on Spark starts worker nodes on one machine 10 s apart
+   (``RAY_ON_SPARK_RAY_WORKER_NODE_STARTUP_INTERVAL``, a port-range lock), and each trial
+   runs in a fresh Ray worker process that imports torch. Ray is an optional extra
+   (``pip install -e '.[peers]'``); without it the table says so in the ray row.
 
 The peers read Parquet with pyarrow inside their tasks (``LocalFileSystem`` or
 ``S3FileSystem``), each file as cerebro-spark's store does (one request, decoded from
@@ -29,11 +57,12 @@ cerebro's units call; their training loop is the bare loop of
 ``benchmarks/unit_overhead.py`` (seeded permutation, ``zero_grad``, forward, loss,
 ``backward``, ``step``).
 
-Runs are interleaved and paired: repeat ``r`` runs all four in the order rotated by ``r``
-(ABCD, BCDA, CDAB, ...) in one Spark application (``local[W]``), each after a warm-up job
-that imports torch in every Python worker (untimed; before each system, since Spark stops a
-Python worker idle for a minute, as they are while DDP's own processes train). Printed per
-system (median and range over repeats):
+Runs are interleaved and paired: repeat ``r`` runs every system in the order rotated by
+``r`` (ABCD, BCDA, CDAB, ...) in one Spark application (``local[W]``), each after a warm-up
+job that imports torch in every Python worker (untimed; before each system, since Spark
+stops a Python worker idle for a minute, as they are while DDP's own processes train;
+before optuna also in the ``mapInPandas`` tasks' Python workers, which Spark keeps apart
+from the RDD tasks'). Printed per system (median and range over repeats):
 
 * **wall s** of the whole search (for cerebro: ``run_experiment``, worker start-up and
   partition loading included) and **x cerebro**, the paired ratio to cerebro's wall time
@@ -48,7 +77,7 @@ system (median and range over repeats):
   tasks (DDP: in each rank's torchrun process); cerebro's workers are long-lived Spark
   tasks, read from the driver after the run (Python workers are reused across systems);
 * the final validation accuracy of every config (a second table), so that a reader sees
-  the four train the same thing to similar accuracy.
+  the systems train the same thing to similar accuracy.
 
 Settings: ``small`` (200k x 64 rows on local disk, 8 configs x 3 epochs, 4 partitions,
 2 workers), ``heavy`` (625k x 512 float32 rows, 1.03 GB of training Parquet, 8 partitions,
@@ -73,41 +102,59 @@ config, a barrier stage whose tasks each launch a chain of fresh Python processe
 (``torch_run_process_wrapper`` -> ``torch.distributed.run`` -> the training script), each
 importing torch, plus a gloo rendezvous: about 30 s per config on this 2-core machine,
 whatever the data size (``localhost`` as the rendezvous address costs seconds more than
-``127.0.0.1`` here, an IPv6 lookup first).
+``127.0.0.1`` here, an IPv6 lookup first). Optuna through ``MlflowSparkStudy`` and Ray
+Tune read the data as SparkTrials does, once per config, so their data read is the plain
+job's: configs x the dataset (the ``heavy`` setting's 4 configs read 4x what cerebro
+reads, whatever the system; only a grid of 8 or more configs can show 8x). On top,
+MlflowSparkStudy pays MLflow REST calls per trial (loading the study, creating the trial
+run, its params, tags and state) and Ray on Spark its cluster start.
 
     python benchmarks/peers.py --setting small --repeats 3 --out benchmarks/results/peers_small.txt
     python benchmarks/peers.py --setting heavy --repeats 1 --out benchmarks/results/peers_heavy.txt
     python benchmarks/peers.py --setting quick --repeats 1
+    python benchmarks/peers.py --setting heavy --repeats 1 --systems cerebro,optuna,ray
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import importlib.util
 import itertools
 import json
+import logging
 import math
 import os
 import shutil
+import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-SYSTEMS = ("cerebro", "hyperopt", "plain", "ddp")
+SYSTEMS = ("cerebro", "hyperopt", "plain", "ddp", "optuna", "ray")
 SPEC = "cerebro_spark.training:MLPSpec"
 CLASSES = 10
 VALIDATION_BATCH = 8192
 """Rows per validation batch, every system (no gradient is kept there)."""
 REGION = "us-east-1"
+MLFLOW_VERSION = "3.17.2"
+"""Full ``mlflow`` for the tracking server: the version of the ``tracking`` extra's client."""
+BUILT = "cerebro-built.txt"
+"""What a finished build of a server venv leaves in it (as ``tests/background.py`` does)."""
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,6 +337,113 @@ def upload(local: Path, endpoint: str) -> Location:
     return Location(target, endpoint)
 
 
+def mlflow_server_venv(venv: Path) -> Path:
+    """The ``mlflow`` executable of a virtual environment with full ``mlflow``; built once.
+
+    Full ``mlflow`` (the server) pins versions that the package's environment must not take
+    (it has only ``mlflow-skinny``, the client), so the server runs from a venv of its own,
+    as the tracking tests' does: one built by them (``.pytest_cache/d/mlflow-server``) or
+    by this function (``uv`` when installed, else pip) is reused.
+
+    Args:
+        venv: The virtual environment's directory.
+
+    Returns:
+        Its ``bin/mlflow``.
+
+    Raises:
+        subprocess.CalledProcessError: Building it failed.
+    """
+    requirement = f"mlflow=={MLFLOW_VERSION}"
+    mlflow, python, built = venv / "bin" / "mlflow", venv / "bin" / "python", venv / BUILT
+    if mlflow.exists() and built.is_file() and built.read_text() == requirement:
+        return mlflow
+    started = time.perf_counter()
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    if importlib.util.find_spec("uv") is not None:
+        uv = [sys.executable, "-m", "uv"]
+        subprocess.run(
+            [*uv, "venv", "--quiet", "--clear", "--python", sys.executable, str(venv)], check=True
+        )
+        install = [*uv, "pip", "install", "--quiet", "--python", str(python), requirement]
+    else:
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        install = [str(python), "-m", "pip", "install", "--quiet", requirement]
+    subprocess.run(install, check=True)
+    check = f"import mlflow; assert mlflow.__version__ == {MLFLOW_VERSION!r}"
+    subprocess.run([str(python), "-c", check], check=True)
+    built.write_text(requirement)
+    logger.info("built %s in %s in %.0f s", requirement, venv, time.perf_counter() - started)
+    return mlflow
+
+
+def _healthy(uri: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+@contextmanager
+def mlflow_server(mlflow: Path, timeout_s: float = 300.0) -> Iterator[str]:
+    """A real ``mlflow server`` on 127.0.0.1 (SQLite store, local artifacts); yields its URI.
+
+    Started as the tracking tests start theirs: its own process group, one worker, no job
+    runner; stopped (the whole group) and its files removed on exit.
+
+    Args:
+        mlflow: The ``mlflow`` executable (:func:`mlflow_server_venv`).
+        timeout_s: How long to wait for ``/health`` to answer.
+
+    Raises:
+        RuntimeError: The server ended or did not answer in ``timeout_s``.
+    """
+    root = Path(tempfile.mkdtemp(prefix="cerebro-peers-mlflow-"))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    uri = f"http://127.0.0.1:{port}"
+    command = [
+        str(mlflow),
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{root / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(root / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    with (root / "server.log").open("wb") as log:
+        child = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
+    try:
+        started = time.perf_counter()
+        while not _healthy(uri):
+            if child.poll() is not None or time.perf_counter() - started > timeout_s:
+                tail = (root / "server.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"the MLflow server did not start: {tail}")
+            time.sleep(0.2)
+        logger.info("MLflow server at %s after %.0f s", uri, time.perf_counter() - started)
+        yield uri
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the group: the server's workers too
+            os.killpg(child.pid, signal.SIGTERM)
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 # ------------------------------------------------------------- inside a peer's task
 
 
@@ -384,7 +538,7 @@ def train_epoch(
             xb, yb = xb.to(device), yb.to(device)
         optimizer.zero_grad(set_to_none=True)
         loss = torch.nn.functional.cross_entropy(model(xb), yb)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
 
 
@@ -425,7 +579,7 @@ def train_one_config(job: Job, index: int) -> dict[str, Any]:
     partitions = range(json.loads(job.manifest)["num_partitions"])
     x, y, train_bytes = read_split(job.location, job.manifest, "train", partitions)
     vx, vy, validation_bytes = read_split(job.location, job.manifest, "validation", partitions)
-    x, y, vx, vy = (torch.from_numpy(a) for a in (x, y, vx, vy))
+    x, y, vx, vy = (torch.from_numpy(a) for a in (x, y, vx, vy))  # type: ignore[assignment]
     params = job.configs[index]
     model, optimizer = build(job.manifest, params, job.seed + index)
     rng = np.random.default_rng([job.seed, index])
@@ -456,7 +610,7 @@ def ddp_train(job: Job, index: int) -> dict[str, Any]:
         mine = range(rank, json.loads(job.manifest)["num_partitions"], world)
         x, y, train_bytes = read_split(job.location, job.manifest, "train", mine)
         vx, vy, validation_bytes = read_split(job.location, job.manifest, "validation", mine)
-        x, y, vx, vy = (torch.from_numpy(a) for a in (x, y, vx, vy))
+        x, y, vx, vy = (torch.from_numpy(a) for a in (x, y, vx, vy))  # type: ignore[assignment]
         params = job.configs[index]
         model, optimizer = build(job.manifest, params, job.seed + index)
         model = torch.nn.parallel.DistributedDataParallel(model)
@@ -483,6 +637,38 @@ def ddp_train(job: Job, index: int) -> dict[str, Any]:
         "checkpoint_bytes": 0,
         "peak_rss": [s["peak_rss"] for s in stats],
     }
+
+
+def task_grid_sampler() -> Any:
+    """An Optuna sampler that gives the trial of Spark task ``p`` choice ``p`` of a param.
+
+    For :meth:`Bench.optuna`: ``MlflowSparkStudy.optimize`` runs trial ``p`` of ``n`` (its
+    default ``n_jobs=-1``) in partition ``p`` of ``spark.range(n, numPartitions=n)``, so
+    ``suggest_categorical("config", range(n))`` hands out the grid, each config once, in
+    order, whatever the tasks' timing (what Hyperopt's grid ``algo`` does by trial id).
+    """
+    import optuna
+
+    class TaskGridSampler(optuna.samplers.BaseSampler):
+        def infer_relative_search_space(self, study: Any, trial: Any) -> dict[str, Any]:
+            return {}
+
+        def sample_relative(
+            self, study: Any, trial: Any, search_space: dict[str, Any]
+        ) -> dict[str, Any]:
+            return {}
+
+        def sample_independent(
+            self, study: Any, trial: Any, param_name: str, param_distribution: Any
+        ) -> Any:
+            from pyspark import TaskContext
+
+            context = TaskContext.get()
+            if context is None:
+                raise RuntimeError("TaskGridSampler samples inside a Spark task only")
+            return param_distribution.choices[context.partitionId()]
+
+    return TaskGridSampler()
 
 
 # ------------------------------------------------------------------- the systems
@@ -515,6 +701,54 @@ def cerebro_accuracy(
     }
 
 
+class RayPathHook:
+    """Ray on Spark's start hook (``RAY_ON_SPARK_START_HOOK``) for :meth:`Bench.ray`.
+
+    Ray on Spark starts each Ray node with ``shutil.which("ray")``, which finds nothing
+    when this Python's ``bin`` is not on the Spark workers' ``PATH`` (a venv run without
+    activating it). The hook puts it first in the Ray nodes' environment; the rest is
+    Ray's default hook.
+
+    Args:
+        is_global: Whether the cluster is a global one (Ray's hook argument; Ray builds
+            a hook it loads by name with none).
+    """
+
+    def __init__(self, is_global: bool = False) -> None:
+        self.is_global = is_global
+
+    def get_default_temp_root_dir(self) -> str:
+        return "/tmp"
+
+    def on_ray_dashboard_created(self, port: int) -> None:
+        """Nothing to do."""
+
+    def on_cluster_created(self, ray_cluster_handler: Any) -> None:
+        """Nothing to do."""
+
+    def on_spark_job_created(self, job_group_id: str) -> None:
+        """Nothing to do."""
+
+    def custom_environment_variables(self) -> dict[str, str]:
+        """``PATH`` with this Python's ``bin`` first."""
+        return {"PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]])}
+
+
+@contextmanager
+def _environ(values: Mapping[str, str]) -> Iterator[None]:
+    """Set environment variables for the ``with`` block; restore them after."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 @dataclasses.dataclass
 class Outcome:
     """One system's run: what the tables print."""
@@ -525,6 +759,8 @@ class Outcome:
     checkpoint_bytes: int
     peak_rss: int
     accuracy: dict[int, float]
+    note: str = ""
+    """Printed in the progress line only (e.g. Ray's cluster start)."""
 
 
 def _totals(system: str, seconds: float, results: list[dict[str, Any]]) -> Outcome:
@@ -565,7 +801,16 @@ def python_workers() -> list[int]:
 
 
 class Bench:
-    """The four systems on one Spark session, dataset and grid."""
+    """The systems on one Spark session, dataset and grid.
+
+    Args:
+        setting: The workload.
+        location: Where the prepared dataset lives.
+        spark: The Spark session every system runs on.
+        keep_logs: Where to copy each cerebro run's event log (``None``: nowhere).
+        pack: cerebro-spark's ``pack``.
+        mlflow_uri: The MLflow tracking server's URI (for ``optuna``).
+    """
 
     def __init__(
         self,
@@ -574,9 +819,11 @@ class Bench:
         spark: Any,
         keep_logs: str | None = None,
         pack: str = "off",
+        mlflow_uri: str | None = None,
     ) -> None:
         self.setting, self.location, self.spark = setting, location, spark
         self.keep_logs = keep_logs
+        self.mlflow_uri = mlflow_uri
         self.pack: str | int = int(pack) if pack.isdigit() else pack
         self.backend: Any = None
         filesystem = location.filesystem()
@@ -652,7 +899,7 @@ class Bench:
         return self.backend
 
     def hyperopt(self) -> Outcome:
-        from hyperopt import STATUS_OK, SparkTrials, fmin, hp
+        from hyperopt import STATUS_OK, SparkTrials, fmin, hp  # type: ignore[import-untyped]
 
         job, count = self.job, len(self.job.configs)
 
@@ -710,14 +957,109 @@ class Bench:
             ).run(ddp_train, self.job, index)
             for index in range(len(self.job.configs))
         ]
-        return _totals("ddp", time.perf_counter() - started, results)
+        return _totals("ddp", time.perf_counter() - started, results)  # type: ignore[arg-type]
 
-    def warm_up(self) -> None:
+    def optuna(self) -> Outcome:
+        """Optuna on Spark through MLflow 3's ``MlflowSparkStudy`` (see the module docstring)."""
+        import mlflow
+        from mlflow.optuna.storage import MlflowStorage
+        from mlflow.pyspark.optuna.study import MlflowSparkStudy
+        from optuna.trial import TrialState
+
+        if self.mlflow_uri is None:
+            raise RuntimeError("optuna needs an MLflow tracking server (Bench's mlflow_uri)")
+        job, count, uri = self.job, len(self.job.configs), self.mlflow_uri
+        name = f"peers-{uuid.uuid4().hex[:8]}"
+        experiment = mlflow.MlflowClient(uri).create_experiment(name)
+
+        def objective(trial: Any) -> float:
+            index = trial.suggest_categorical("config", list(range(count)))
+            result = train_one_config(job, index)
+            trial.set_user_attr("peer", result)
+            return float(result["accuracy"][-1])
+
+        started = time.perf_counter()
+        mlflow.set_tracking_uri(uri)  # MlflowStorage's client takes the global URI
+        study = MlflowSparkStudy(
+            name,
+            MlflowStorage(experiment_id=experiment),
+            sampler=task_grid_sampler(),
+            mlflow_tracking_uri=uri,
+            direction="maximize",
+        )
+        study.optimize(objective, n_trials=count)  # n_jobs=-1: one Spark task per trial
+        seconds = time.perf_counter() - started
+        trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        results = [trial.user_attrs["peer"] for trial in trials]
+        if sorted(r["index"] for r in results) != list(range(count)):
+            raise RuntimeError(f"MlflowSparkStudy did not train every config once: {trials}")
+        return _totals("optuna", seconds, results)
+
+    def ray(self) -> Outcome:
+        """Ray Tune on a Ray cluster on Spark (see the module docstring)."""
+        import ray
+        import ray.cloudpickle
+        from ray import tune
+        from ray.util.spark import setup_ray_cluster, shutdown_ray_cluster
+
+        if __name__ != "__main__":  # as for Spark: ship this module's functions by value
+            ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
+        job, count, workers = self.job, len(self.job.configs), self.setting.workers
+
+        def trainable(config: dict[str, Any]) -> None:
+            result = train_one_config(job, config["config"])
+            tune.report({"accuracy": result["accuracy"][-1], "peer": json.dumps(result)})
+
+        temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's Unix socket paths
+        hook = {"RAY_ON_SPARK_START_HOOK": f"{__name__}.RayPathHook"}
+        started = time.perf_counter()
+        try:
+            with _environ(hook):
+                address, _ = setup_ray_cluster(
+                    max_worker_nodes=workers,
+                    ray_temp_root_dir=temp,
+                    head_node_options={"include_dashboard": False},
+                )
+            try:
+                ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+                cluster_s = time.perf_counter() - started
+                tuner = tune.Tuner(
+                    tune.with_resources(trainable, {"cpu": 1}),
+                    param_space={"config": tune.grid_search(list(range(count)))},
+                    tune_config=tune.TuneConfig(max_concurrent_trials=workers),
+                    run_config=tune.RunConfig(
+                        name=f"peers-{uuid.uuid4().hex[:8]}",
+                        storage_path=str(self.scratch / "ray-results"),
+                        verbose=0,
+                    ),
+                )
+                grid = tuner.fit()
+                seconds = time.perf_counter() - started
+            finally:
+                ray.shutdown()
+                shutdown_ray_cluster()  # ends the Spark job that holds the worker nodes
+        finally:
+            shutil.rmtree(temp, ignore_errors=True)
+        if grid.errors:
+            raise RuntimeError(f"Ray Tune trials failed: {grid.errors}")
+        results = [json.loads((grid[i].metrics or {})["peer"]) for i in range(len(grid))]
+        if sorted(r["index"] for r in results) != list(range(count)):
+            raise RuntimeError(f"Ray Tune did not train every config once: {results}")
+        outcome = _totals("ray", seconds, results)
+        outcome.note = f"(Ray cluster start {cluster_s:.1f} s)"
+        return outcome
+
+    def warm_up(self, system: str | None = None) -> None:
         """Start every Python worker and import torch in it (a cost no system should pay).
 
         ``torch._dynamo`` too: the first optimizer step in a process imports it (seconds),
         so without it whichever system runs first in a Python worker pays that import
-        (cerebro's workers at start-up, a peer in its first task).
+        (cerebro's workers at start-up, a peer in its first task). Before ``optuna`` also
+        in the Python workers of ``mapInPandas`` tasks, which Spark keeps apart from the RDD
+        tasks' workers.
+
+        Args:
+            system: The system about to run (``None``: any but ``optuna``).
         """
         workers = self.setting.workers
 
@@ -728,6 +1070,14 @@ class Bench:
             return int(torch.ones(1).sum())
 
         self.spark.sparkContext.parallelize(range(workers), workers).map(touch).collect()
+        if system == "optuna":
+
+            def touch_frames(frames: Iterator[Any]) -> Iterator[Any]:
+                touch(0)
+                yield from frames
+
+            frames = self.spark.range(0, workers, 1, workers)
+            frames.mapInPandas(touch_frames, "id long").collect()
 
     def close(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
@@ -750,8 +1100,16 @@ def _spread(values: Sequence[float], fmt: str) -> str:
     return f"{format(mid, fmt)} [{format(low, fmt)}-{format(high, fmt)}]"
 
 
-def tables(setting: Setting, runs: list[dict[str, Outcome]]) -> str:
-    """The wall-time table and the accuracy table, over every repeat (of the systems run)."""
+def tables(
+    setting: Setting, runs: list[dict[str, Outcome]], missing: Mapping[str, str] | None = None
+) -> str:
+    """The wall-time table and the accuracy table, over every repeat (of the systems run).
+
+    Args:
+        setting: The workload.
+        runs: Each repeat's outcomes, by system.
+        missing: Systems asked for that could not run here, and why: one row each.
+    """
     systems = [system for system in SYSTEMS if system in runs[0]]
     lines = [
         "| system | wall s median [range] | x cerebro median [range] | data read "
@@ -768,6 +1126,8 @@ def tables(setting: Setting, runs: list[dict[str, Outcome]]) -> str:
             f"| {_size(statistics.median(o.checkpoint_bytes for o in outcomes))} "
             f"| {_size(statistics.median(o.peak_rss for o in outcomes))} |"
         )
+    for system, reason in (missing or {}).items():
+        lines.append(f"| {system} | not run: {reason} | - | - | - | - |")
     lines += [
         "",
         "Final validation accuracy per config (median over repeats):",
@@ -791,11 +1151,30 @@ def _order(repeat: int, systems: Sequence[str] = SYSTEMS) -> list[str]:
     return [*systems[shift:], *systems[:shift]]
 
 
+def unavailable(systems: Sequence[str]) -> dict[str, str]:
+    """The systems of ``systems`` whose packages are not installed here, and why."""
+    needs = {
+        "hyperopt": ("hyperopt", "Hyperopt", "bench"),
+        "optuna": ("mlflow.pyspark.optuna.study", "MLflow's MlflowSparkStudy", "tracking"),
+        "ray": ("ray.util.spark", "Ray Tune", "peers"),
+    }
+    missing = {}
+    for system in systems:
+        if system not in needs:
+            continue
+        module, what, extra = needs[system]
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            missing[system] = f"{what} is not installed here ({error}; pip install -e '.[{extra}]')"
+    return missing
+
+
 def _register_pickle_by_value() -> None:
     """Let Spark ship this module's functions by value when it is imported, not run."""
     if __name__ == "__main__":
         return
-    import cloudpickle
+    import cloudpickle  # type: ignore[import-untyped]
     from pyspark import cloudpickle as spark_cloudpickle
 
     module = sys.modules[__name__]
@@ -820,9 +1199,23 @@ def benchmark(args: argparse.Namespace) -> tuple[str, list[dict[str, Outcome]]]:
     _register_pickle_by_value()
     local = prepared_dataset(setting, Path(args.data_dir))
     size = sum(f.stat().st_size for f in (local / "train").iterdir())
+    missing = unavailable(args.systems)
+    systems = [system for system in args.systems if system not in missing]
+    for system, reason in missing.items():
+        logger.warning("%s: not run: %s", system, reason)
+    # before the JVM starts, so that its Python workers inherit it: MLflow's client prints
+    # a "View run" line per trial run it ends
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     load_before = os.getloadavg()
     runs: list[dict[str, Outcome]] = []
-    with contextlib_s3(setting.s3) as endpoint:
+    with contextlib.ExitStack() as servers:
+        endpoint = servers.enter_context(contextlib_s3(setting.s3))
+        mlflow_uri = None
+        if "optuna" in systems:
+            mlflow_exe = mlflow_server_venv(
+                Path(args.mlflow_venv or Path(args.data_dir) / "mlflow-server")
+            )
+            mlflow_uri = servers.enter_context(mlflow_server(mlflow_exe))
         location = Location(str(local)) if endpoint is None else upload(local, endpoint)
         if endpoint is not None:  # before the JVM starts: its Python workers inherit them
             for name, value in {
@@ -843,15 +1236,16 @@ def benchmark(args: argparse.Namespace) -> tuple[str, list[dict[str, Outcome]]]:
             },
         )
         spark.sparkContext.setLogLevel("ERROR")
-        bench = Bench(setting, location, spark, args.keep_logs, args.pack)
+        bench = Bench(setting, location, spark, args.keep_logs, args.pack, mlflow_uri)
         try:
             for repeat in range(args.repeats):
                 run: dict[str, Outcome] = {}
-                for system in _order(repeat, args.systems):
-                    bench.warm_up()  # Spark stops Python workers idle for a minute
+                for system in _order(repeat, systems):
+                    bench.warm_up(system)  # Spark stops Python workers idle for a minute
                     run[system] = bench.run(system)
                     print(
-                        f"repeat {repeat + 1}/{args.repeats} {system}: {run[system].seconds:.1f} s",
+                        f"repeat {repeat + 1}/{args.repeats} {system}: {run[system].seconds:.1f} s"
+                        + (f" {run[system].note}" if run[system].note else ""),
                         flush=True,
                     )
                 runs.append(run)
@@ -860,7 +1254,8 @@ def benchmark(args: argparse.Namespace) -> tuple[str, list[dict[str, Outcome]]]:
             if ours:
                 spark.stop()
     load_after = os.getloadavg()
-    orders = ["".join(s[0].upper() for s in _order(r, args.systems)) for r in range(args.repeats)]
+    orders = ["".join(s[0].upper() for s in _order(r, systems)) for r in range(args.repeats)]
+    legend = ", ".join(f"{system[0].upper()} {system}" for system in SYSTEMS)
     header = [
         f"# benchmarks/peers.py --setting {args.setting}",
         "",
@@ -874,13 +1269,29 @@ def benchmark(args: argparse.Namespace) -> tuple[str, list[dict[str, Outcome]]]:
         f"cerebro pack: {args.pack}",
         f"machine: {os.cpu_count()} cores, load average {load_before[0]:.2f} before, "
         f"{load_after[0]:.2f} after (shared with other work)",
-        f"orders: {', '.join(orders)} (C cerebro, H hyperopt, P plain, D ddp)",
+        f"orders: {', '.join(orders)} ({legend})",
+        *_versions(systems),
         "",
     ]
-    text = "\n".join(header) + tables(setting, runs) + "\n"
+    text = "\n".join(header) + tables(setting, runs, missing) + "\n"
     if args.out:
         Path(args.out).write_text(text)
     return text, runs
+
+
+def _versions(systems: Sequence[str]) -> list[str]:
+    """A header line with the versions of the new peers' packages, when they ran."""
+    from importlib.metadata import version
+
+    parts = []
+    if "optuna" in systems:
+        parts.append(
+            f"optuna {version('optuna')} with mlflow-skinny {version('mlflow-skinny')}'s "
+            f"MlflowSparkStudy (server: mlflow {MLFLOW_VERSION}, 127.0.0.1, SQLite)"
+        )
+    if "ray" in systems:
+        parts.append(f"ray {version('ray')} (ray.util.spark, ray.tune)")
+    return [f"peers: {'; '.join(parts)}"] if parts else []
 
 
 @contextmanager
@@ -925,6 +1336,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--pack", default="off", help="cerebro-spark's pack: off, auto or N (default off)"
     )
+    parser.add_argument(
+        "--mlflow-venv",
+        metavar="DIR",
+        default=os.environ.get("CEREBRO_MLFLOW_SERVER_VENV"),
+        help="a virtual environment with full mlflow for optuna's tracking server (built "
+        "there once if it has none; default $CEREBRO_MLFLOW_SERVER_VENV, else "
+        "DATA_DIR/mlflow-server)",
+    )
     parser.add_argument("--out", help="also write the report to this file")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
@@ -941,6 +1360,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> str:
+    logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logger.setLevel(logging.INFO)  # this script's notes; other libraries' warnings only
     args = parse_args(argv)
     text, _ = benchmark(args)
     print(text)
