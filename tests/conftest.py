@@ -138,6 +138,22 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
+def connect_cluster_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real Spark Connect server on ``local-cluster[2,1,1024]`` (two executor JVMs of one
+    core and 1 GiB, which a test may kill from the OS: :meth:`~tests.connect_server.
+    ConnectServer.executor_pids`), for one module: stopped, executors and all, at its end."""
+    from tests.connect_server import ConnectServer
+
+    server = ConnectServer(
+        tmp_path_factory.mktemp("spark-connect-cluster"), master="local-cluster[2,1,1024]"
+    )
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
 def spark_connect(connect_server: Any) -> Iterator[Any]:
     """A Spark Connect session on ``connect_server`` for one module (no SparkContext);
     stopped at its end, so that no later module finds it active."""

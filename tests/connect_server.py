@@ -2,16 +2,20 @@
 
 ``ConnectServer(root)`` starts ``org.apache.spark.sql.connect.service.SparkConnectServer``
 (``sbin/spark-daemon.sh submit``, what ``start-connect-server.sh`` runs) with a ``local[N]``
-master, its own pid and log directories and a free port, waits until the port accepts,
-and stops it (its whole process tree) on ``close``. Its executors' Python is this one, with
-the repository on ``PYTHONPATH`` (tests' specs are imported by workers). ``session()`` is a
-Spark Connect session on it (``SparkSession.builder.remote``): no SparkContext.
+master (or another one: ``master="local-cluster[2,1,1024]"`` runs two executor JVMs of one
+core and 1 GiB each, which a test can kill from the OS), its own pid and log directories
+and a free port, waits until the port accepts, and stops it (its whole process tree) on
+``close``. Its executors' Python is this one, with the repository on ``PYTHONPATH`` (tests'
+specs are imported by workers): in the server's environment, which ``local[N]`` tasks and
+``local-cluster`` executors inherit, and in ``spark.executorEnv``. ``session()`` is a Spark
+Connect session on it (``SparkSession.builder.remote``): no SparkContext.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,6 +27,8 @@ from typing import Any
 from cerebro_spark.cluster._daemons import alive, descendants, free_port
 
 CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+_LOCAL_CLUSTER = re.compile(r"local-cluster\[(\d+),(\d+),(\d+)\]")
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -31,13 +37,28 @@ class ConnectServer:
 
     Args:
         root: Its pid, log and work directories.
-        slots: The ``local[N]`` master's task slots.
+        slots: The ``local[N]`` master's task slots (when ``master`` is not given).
         start_timeout_s: Seconds to wait for the port.
+        master: The server's master (default ``local[slots]``); a ``local-cluster`` one's
+            executors get at most 1 GiB each and run this Python.
+
+    Raises:
+        ValueError: A ``local-cluster`` master asks for more than 1024 MiB per executor.
     """
 
-    def __init__(self, root: Path, slots: int = 4, start_timeout_s: float = 180.0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        slots: int = 4,
+        start_timeout_s: float = 180.0,
+        master: str | None = None,
+    ) -> None:
         import pyspark
 
+        self.master = master or f"local[{slots}]"
+        cluster = _LOCAL_CLUSTER.fullmatch(self.master.replace(" ", ""))
+        if cluster is not None and int(cluster.group(3)) > 1024:
+            raise ValueError(f"{self.master}: executors of the tests get at most 1024 MiB")
         self.root = Path(root)
         self.port = free_port("127.0.0.1")
         self.url = f"sc://127.0.0.1:{self.port}"
@@ -62,7 +83,19 @@ class ConnectServer:
             "spark.driver.host": "127.0.0.1",
             "spark.local.dir": str(self.root / "tmp"),
         }
-        args = ["--name", "cerebro-spark connect tests", "--master", f"local[{slots}]"]
+        if cluster is not None:  # executor JVMs of their own: this Python, the repository
+            settings.update(
+                {
+                    "spark.executor.memory": f"{cluster.group(3)}m",
+                    "spark.executor.cores": cluster.group(2),
+                    "spark.task.cpus": "1",
+                    "spark.dynamicAllocation.enabled": "false",
+                    "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+                    "spark.executorEnv.PYTHONPATH": self._env["PYTHONPATH"],
+                    "spark.executorEnv.SPARK_LOCAL_IP": "127.0.0.1",
+                }
+            )
+        args = ["--name", "cerebro-spark connect tests", "--master", self.master]
         for key, value in settings.items():
             args += ["--conf", f"{key}={value}"]
         self._daemon("submit", *args)
@@ -75,10 +108,27 @@ class ConnectServer:
         return SparkSession.builder.remote(self.url).getOrCreate()
 
     def pid(self) -> int | None:
+        """The server's process id, from its pid file (``None`` before it wrote one)."""
         with contextlib.suppress(FileNotFoundError, ValueError):
             path = self.root / "pids" / f"spark-cerebro-connect-{CONNECT_CLASS}-1.pid"
             return int(path.read_text())
         return None
+
+    def executor_pids(self) -> dict[str, int]:
+        """The executor JVMs the server runs (``local-cluster``), by executor id.
+
+        Each is a ``CoarseGrainedExecutorBackend`` process below the server's, with
+        ``--executor-id <id>`` on its command line; ``local[N]`` has none (the driver runs
+        the tasks).
+        """
+        pid = self.pid()
+        found: dict[str, int] = {}
+        for member in [] if pid is None else descendants(pid):
+            with contextlib.suppress(OSError):
+                argv = Path(f"/proc/{member}/cmdline").read_bytes().decode().split("\0")
+                if EXECUTOR_CLASS in argv and "--executor-id" in argv:
+                    found[argv[argv.index("--executor-id") + 1]] = member
+        return found
 
     def close(self) -> None:
         """Stop the server and everything it started (idempotent)."""
@@ -89,10 +139,23 @@ class ConnectServer:
         deadline = time.monotonic() + 30
         while pid is not None and alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        for member in tree:
+        for member in [*tree, *self._strays()]:
             if alive(member):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(member, signal.SIGKILL)
+
+    def _strays(self) -> list[int]:
+        """Processes of this server that outlived it: ``local-cluster`` executors that its
+        in-process workers relaunched while it stopped (their command line names its port).
+        """
+        mark = f"-Dspark.connect.grpc.binding.port={self.port}"
+        found: list[int] = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            with contextlib.suppress(OSError, ValueError):
+                if mark in cmdline.read_bytes().decode(errors="replace").split("\0"):
+                    pid = int(cmdline.parent.name)
+                    found += [pid, *descendants(pid)]
+        return found
 
     def _daemon(self, action: str, *args: str) -> None:
         (self.root / "logs").mkdir(parents=True, exist_ok=True)

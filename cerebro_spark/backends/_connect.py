@@ -12,7 +12,9 @@ through what Connect has (``shared/design.md``, "Spark Connect"):
   A worker told to stop ends its task normally and the operation succeeds.
 * **Where**: each worker says where it runs when it registers (its host, and its
   executor id where the executor's environment or work directory tells it,
-  :func:`~._serve.executor_hint`); in ``local[N]`` it is the driver, as on classic Spark.
+  :func:`~._serve.executor_hint`: a Connect session's Python workers run in a directory of
+  the session's own inside the executor's work directory); in ``local[N]`` it is the
+  driver, as on classic Spark.
   Its host is the address its control connection came from (the node's private IP, which
   the Databricks REST API lists: the ``databricks`` manager matches workers to nodes by
   it), its hostname where that address is a loopback one.
@@ -20,7 +22,10 @@ through what Connect has (``shared/design.md``, "Spark Connect"):
   Spark). The session does not say how many task slots its executors have: the number of
   workers must be given, and with a ``local[N]`` master it may not exceed ``N``. Executors
   that appear later are not seen, so no worker joins on them; killing an executor is not
-  possible (the pool's tests kill a worker's process instead).
+  possible through Connect (the tests kill a worker's process, or its executor's JVM from
+  the OS). When an executor dies, Spark retries its worker's task elsewhere: the pool
+  refuses the retry's registration (a worker id registers once) and the retried task ends
+  at once, if the pool's interrupt of the lost worker's operation did not cancel it first.
 
 The workers connect back to this process's control server at ``spark.driver.host``:
 this process must run where the executors can reach it (a notebook on the cluster's

@@ -57,7 +57,9 @@ from cerebro_spark.units import UnitResult, UnitTask
 
 logger = logging.getLogger(__name__)
 
-_STANDALONE_WORK_DIR = re.compile(r"/app-[0-9]+-[0-9]+/([0-9]+)$")
+_STANDALONE_WORK_DIR = re.compile(
+    r"/app-[0-9]+-[0-9]+/([0-9]+)(?:/[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})?/?$"
+)
 
 # How a worker ended (what serve returns).
 STOPPED = "stopped"
@@ -173,7 +175,9 @@ def executor_hint(environ: Mapping[str, str], cwd: str) -> str | None:
     """Guess the executor id from inside the task (the driver asks Spark first).
 
     From ``SPARK_EXECUTOR_ID`` (Kubernetes), else the standalone work directory
-    ``<work-dir>/app-<id>/<executor id>``.
+    ``<work-dir>/app-<id>/<executor id>``, or under Spark Connect the session's directory
+    inside it, ``<work-dir>/app-<id>/<executor id>/<session uuid>`` (Spark's artifact
+    isolation runs each session's Python workers there).
     """
     if environ.get("SPARK_EXECUTOR_ID"):
         return environ["SPARK_EXECUTOR_ID"]

@@ -588,6 +588,18 @@ def test_the_executor_hint() -> None:
     assert executor_hint({}, "/tmp/exp") is None
 
 
+def test_a_connect_worker_finds_its_executor_under_its_session_directory() -> None:
+    """Under Spark Connect a task's Python runs in its session's directory inside the
+    executor's work directory (artifact isolation): the executor id is read there."""
+    session = "/work/app-20261129213921-0000/3/e26cb92b-7271-48e2-8c94-dbfb27c22e88"
+    assert executor_hint({}, session) == "3"
+    assert executor_hint({}, session + "/") == "3"
+    assert executor_hint({}, "/work/app-20261121205354-0000/12") == "12"
+    assert executor_hint({"SPARK_EXECUTOR_ID": "7"}, session) == "7"
+    assert executor_hint({}, "/tmp/exp/e26cb92b-7271-48e2-8c94-dbfb27c22e88") is None
+    assert executor_hint({}, "/work/app-20261121205354-0000/12/not-a-session") is None
+
+
 def test_speculative_execution_is_refused() -> None:
     from cerebro_spark.backends._spark_task import check_spark_conf
 

@@ -21,12 +21,15 @@ import pytest
 from cerebro_spark.backends import (
     Backend,
     Membership,
+    TaskInfo,
     UnitFuture,
     WorkerChange,
     WorkerJob,
     WorkerPool,
+    serve,
 )
 from cerebro_spark.backends._control import connect
+from cerebro_spark.backends._serve import REFUSED
 from cerebro_spark.errors import ConfigError, DataError, StoreError, TrialError, WorkerLostError
 from cerebro_spark.store import open_store
 from cerebro_spark.units import GroupBrokenError, UnitKind, UnitTask, group_tasks
@@ -144,6 +147,26 @@ def test_a_second_registration_of_a_worker_id_is_refused(pools: Callable[..., Wo
     channel.close()
     assert pool.stats().refused == 1
     assert set(pool.workers()) == {"w0"}
+
+
+def test_a_retried_attempt_of_a_lost_worker_is_refused_and_ends(
+    pools: Callable[..., WorkerPool],
+) -> None:
+    """Spark retries the task of a worker whose executor died; if the pool's kill of the
+    lost worker did not cancel it first, the retry registers under the lost worker's id:
+    it is refused, its ``serve`` ends at once, and the pool goes on without it."""
+    pool = pools(2)
+    pool.changes()
+    with pytest.raises(WorkerLostError, match=r"worker w1 was lost .*while it ran the train unit"):
+        result(pool.submit("w1", task("t", 1, die="w1")))
+    wait_until(lambda: held(pool) == {"w0": {0, 1, 2, 3}}, "re-homing")
+    retry = TaskInfo(attempt=1, task_attempt_id=7)
+    assert serve(pool._worker_spec("w1"), retry, fake_transport.FakeWorker) == REFUSED
+    stats = pool.stats()
+    assert (stats.registered, stats.refused, stats.lost) == (2, 1, {"ended": 1})
+    assert kinds(pool.changes()) == [("lost", "w1"), ("partitions", "w0")]  # no join
+    assert set(pool.workers()) == {"w0"}
+    assert result(pool.submit("w0", task("t", 1))).rows == 10
 
 
 # -- units ---------------------------------------------------------------------------------------

@@ -77,8 +77,9 @@ def test_every_connect_case_ran_and_passed(connect_run: dict[str, Any]) -> None:
     # the backend contract (16), what Connect changes (8), a search, HyperSched's group
     # units, the notebook, the prepare/run/score jobs, the elastic managers (10: refusals,
     # databricks through the REST API, an elastic run growing it, serverless at the
-    # capacity as given, run and plan)
-    assert counts["tests"] >= 38 and counts["failures"] == counts["errors"] == 0, counts
+    # capacity as given, run and plan), an executor killed mid-unit on local-cluster (2:
+    # the search loses no unit; a retried task of the lost worker is refused and ends)
+    assert counts["tests"] >= 40 and counts["failures"] == counts["errors"] == 0, counts
     assert counts["skipped"] == 0, connect_run["output"]
 
 
