@@ -160,9 +160,15 @@ def cpu_load(factor: float) -> Any:
                 spinner.kill()
 
 
-def loaded_row(search: str, events: list[dict[str, Any]]) -> str:
-    """The loaded run in one line: first re-plan, deadline met or the miss line."""
-    summary = next(e for e in events if e["event"] == "elastic_summary")
+def loaded_row(search: str, events: list[dict[str, Any]], failed: str | None = None) -> str:
+    """The loaded run in one line: first re-plan, deadline met or the miss line.
+
+    ``failed``: why the run raised (a search that trained nothing by its deadline raises
+    ``SearchFailedError`` after its summary: the miss is still reported).
+    """
+    summary = next((e for e in events if e["event"] == "elastic_summary"), None)
+    if summary is None:
+        return f"{search:<5} no elastic summary: {failed}"
     replans = summary.get("replans") or []
     first = replans[0] if replans else None
     where = "none" if first is None else f"stage {int(first['stage']) + 1}: {first['reason']}"
@@ -171,7 +177,7 @@ def loaded_row(search: str, events: list[dict[str, Any]]) -> str:
     return (
         f"{search:<5} {summary['first_plan']['seconds']:>8.1f} {summary['seconds']:>8.1f} "
         f"{summary['deadline']:>8.1f} {len(replans):>7}  {met!s:<5}  first re-plan {where}"
-        f"\n      miss: {misses}"
+        f"\n      miss: {misses}" + ("" if failed is None else f"\n      then: {failed}")
     )
 
 
@@ -201,6 +207,10 @@ def main() -> None:
     parser.add_argument("--keep", help="keep each search's store (its event logs) under DIR")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    from cerebro_spark.engine import read_events
+    from cerebro_spark.errors import SearchFailedError
+    from cerebro_spark.store import open_store
+
     out = io.StringIO()
 
     def say(line: str = "") -> None:
@@ -246,10 +256,15 @@ def main() -> None:
             if args.load:
                 config = search_config(search, tmp)
                 del config["elastic"]["replan_drift"]  # the config's: re-planning on
+                failed = None
                 with cpu_load(args.load):
                     began = time.monotonic()
-                    events = run(config, "loaded")
-                loaded.append(loaded_row(search, events))
+                    try:
+                        events = run(config, "loaded")
+                    except SearchFailedError as error:  # nothing trained: reported as a miss
+                        failed = f"SearchFailedError: {str(error).split(' (event log')[0]}"
+                        events = read_events(open_store(tmp).child("experiments/loaded"))
+                loaded.append(loaded_row(search, events, failed))
                 logging.getLogger(__name__).info(
                     "loaded %s: %.0f s", search, time.monotonic() - began
                 )

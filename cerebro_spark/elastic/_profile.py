@@ -18,10 +18,10 @@ the pilot was run under):
 * ``scale_seconds`` (required): provider latency from a request to an executor granted.
 * ``scale_seconds_each`` (default 0): what each further instance of one request adds to
   ``scale_seconds``: a request for ``n`` instances is granted after ``scale_seconds + (n -
-  1) * scale_seconds_each``, and instance ``k`` of it is billed from ``(k - 1) *
-  scale_seconds_each`` after the request (a provider that starts instances one after
-  another, as the local standalone cluster starts its worker daemons, each one's script
-  waiting for its JVM; 0 where they start at once, as a cloud's instances do).
+  1) * scale_seconds_each`` (a provider that starts instances one after another, as the
+  local standalone cluster starts its worker daemons, each one's script waiting for its
+  JVM; 0 where they start at once, as a cloud's instances do). All of them are billed
+  from the request.
 * ``driver_start_seconds`` (default 0): from ``run`` to the first request for instances
   (the configuration, the dataset, the pre-flight, the plan, and whatever the manager
   starts before any instance: a standalone master). Not billed: the driver is not an

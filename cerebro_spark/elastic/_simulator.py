@@ -7,8 +7,9 @@ stage by stage from the frontier (RubberBand §4.2, "DAG construction"):
 * **DRIVER_START** (``driver_start_seconds``): a fresh run's driver, from ``run`` to its
   first request for instances; not billed (a re-plan has none).
 * **SCALE** (``scale_seconds + (n - 1) * scale_seconds_each`` for ``n`` new instances):
-  the stage needs more workers than are held: a blocking request to the provider, each
-  instance billed from its own start (``scale_seconds_each`` apart).
+  the stage needs more workers than are held: a blocking request to the provider, billed
+  from its start (every instance of it: where a provider starts them one after another,
+  the later ones may start billing a little later, which the plan does not count).
 * **INIT_INSTANCE** (``worker_start_seconds + share * partition_load_seconds``): the new
   workers start and load their partitions in parallel, after SCALE. Starting from none,
   worker ``k`` of ``W`` loads partitions ``i = k mod W`` (the pool's placement) and, past
@@ -833,7 +834,6 @@ class Simulator:
                 if piece[0] == 0:
                     stack.pop()
 
-        each = self.profile.scale_each
         clocked = self._clocked(key)
         now: Samples = self._driver
         for i, w in enumerate(key):
@@ -857,11 +857,7 @@ class Simulator:
             if per_instance:
                 need = self._instances(w)
                 compute.append(need * instance_rate * (end - now))
-                if need > current and each > 0:  # instance k of the request from (k - 1) * each
-                    more = need - current
-                    compute[i] = compute[i] - instance_rate * each * more * (more - 1) / 2
-                    stack.extend([1, now + k * each, False] for k in range(more))
-                elif need > current:
+                if need > current:
                     stack.append([need - current, now, False])
                 elif need < current:
                     release(current - need, now, max(0, i - 1))

@@ -1157,7 +1157,19 @@ def elastic_run(
         except PlanInfeasible as late:
             # Late (or short of money): the cheapest plan that is about as fast as the
             # fastest found, so that no instance is kept idle to gain a re-homing's second.
-            logger.warning("no plan of the stages left meets the time and money left: %s", late)
+            fastest = late.fastest[1]
+            money = "" if usd is None else f" and the ${max(usd, 0.0):.4f} left of the budget"
+            logger.warning(
+                "re-planning from stage %d: no plan of the stages left fits the %.1f s left of "
+                "the %g s deadline%s (the fastest takes %.1f s for $%.4f): going on as fast as "
+                "that, for the least money",
+                index + 1,
+                max(seconds, 0.0),
+                deadline,
+                money,
+                fastest.seconds,
+                fastest.usd,
+            )
             try:
                 fresh = cheapest(late.fastest[1].seconds * (1 + FASTEST_SLACK), None)
             except PlanInfeasible:

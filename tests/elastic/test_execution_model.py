@@ -351,16 +351,14 @@ def test_the_drivers_start_delays_every_stage_and_is_not_billed() -> None:
 
 def test_instances_started_one_after_another() -> None:
     """``scale_seconds_each`` 2 s: 4 new instances are granted after 5 + 3 x 2 = 11 s (stage 1
-    trains 21.5 -> 45.5, stage 2 46 -> 70); instance k is billed from 2 (k - 1) s, so the
-    first stage's window bills 0 + 2 + 4 + 6 = 12 instance-seconds less. The 2 that leave
-    at 45.5 s (the last two started, at 4 and 6 s) pay the 60 s minimum; the 2 kept to the
-    end are held 70 and 68 s."""
+    trains 21.5 -> 45.5, stage 2 46 -> 70), all billed from the request: the 2 that leave
+    at 45.5 s pay the 60 s minimum, the 2 kept to the end are held 70 s."""
     out = simulator(profile=profile(scale_seconds_each=2.0)).run((4, 2))
     assert [(s.start, s.end) for s in out.stages] == [
         pytest.approx((21.5, 45.5)),
         pytest.approx((46.0, 70.0)),
     ]
-    assert out.compute_usd == pytest.approx(2 * 0.060 + 0.070 + 0.068)
+    assert out.compute_usd == pytest.approx(2 * 0.060 + 2 * 0.070)
     # Growing by one instance pays no "each".
     assert simulator(profile=profile(scale_seconds_each=2.0), running=3).run((4, 4)).stages[
         0

@@ -220,6 +220,8 @@ def optimistic_profile(path: Path) -> str:
     raw["hop_seconds"] = 1e-5
     raw["worker_start_seconds"] = 0.01
     raw["scale_seconds"] = 0.01
+    raw["scale_seconds_each"] = 0.01
+    raw["driver_start_seconds"] = 0.01
     for key in [k for k in raw if k.endswith("_spread")]:
         del raw[key]
     out = path / "optimistic.yaml"
