@@ -195,6 +195,8 @@ SETTINGS = {
         False,
     ),
     "heavy": Setting(625_000, 512, 8, ((64,), (128,)), (1e-3, 3e-3), 1, 2, s3=True),
+    # the heavy data, a grid of 8: a peer reads the dataset once per config, cerebro once
+    "heavy-8": Setting(625_000, 512, 8, ((64,), (128,)), (3e-4, 1e-3, 3e-3, 1e-2), 1, 2, True),
 }
 
 
