@@ -4,10 +4,13 @@ For every model family of the space whose trials can pack, the driver trains pac
 ``k = 1, 2, 4, ...`` fresh copies of the family's pre-flight trial on a few batches of the
 dataset's first train partition (:func:`~cerebro_spark.training.pack_throughput`; twice,
 each size's best kept) and
-takes the smallest ``k`` within 5 % of the best throughput
-(:func:`~cerebro_spark.training.choose_pack_size`). The run packs at most the smallest of
-the families' choices (one pack size per run; a family measured to gain nothing from
-packing keeps the others from packing past its best), and 1 (off) when no family can pack.
+takes the smallest ``k`` within 5 % of the best estimated epoch time
+(:func:`~cerebro_spark.training.choose_pack_size`): the family's trials that the search
+starts at once (its procedure's first ``suggest``) are cut into packs of ``k``, and a
+size that leaves workers idle (fewer packs than ``workers``) is charged for it. The run
+packs at most the smallest of the families' choices (one pack size per run; a family
+measured to gain nothing from packing keeps the others from packing past its best), and
+1 (off) when no family can pack.
 
 The curve is measured on the driver, on the device the workers train on when the driver
 has it (``device: auto`` or ``cuda`` with a GPU here), else on its CPU, with a warning:
@@ -29,6 +32,7 @@ import torch
 from cerebro_spark.data import Manifest
 from cerebro_spark.data._reader import read_partition
 from cerebro_spark.driver._config import ExperimentConfig
+from cerebro_spark.driver._procedure import build_procedure
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.training import choose_pack_size, pack_throughput
 from cerebro_spark.units import UnitKind, UnitTask
@@ -67,6 +71,7 @@ def choose_pack(
     dataset_uri: str,
     manifest: Manifest,
     params: Mapping[str, Mapping[str, Any]],
+    trials: Mapping[str, int] | None = None,
 ) -> PackChoice:
     """Measure each family's throughput curve and choose the run's pack size.
 
@@ -75,6 +80,8 @@ def choose_pack(
         dataset_uri: The dataset (its train partition 0 is read).
         manifest: The dataset's manifest.
         params: Per spec import path, the params its pre-flight trial was built with.
+        trials: Per spec import path, how many of its trials the search starts at once
+            (:func:`first_trials`); ``None``: :func:`first_trials` of ``config``.
 
     Returns:
         The choice and the curves it was made from.
@@ -83,6 +90,7 @@ def choose_pack(
         TrialError: A family's model, loss or optimizer raised while it trained.
     """
     device = _probe_device(config.device)
+    counts = first_trials(config) if trials is None else trials
     data = read_partition(dataset_uri, "train", 0, manifest=manifest)
     curves: dict[str, dict[int, float]] = {}
     choices: list[int] = []
@@ -114,17 +122,35 @@ def choose_pack(
             continue
         curve = {k: max(m.get(k, 0.0) for m in measured) for k in measured[0]}
         curves[spec_path] = curve
-        choices.append(choose_pack_size(curve))
+        started = counts.get(spec_path)
+        choices.append(choose_pack_size(curve, trials=started, workers=config.workers))
         logger.info(
-            "pack: auto: model family %s trains %s trial rows/s on %s; it would pack %d",
+            "pack: auto: model family %s trains %s trial rows/s on %s; with %s trials at "
+            "once on %d workers it would pack %d",
             spec_path,
             ", ".join(f"{rate:.0f} (k={k})" for k, rate in sorted(curve.items())),
             device,
+            "its" if started is None else started,
+            config.workers,
             choices[-1],
         )
     size = min(choices, default=1)
     logger.info("pack: auto chose packs of at most %d trial%s", size, "" if size == 1 else "s")
     return PackChoice(size, device, curves)
+
+
+def first_trials(config: ExperimentConfig) -> dict[str, int]:
+    """Per spec import path, the trials the search starts at once (its first ``suggest``).
+
+    The procedure is built as ``run`` builds it (its own generator, from the seed), and
+    asked once; its trials are counted by their ``model`` param (else the config's).
+    """
+    counts: dict[str, int] = {}
+    for trial in build_procedure(config, lambda: 0.0).suggest():
+        spec = trial.params.get("model", config.model)
+        if isinstance(spec, str):
+            counts[spec] = counts.get(spec, 0) + 1
+    return counts
 
 
 def _probe_device(device: str) -> str:

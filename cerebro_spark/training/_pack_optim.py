@@ -317,6 +317,7 @@ class StackedAdam(_Stacked):
         self.steps: dict[str, list[float]] = {}
         self.exp_avg: dict[str, torch.Tensor] = {}
         self.exp_avg_sq: dict[str, torch.Tensor] = {}
+        self._bias: dict[tuple[object, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _open(self, name: str) -> None:
         """Stack the trials' state of ``name`` (zeros and step 0 where there is none)."""
@@ -351,14 +352,31 @@ class StackedAdam(_Stacked):
         exp_avg.lerp_(grad, self.constant("1-beta1", [1 - b for b in self.beta1], param))
         exp_avg_sq.mul_(self.constant("beta2", self.beta2, param))
         exp_avg_sq.add_(self.constant("1-beta2", [1 - b for b in self.beta2], param) * grad * grad)
-        step_size, correction = [], []
-        for lr, beta1, beta2, step in zip(self.lr, self.beta1, self.beta2, steps, strict=True):
-            step_size.append(-(lr / (1 - beta1**step)))
-            correction.append((1 - beta2**step) ** 0.5)
-        denom = (exp_avg_sq.sqrt() / self.column(correction, param)).add_(
-            self.constant("eps", self.eps, param)
-        )
-        param.add_(self.column(step_size, param) * exp_avg / denom)
+        step_size, correction = self._bias_columns(steps, param)
+        denom = (exp_avg_sq.sqrt() / correction).add_(self.constant("eps", self.eps, param))
+        param.add_(step_size * exp_avg / denom)
+
+    def _bias_columns(
+        self, steps: Sequence[float], like: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step sizes ``-lr / (1 - beta1^step)`` and ``sqrt(1 - beta2^step)`` columns.
+
+        Every parameter of a trial usually has the same step count, so the columns of one
+        step are built once and shared by the parameters of the same rank (a step's
+        Python scalars and two small tensors per parameter were a tenth of a pack's step
+        on the CPU, measured on a pack of 8 MLPs).
+        """
+        key = (tuple(steps), like.dim(), like.dtype, like.device)
+        held = self._bias.get(key)
+        if held is None:
+            step_size, correction = [], []
+            for lr, beta1, beta2, step in zip(self.lr, self.beta1, self.beta2, steps, strict=True):
+                step_size.append(-(lr / (1 - beta1**step)))
+                correction.append((1 - beta2**step) ** 0.5)
+            if len(self._bias) > 8:  # an earlier step's columns
+                self._bias.clear()
+            held = self._bias[key] = (self.column(step_size, like), self.column(correction, like))
+        return held
 
     def write_state(self) -> None:
         """Each trial's ``step``, ``exp_avg``, ``exp_avg_sq`` (in torch's key order)."""

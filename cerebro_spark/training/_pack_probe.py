@@ -120,18 +120,49 @@ def _time_pack(
     return rows / seconds if seconds > 0 else 0.0, peak
 
 
-def choose_pack_size(curve: Mapping[int, float], tolerance: float = 0.05) -> int:
-    """The smallest ``k`` whose throughput is within ``tolerance`` of the curve's best.
+def choose_pack_size(
+    curve: Mapping[int, float],
+    tolerance: float = 0.05,
+    *,
+    trials: int | None = None,
+    workers: int = 1,
+) -> int:
+    """The smallest ``k`` whose estimated time is within ``tolerance`` of the best.
+
+    Without ``trials``, a size's time is that of one trial row at its throughput
+    (``1 / rate``): the fastest size wins. With ``trials`` (of the family, trained at
+    once) and ``workers``, a size also has to keep the workers busy: ``m = ceil(trials /
+    k)`` packs each visit every partition, one pack per worker at a time, so an epoch
+    takes about ``m * (k / rate) / min(m, workers)`` row-times (a pack of ``k`` trains a
+    row of each of its trials in ``k / rate``). Sizes above ``trials`` are not taken.
+    Measured here (``benchmarks/peers.py --setting small-lrs``): 16 trials on 2 workers
+    in one pack of 16 left one worker idle all run; two packs of 8 keep both busy.
 
     Smaller packs leave the scheduler more freedom (a pack needs ``k`` trials whose next
     partition coincides), so a size that is barely faster than a smaller one is not taken.
 
     Raises:
-        ConfigError: The curve is empty or ``tolerance`` is not in [0, 1).
+        ConfigError: The curve is empty, ``tolerance`` is not in [0, 1), or ``trials``
+            or ``workers`` is not a positive int.
     """
     if not curve:
         raise ConfigError("choose_pack_size needs a measured curve, got none")
     if not 0 <= tolerance < 1:
         raise ConfigError(f"tolerance must be in [0, 1), got {tolerance!r}")
-    best = max(curve.values())
-    return min(k for k, rate in curve.items() if rate >= (1 - tolerance) * best)
+    for name, value in (("trials", 1 if trials is None else trials), ("workers", workers)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be a positive int, got {value!r}")
+    sizes = {k: rate for k, rate in curve.items() if rate > 0}
+    if trials is not None:
+        sizes = {k: rate for k, rate in sizes.items() if k <= trials} or {min(curve): 1.0}
+    if not sizes:
+        return min(curve)
+
+    def cost(k: int) -> float:
+        if trials is None:
+            return 1.0 / sizes[k]
+        packs = -(-trials // k)
+        return packs * (k / sizes[k]) / min(packs, workers)
+
+    best = min(cost(k) for k in sizes)
+    return min(k for k in sizes if (1 - tolerance) * cost(k) <= best)

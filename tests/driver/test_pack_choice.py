@@ -29,7 +29,14 @@ TWO_FAMILIES = {
 
 def auto_config(tmp_path: Any, **changes: Any) -> Any:
     raw = raw_config(
-        tmp_path, **{"pack": "auto", "space": TWO_FAMILIES, "metric": "loss", **changes}
+        tmp_path,
+        **{
+            "pack": "auto",
+            "space": TWO_FAMILIES,
+            "metric": "loss",
+            "procedure": {"name": "random", "num_trials": 32},
+            **changes,
+        },
     )
     del raw["model"]
     return parse_config(raw)
@@ -43,7 +50,12 @@ def test_auto_measures_every_family_and_packs_the_smallest_choice(tmp_path: Any)
     for curve in choice.curves.values():
         assert sorted(curve) == [1, 2, 4, 8, 16]
         assert all(rate > 0 for rate in curve.values())
-    expected = min(choose_pack_size(curve) for curve in choice.curves.values())
+    counts = _pack_choice.first_trials(checked.config)
+    assert sum(counts.values()) == 32 and set(counts) == {MLP, CUSTOM}
+    expected = min(
+        choose_pack_size(curve, trials=counts[spec], workers=2)
+        for spec, curve in choice.curves.items()
+    )
     assert checked.pack_size == choice.pack_size == expected
     assert checked.config.pack == expected  # what config.json holds: a resume packs the same
 
@@ -78,6 +90,33 @@ def test_a_family_that_cannot_pack_leaves_the_choice_to_the_others(
     monkeypatch.setattr(_pack_choice, "pack_throughput", fake_curves({MLP: None, CUSTOM: None}))
     checked = preflight(auto_config(tmp_path), open_store(str(tmp_path)))
     assert checked.pack_size == 1 and checked.config.pack == 1
+
+
+def test_auto_keeps_every_worker_busy_when_the_search_has_few_trials(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the peers' small-lrs curve: one pack of 16 is the fastest per trial row, but 16
+    # trials in one pack leave one of two workers idle; two packs of 8 keep both busy
+    curve = {1: 1392.0, 2: 1576.0, 4: 11222.0, 8: 18984.0, 16: 26329.0}
+    monkeypatch.setattr(_pack_choice, "pack_throughput", fake_curves({MLP: curve}))
+    space = {
+        "model": MLP,
+        "hidden_units": [8],
+        "batch_size": 16,
+        "lr": {"grid": [0.01 * (i + 1) for i in range(16)]},
+    }
+    config = auto_config(tmp_path, space=space, procedure="grid")
+    assert _pack_choice.first_trials(config) == {MLP: 16}
+    assert preflight(config, open_store(str(tmp_path))).pack_size == 8
+    config = auto_config(tmp_path, space=space, procedure="grid", workers=1)
+    assert preflight(config, open_store(str(tmp_path))).pack_size == 16
+    few = {**space, "lr": {"grid": [0.1, 0.2, 0.3]}}  # never more than the trials
+    assert (
+        preflight(
+            auto_config(tmp_path, space=few, procedure="grid"), open_store(str(tmp_path))
+        ).pack_size
+        == 1
+    )
 
 
 def test_a_given_size_is_not_measured(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:

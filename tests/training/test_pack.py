@@ -337,6 +337,15 @@ def test_throughput_curve_and_choice():
     assert all(rate > 0 for rate in curve.values())
     assert choose_pack_size({1: 100.0, 2: 190.0, 4: 300.0, 8: 400.0}) == 8
     assert choose_pack_size({1: 100.0, 2: 190.0, 4: 300.0, 8: 301.0}) == 4
+    # with the trials and workers: a size must leave no worker idle to win
+    curve = {1: 100.0, 2: 190.0, 4: 300.0, 8: 400.0}
+    assert choose_pack_size(curve, trials=8, workers=1) == 8
+    assert choose_pack_size(curve, trials=8, workers=2) == 4  # 2 packs of 4 beat 1 of 8
+    assert choose_pack_size(curve, trials=64, workers=2) == 8
+    assert choose_pack_size(curve, trials=3, workers=1) == 2  # at most the trials
+    assert choose_pack_size(curve, trials=1, workers=4) == 1
+    with pytest.raises(ConfigError, match="workers must be a positive int, got 0"):
+        choose_pack_size(curve, trials=4, workers=0)
     with pytest.raises(ConfigError, match="max_k must be a positive int, got 0"):
         pack_throughput(task, blobs(0, rows=64), BLOBS_INFO, max_k=0)
     with pytest.raises(ConfigError, match="needs a measured curve"):
