@@ -220,6 +220,10 @@ class UnitResult:
         checkpoint_bytes_written: Checkpoint bytes this unit wrote to the store.
         checkpoint_cache_hits: Checkpoints this unit took from the worker's cache instead
             of the store (verified by digest). The three are 0 in results of older workers.
+        checkpoint_prefetched: Of those hits, checkpoints the worker had read ahead while
+            it trained an earlier unit (issue 27; their store bytes count in
+            ``checkpoint_bytes_read``, read off this unit's critical path); 0 in results
+            of older workers.
         data_wait_seconds: Part of ``seconds`` the training or validation loop waited for
             its batches (decoding, augmenting and collating not hidden behind compute);
             0 in results of older workers.
@@ -238,6 +242,7 @@ class UnitResult:
     checkpoint_bytes_written: int = 0
     checkpoint_cache_hits: int = 0
     data_wait_seconds: float = 0.0
+    checkpoint_prefetched: int = 0
 
     def metrics(self) -> dict[str, float]:
         """Return each metric's value over this unit's rows (:attr:`metric_sums` / rows)."""
@@ -264,6 +269,7 @@ class UnitResult:
             "checkpoint_bytes_written": self.checkpoint_bytes_written,
             "checkpoint_cache_hits": self.checkpoint_cache_hits,
             "data_wait_seconds": _finite_or_text(self.data_wait_seconds),
+            "checkpoint_prefetched": self.checkpoint_prefetched,
         }
 
     @classmethod
@@ -296,6 +302,7 @@ class UnitResult:
                 checkpoint_bytes_written=int(data.get("checkpoint_bytes_written", 0)),
                 checkpoint_cache_hits=int(data.get("checkpoint_cache_hits", 0)),
                 data_wait_seconds=_number(data.get("data_wait_seconds", 0.0)),
+                checkpoint_prefetched=int(data.get("checkpoint_prefetched", 0)),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed unit result {dict(data)!r}: {exc!r}") from None

@@ -63,6 +63,13 @@ partition together on one worker (one pass trains them all):
   :meth:`Backend.submit` and raises :class:`NotImplementedError` naming the backend
   for more.
 
+Reading ahead (issue 27 part 3): :meth:`Backend.prefetch` tells a worker which
+checkpoints (store key, SHA-256) its next units will likely restore, so that it reads,
+verifies and decodes them while it trains. It is a hint: it returns at once, never fails,
+changes no result (a unit reads a checkpoint the same way whether it was read ahead or
+not) and may be ignored (the default does nothing; a busy, retiring or lost worker's
+hint may be dropped).
+
 Group units (Cerebro §5.7, semantics in :mod:`cerebro_spark.training._group`):
 :meth:`Backend.submit_group` starts the ``k`` rank tasks of one group unit on ``k`` idle
 workers *together* (a rank blocks until its peers join):
@@ -301,6 +308,17 @@ class Backend(abc.ABC):
             f"{type(self).__name__} cannot run packed units (Backend.submit_pack); run with "
             "pack: off, or on a backend that can, such as a WorkerPool"
         )
+
+    def prefetch(self, worker_id: str, checkpoints: Sequence[tuple[str, str]]) -> None:
+        """Hint that ``worker_id``'s next units will likely read ``checkpoints``.
+
+        See the module's rules on reading ahead; the default ignores the hint.
+
+        Args:
+            worker_id: The worker (busy or idle).
+            checkpoints: ``(store key, SHA-256)`` of each checkpoint, the likeliest first.
+        """
+        del worker_id, checkpoints
 
     @abc.abstractmethod
     def submit_group(self, assignments: Mapping[str, UnitTask]) -> dict[str, Future[UnitResult]]:

@@ -452,6 +452,24 @@ class WorkerPool(Backend):
         )
         return list(members)
 
+    def prefetch(self, worker_id: str, checkpoints: Sequence[tuple[str, str]]) -> None:
+        """Send ``worker_id`` a ``prefetch`` hint at once (rules in ``_base``).
+
+        The worker reads its commands on a thread of their own, so a hint sent while it
+        trains is taken then (:mod:`._serve`). A worker that does not take units, or whose
+        connection failed, gets nothing.
+        """
+        hints = [[str(key), str(sha256)] for key, sha256 in checkpoints]
+        if not hints:
+            return
+        with self._lock:
+            handle = self._handles.get(worker_id)
+            if handle is None or handle.state != _State.READY or handle.channel is None:
+                return
+            channel = handle.channel
+        with contextlib.suppress(OSError):  # the read loop reports the loss
+            channel.send({"op": "prefetch", "checkpoints": hints})
+
     def submit_group(self, assignments: Mapping[str, UnitTask]) -> dict[str, Future[UnitResult]]:
         """Start the ``k`` ranks of one group unit, one per worker (rules in ``_base``).
 

@@ -13,7 +13,10 @@ thread), so every backend speaks the production wire format (:mod:`._control`). 
    (``id``, ``partitions``), ``run`` (``id``, ``task``: :meth:`UnitTask.to_json`),
    ``pack`` (``id``, ``tasks``: a packed unit, issue 27), each answered by a ``reply``
    (``id``, ``ok``, ``value`` or ``error``, ``state``: partitions held, bytes read);
-   ``ping`` gets no answer. The value of the first ``load`` that
+   ``ping`` gets no answer, nor does ``prefetch`` (``checkpoints``: ``[[key, sha256],
+   ...]``, the checkpoints its next units will likely read: read ahead while it trains,
+   issue 27; the commands are read on a thread of their own, so a hint sent while the
+   worker trains is taken at once). The value of the first ``load`` that
    succeeds is ``{"startup": {phase: time.time()}}``: when the worker's process started
    (``process``, where the OS says), :func:`serve` began (``serve``), it was connected
    (``connected``) and welcomed (``welcomed``), torch was imported (``torch``), its
@@ -36,6 +39,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import queue
 import re
 import socket
 import threading
@@ -297,12 +301,11 @@ def _serve_commands(
     )
     beat.start()
     writer = _Writer(spec.worker_id, worker, channel)
+    inbox = _Inbox(spec.worker_id, channel, getattr(worker, "prefetch", None))
     try:
         while True:
-            message = channel.recv()
+            message = inbox.next()
             op = message["op"]
-            if op == "ping":
-                continue
             if op == "stop":
                 writer.wait()  # the last checkpoint is durable and reported first
                 logger.info("worker %s stops", spec.worker_id)
@@ -321,7 +324,69 @@ def _serve_commands(
         writer.close()
         channel.close()
         beat.join(timeout=spec.heartbeat_s + 5.0)
+        stop_prefetching = getattr(worker, "stop_prefetching", None)
+        if callable(stop_prefetching):
+            stop_prefetching()
         worker.drop(worker.partitions)  # a reused Python worker must not keep the data
+
+
+class _Inbox:
+    """The driver's commands, read on a thread of their own while the worker trains.
+
+    A ``prefetch`` (``checkpoints``: ``[[store key, SHA-256], ...]``, no reply) is handed
+    to the worker's ``prefetch`` as soon as it arrives, so that the checkpoints of its
+    next units are read while it trains (issue 27); a ``ping`` is dropped; every other
+    command waits in order for :meth:`next`. What ended the reading (the connection
+    closed or failed, a frame failed a check, the driver was silent past the socket's
+    timeout) is raised by :meth:`next` once the commands before it were taken.
+    """
+
+    def __init__(
+        self,
+        worker_id: str,
+        channel: Channel,
+        prefetch: Callable[[list[tuple[str, str]]], None] | None,
+    ) -> None:
+        self._channel = channel
+        self._prefetch = prefetch
+        self._queue: queue.SimpleQueue[dict[str, Any] | BaseException] = queue.SimpleQueue()
+        threading.Thread(target=self._read, name=f"cerebro-inbox-{worker_id}", daemon=True).start()
+
+    def next(self) -> dict[str, Any]:
+        """The next command (``prefetch`` and ``ping`` are not given out).
+
+        Raises:
+            OSError: What ended the reading (``ProtocolError``, ``TimeoutError``, ...).
+        """
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            self._queue.put(item)  # every later call raises it too
+            raise item
+        return item
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self._channel.recv()
+            except BaseException as error:
+                self._queue.put(error)
+                return
+            op = message["op"]
+            if op == "ping":
+                continue
+            if op == "prefetch":
+                self._hint(message)
+                continue
+            self._queue.put(message)
+
+    def _hint(self, message: Mapping[str, Any]) -> None:
+        if self._prefetch is None:
+            return
+        try:
+            hints = [(str(key), str(sha)) for key, sha in message.get("checkpoints", ())]
+            self._prefetch(hints)
+        except Exception as error:  # a hint is never worth the worker
+            logger.info("ignoring a prefetch hint %r: %s", message.get("checkpoints"), error)
 
 
 class _Writer:

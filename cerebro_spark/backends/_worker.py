@@ -106,6 +106,7 @@ class Worker:
         self._bytes_read = 0
         self._torch_ready = False
         self._warming: Future[None] | None = None  # the warm-up, until a unit waited for it
+        self._prefetching: ThreadPoolExecutor | None = None  # reads checkpoints ahead
         self.startup: dict[str, float] = {}
         """When each start-up phase ended (``time.time()``): ``torch`` (imported and
         warmed up), ``partitions`` (the first load's partitions read)."""
@@ -286,7 +287,41 @@ class Worker:
 
     def close(self) -> None:
         """Drop every partition and remove the worker's local directory."""
+        self.stop_prefetching()
         self._residence.close()
+
+    def stop_prefetching(self) -> None:
+        """Drop the hints not started; wait for the read ahead in flight, if any."""
+        if self._prefetching is not None:
+            self._prefetching.shutdown(wait=True, cancel_futures=True)
+            self._prefetching = None
+
+    def prefetch(self, checkpoints: Collection[tuple[str, str]]) -> None:
+        """Read these checkpoints (store key, SHA-256) ahead, on a thread of their own.
+
+        The driver's hint of what the worker's next units will likely restore (issue 27
+        part 3): each is read, verified and decoded into the worker's checkpoint cache
+        (:func:`~cerebro_spark.training.prefetch_checkpoint`) while the worker trains, in
+        the order given, one at a time. Returns at once; a read that fails is only
+        logged (the unit that needs it reads the store itself). Nothing is read before
+        PyTorch is imported (a worker still starting takes no hint).
+        """
+        if not self._torch_ready or not checkpoints:
+            return
+        if self._prefetching is None:
+            self._prefetching = ThreadPoolExecutor(
+                1, thread_name_prefix=f"cerebro-prefetch-{self._worker_id}"
+            )
+        for key, sha256 in checkpoints:
+            self._prefetching.submit(self._prefetch_one, key, sha256)
+
+    def _prefetch_one(self, key: str, sha256: str) -> None:
+        from cerebro_spark.training import prefetch_checkpoint  # torch: imported already
+
+        try:
+            prefetch_checkpoint(self._job.store, key, sha256)
+        except Exception as error:  # the unit reads it itself and reports a failure
+            logger.info("worker %s could not read %s ahead: %s", self._worker_id, key, error)
 
     def run(self, task: UnitTask, on_rendezvous: Callable[[int], None] | None = None) -> UnitResult:
         """Run one unit on the held partition of the split its kind reads.

@@ -62,6 +62,8 @@ _STARTING_POLL_SECONDS = 0.05
 """How often the driver looks for workers that became ready while units run and some are
 still starting (a unit of a small model takes a fraction of a second: the first units
 start while the other workers load, and each joins as soon as it is ready)."""
+READ_AHEAD = 2
+"""Checkpoints a busy worker is told to read ahead at most (a pack's worth when larger)."""
 MAX_UNIT_RETRIES = 3
 """Times a unit is retried after I/O errors before the experiment gives up."""
 GROUP_TIMEOUT_S = 60.0
@@ -148,6 +150,8 @@ class RoundRunner:
         self.running: dict[int, Running] = {}  # by submission number
         self.freed_at: dict[int, float] = {}  # by submission: when its worker was freed
         self.group_breaks: dict[str, int] = {}
+        self.hinted: dict[str, set[tuple[str, str]]] = {}  # by worker: checkpoints hinted
+        self.reads_ahead = type(backend).prefetch is not Backend.prefetch
 
     def run(self) -> None:
         """Submit and handle units until the scheduler has none left."""
@@ -164,6 +168,7 @@ class RoundRunner:
                     running[started.number] = started
                     started.watch(finished)
             self.hooks.units_out()  # the round's first units are out (or none can be)
+            self._read_ahead()
             if not running:
                 if requeued:
                     continue  # a worker left since the last sync: assign again now
@@ -205,6 +210,29 @@ class RoundRunner:
                     self.membership.depart(item.assignment.workers)  # unless it left
             self.progress.maybe_log()
         self.progress.maybe_log(force=True)
+
+    def _read_ahead(self) -> None:
+        """Hint each busy worker the checkpoints of the trials it may run next (issue 27).
+
+        The trials :meth:`MopScheduler.upcoming` lists for it (at most a pack's worth, two
+        at least), each checkpoint once a round; the worker reads them while it trains.
+        """
+        busy = list(self.scheduler.running)
+        if not self.reads_ahead or not busy:
+            return
+        limit = max(READ_AHEAD, self.scheduler.pack_size)
+        for worker, trial_ids in self.scheduler.upcoming(busy, limit).items():
+            hinted = self.hinted.setdefault(worker, set())
+            hints = []
+            for trial_id in trial_ids:
+                trial = self.state.trials[trial_id]
+                if trial.checkpoint and trial.checkpoint_sha256:
+                    ref = (trial.checkpoint, trial.checkpoint_sha256)
+                    if ref not in hinted:
+                        hinted.add(ref)
+                        hints.append(ref)
+            if hints:
+                self.backend.prefetch(worker, hints)
 
     def _check_stalled(self) -> None:
         """Nothing runs and no ready worker can take a unit: wait, or fail.

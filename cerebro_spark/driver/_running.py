@@ -111,12 +111,14 @@ def _traffic(result: UnitResult) -> dict[str, float]:
     Readers default each to 0 (older logs lack them).
     ``checkpoint_bytes_read``/``checkpoint_bytes_written``: bytes this rank moved from and
     to the store; ``checkpoint_cache_hits``: checkpoints its worker's cache answered;
+    ``checkpoint_prefetched``: of those, the ones it had read ahead (issue 27);
     ``data_wait_seconds``: the part of ``seconds`` its loop waited for batches.
     """
     return {
         "checkpoint_bytes_read": result.checkpoint_bytes_read,
         "checkpoint_bytes_written": result.checkpoint_bytes_written,
         "checkpoint_cache_hits": result.checkpoint_cache_hits,
+        "checkpoint_prefetched": result.checkpoint_prefetched,
         "data_wait_seconds": round(result.data_wait_seconds, 6),
     }
 

@@ -374,6 +374,50 @@ class MopScheduler:
                 excluded.add(unit.trial)  # it cannot start now: serve another trial
         return made
 
+    def upcoming(self, workers: Collection[str], limit: int) -> dict[str, list[str]]:
+        """The idle trials each of ``workers`` may run next: whose checkpoints to read ahead.
+
+        Trial ``t`` is listed for worker ``w`` when ``t`` is idle (in no running
+        assignment) and ``w`` holds the partition of a unit that :meth:`assign` could
+        offer ``w`` for ``t`` now: its next train unit in its visit order (any remaining
+        train unit without visit orders), or, with its train units done, a validate
+        unit. A worker that is busy is listed as if it were idle: what it is offered once
+        free comes from these trials, or from trials that finish elsewhere meanwhile.
+        Trials that train in groups are not listed (their units span workers). At most
+        ``limit`` trials per worker, in trial order. Pure: nothing is drawn or changed
+        (issue 27 part 3: the engine hints the workers' next checkpoints with it).
+
+        Raises:
+            ConfigError: ``limit`` is not a positive int.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigError(f"limit must be a positive int, got {limit!r}")
+        wanted = [w for w in workers if w in self._held]
+        out: dict[str, list[str]] = {w: [] for w in wanted}
+        holders: dict[int, list[str]] = {}
+        for worker in wanted:
+            for partition in self._held[worker]:
+                holders.setdefault(partition, []).append(worker)
+        full = 0
+        for trial in self._trials:
+            if full == len(wanted):
+                break
+            if trial in self._busy or self._sizes[trial] > 1 or trial in self._plan_ends:
+                continue
+            train = self._queue[trial, UnitKind.TRAIN]
+            queue = train or self._queue[trial, UnitKind.VALIDATE]
+            if not queue:
+                continue
+            parts = (next(iter(train)),) if self._ordered and queue is train else tuple(queue)
+            listed: set[str] = set()
+            for partition in parts:
+                for worker in holders.get(partition, ()):
+                    if worker not in listed and len(out[worker]) < limit:
+                        listed.add(worker)
+                        out[worker].append(trial)
+                        full += len(out[worker]) == limit
+        return out
+
     def complete(self, unit: Unit, *, worker: str | None = None) -> None:
         """Record that a running unit finished (Alg. 2): it leaves Q' for good.
 

@@ -39,7 +39,7 @@ from cerebro_spark.training._pack_structure import pack_fingerprint
 from cerebro_spark.training._resnet import ResNetSpec
 from cerebro_spark.training._sequence import SequenceSpec
 from cerebro_spark.training._spec import BASE_HYPERPARAMETERS, ModelSpec, accepted_hyperparameters
-from cerebro_spark.training._unit import TrainedUnit, run_unit, train_unit
+from cerebro_spark.training._unit import TrainedUnit, prefetch_checkpoint, run_unit, train_unit
 
 __all__ = [
     "BASE_HYPERPARAMETERS",
@@ -67,6 +67,7 @@ __all__ = [
     "load_spec",
     "pack_fingerprint",
     "pack_throughput",
+    "prefetch_checkpoint",
     "run_group_unit",
     "run_pack",
     "run_unit",

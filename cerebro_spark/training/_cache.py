@@ -7,10 +7,19 @@ ones it read, keyed by ``(store key, SHA-256)``, in a least-recently-used cache 
 bytes.
 
 A hit needs the digest the event log recorded (``UnitTask.checkpoint_in_sha256``): a task
-without one always reads the store. The bytes of a hit are hashed again before they are
-returned, so a hit never gives bytes other than those the log recorded (a memory fault
-is a miss, and the entry is dropped). The store stays the durable copy: every checkpoint
-is still written there before its unit is reported done.
+without one always reads the store. An entry's digest is the one computed from its bytes
+when they were written or read (and checked against the log's); a hit is not hashed
+again (issue 27: a checkpoint's digest is computed once, off the next unit's critical
+path). The store stays the durable copy: every checkpoint is still written there before
+its unit is reported done.
+
+**Read ahead** (:func:`~cerebro_spark.training.prefetch_checkpoint`): the driver tells a
+busy worker which checkpoints its next units will likely read, and the worker reads,
+verifies and decodes them into this cache while it trains. An entry read ahead remembers
+its store bytes until a unit takes it, so the unit reports the traffic it caused
+(:meth:`CheckpointCache.take_prefetched`); a unit that needs an entry still being read
+ahead waits for that read instead of reading the store again
+(:meth:`CheckpointCache.wait_prefetch`).
 
 An entry the worker wrote also keeps the checkpoint decoded
 (:class:`~cerebro_spark.training._checkpoint.PackedCheckpoint`: a copy of its tensors and
@@ -28,7 +37,6 @@ single checkpoint larger than the bound is not kept.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import os
 import threading
@@ -54,21 +62,22 @@ class CacheStats:
         misses: Reads that went to the store (no entry, or no digest to check against).
         bytes_hit: Bytes answered from memory (store reads saved).
         evictions: Entries dropped to stay within the bound.
-        corrupt: Entries whose bytes no longer matched their digest (dropped, a miss).
+        prefetched: Entries read ahead (:meth:`CheckpointCache.put` with ``prefetched``).
     """
 
     hits: int = 0
     misses: int = 0
     bytes_hit: int = 0
     evictions: int = 0
-    corrupt: int = 0
+    prefetched: int = 0
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class _Entry:
     data: bytes
     decoded: PackedCheckpoint | None
     nbytes: int
+    prefetched: int = 0  # store bytes read ahead, not yet reported by a unit
 
 
 class CheckpointCache:
@@ -89,6 +98,7 @@ class CheckpointCache:
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self._reading: dict[tuple[str, str], threading.Event] = {}  # read ahead, in flight
 
     @property
     def nbytes(self) -> int:
@@ -98,7 +108,15 @@ class CheckpointCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, key: str, sha256: str, data: bytes, decoded: Checkpoint | None = None) -> None:
+    def put(
+        self,
+        key: str,
+        sha256: str,
+        data: bytes,
+        decoded: Checkpoint | None = None,
+        *,
+        prefetched: bool = False,
+    ) -> None:
         """Keep ``data`` as the bytes of ``key`` with digest ``sha256`` (already computed).
 
         Older entries of the same key are dropped (a key holds one checkpoint at a time);
@@ -111,6 +129,8 @@ class CheckpointCache:
             decoded: What decoding ``data`` gives (the payload that was encoded): kept
                 packed (:class:`~cerebro_spark.training._checkpoint.PackedCheckpoint`,
                 a copy of its tensors), counted in the bound.
+            prefetched: ``data`` was read ahead from the store: the first unit that takes
+                it reports its bytes (:meth:`take_prefetched`).
         """
         packed = None
         if decoded is not None and 2 * len(data) <= self.max_bytes:
@@ -123,15 +143,18 @@ class CheckpointCache:
                 self._bytes -= self._entries.pop(entry).nbytes
             if size > self.max_bytes:
                 return
-            self._entries[(key, sha256)] = _Entry(data, packed, size)
+            self._entries[(key, sha256)] = _Entry(
+                data, packed, size, len(data) if prefetched else 0
+            )
             self._bytes += size
+            self.stats.prefetched += int(prefetched)
             while self._bytes > self.max_bytes:
                 _, dropped = self._entries.popitem(last=False)
                 self._bytes -= dropped.nbytes
                 self.stats.evictions += 1
 
     def get(self, key: str, sha256: str | None) -> bytes | None:
-        """Return the bytes of ``key`` if held with digest ``sha256`` (re-checked), else None.
+        """Return the bytes of ``key`` if held with digest ``sha256``, else None.
 
         A ``None`` digest is always a miss: without the logged digest a hit could not be
         shown to be the right bytes.
@@ -165,18 +188,47 @@ class CheckpointCache:
                 self.stats.misses += 1
                 return None
             self._entries.move_to_end((key, sha256))
-        if hashlib.sha256(entry.data).hexdigest() != sha256:  # outside the lock: slow
-            with self._lock:
-                if self._entries.pop((key, sha256), None) is not None:
-                    self._bytes -= entry.nbytes
-                self.stats.corrupt += 1
-                self.stats.misses += 1
-            logger.warning("checkpoint cache entry %s no longer matches its SHA-256", key)
-            return None
-        with self._lock:
             self.stats.hits += 1
             self.stats.bytes_hit += len(entry.data)
         return entry
+
+    def holds(self, key: str, sha256: str) -> bool:
+        """Whether ``key`` is held with digest ``sha256`` (counted neither hit nor miss)."""
+        with self._lock:
+            return (key, sha256) in self._entries
+
+    def take_prefetched(self, key: str, sha256: str | None) -> int:
+        """The store bytes of ``key``'s entry read ahead and not yet reported; then 0."""
+        with self._lock:
+            entry = None if sha256 is None else self._entries.get((key, sha256))
+            if entry is None:
+                return 0
+            taken, entry.prefetched = entry.prefetched, 0
+            return taken
+
+    def begin_prefetch(self, key: str, sha256: str) -> bool:
+        """Claim the read ahead of ``key``; ``False`` if it is held or being read already."""
+        with self._lock:
+            if (key, sha256) in self._entries or (key, sha256) in self._reading:
+                return False
+            self._reading[(key, sha256)] = threading.Event()
+            return True
+
+    def end_prefetch(self, key: str, sha256: str) -> None:
+        """End the read ahead of ``key`` (put or not); wake the units waiting for it."""
+        with self._lock:
+            done = self._reading.pop((key, sha256), None)
+        if done is not None:
+            done.set()
+
+    def wait_prefetch(self, key: str, sha256: str | None, timeout_s: float = 600.0) -> bool:
+        """Wait for a read ahead of ``key`` in flight; whether there was one."""
+        with self._lock:
+            done = None if sha256 is None else self._reading.get((key, sha256))
+        if done is None:
+            return False
+        done.wait(timeout_s)
+        return True
 
     def clear(self) -> None:
         """Drop every entry and reset the statistics."""

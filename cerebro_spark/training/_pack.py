@@ -138,6 +138,7 @@ class PackTrial:
     io_seconds: float = 0.0
     bytes_read: int = 0
     cache_hit: bool = False
+    prefetched: bool = False
 
     def fail(self, error: TrialError) -> None:
         """Fail the trial (its first error counts)."""
@@ -225,6 +226,7 @@ def train_pack(
                 io_seconds=trial.io_seconds,
                 checkpoint_bytes_read=trial.bytes_read,
                 checkpoint_cache_hits=int(trial.cache_hit),
+                checkpoint_prefetched=int(trial.prefetched),
                 data_wait_seconds=waited / len(trials),
             )
             out.append(TrainedUnit(result, payloads[id(trial)][0], store))
@@ -362,6 +364,7 @@ def open_pack(
                 checkpoint = read.checkpoint
                 trial.io_seconds += read.seconds
                 trial.bytes_read, trial.cache_hit = read.store_bytes, read.cache_hit
+                trial.prefetched = read.prefetched
             trial.state = open_state(spec, task, info, dev, checkpoint)
             trial.metrics = pass_metrics(spec, task, info, dev, training=True)
         except TrialError as error:

@@ -385,8 +385,9 @@ class _CheckpointRead:
     checkpoint: Checkpoint
     size: int
     seconds: float
-    store_bytes: int  # read from the store: 0 on a cache hit
+    store_bytes: int  # read from the store: 0 on a cache hit, but for one read ahead
     cache_hit: bool
+    prefetched: bool = False  # the hit was read ahead while an earlier unit trained
 
 
 def _load_checkpoint(store: Store, task: UnitTask, key: str) -> _CheckpointRead:
@@ -412,6 +413,8 @@ def _load_checkpoint(store: Store, task: UnitTask, key: str) -> _CheckpointRead:
     expected = task.checkpoint_in_sha256 if key == task.checkpoint_in else None
     cache = worker_cache()
     held = cache.get_checkpoint(key, expected)
+    if held is None and cache.wait_prefetch(key, expected):  # being read ahead: wait for it
+        held = cache.get_checkpoint(key, expected)
     hit = held is not None
     checkpoint: Checkpoint | None = None
     if held is None:
@@ -420,13 +423,58 @@ def _load_checkpoint(store: Store, task: UnitTask, key: str) -> _CheckpointRead:
         if expected is not None and actual != expected:
             raise CheckpointCorruptError(store.url(key), expected, actual, len(blob))
         cache.put(key, actual, blob)
+        store_bytes = len(blob)
     else:
-        blob, checkpoint = held  # a checkpoint this worker wrote comes decoded
+        blob, checkpoint = held  # a checkpoint this worker wrote or read ahead comes decoded
+        store_bytes = cache.take_prefetched(key, expected)
     if checkpoint is None:
         with UserCode(task, f"decoding checkpoint {key!r}"):
             checkpoint = decode_checkpoint(blob)
     seconds = time.perf_counter() - started
-    return _CheckpointRead(checkpoint, len(blob), seconds, 0 if hit else len(blob), hit)
+    prefetched = hit and store_bytes > 0
+    return _CheckpointRead(checkpoint, len(blob), seconds, store_bytes, hit, prefetched)
+
+
+def prefetch_checkpoint(store: Store, key: str, sha256: str) -> bool:
+    """Read checkpoint ``key`` ahead into the worker's cache, verified and decoded.
+
+    Issue 27 part 3: a worker reads the checkpoints its next units will likely restore
+    while it trains the current one, so that restoring is a cache hit (a copy of decoded
+    tensors) instead of a store read, a SHA-256 and ``torch.load`` on the critical path.
+    Bytes whose SHA-256 is not ``sha256`` are not kept (the unit reads the store and
+    reports the corruption itself); neither is a checkpoint that does not decode. A
+    unit that needs ``key`` while it is read waits for this read
+    (:meth:`~cerebro_spark.training._cache.CheckpointCache.wait_prefetch`).
+
+    Returns:
+        Whether it was read (``False``: held already, read by another thread, or refused).
+
+    Raises:
+        OSError: The store failed (the unit will read it again).
+    """
+    cache = worker_cache()
+    if not cache.begin_prefetch(key, sha256):
+        return False
+    try:
+        blob = store.get(key)
+        actual = hashlib.sha256(blob).hexdigest()
+        if actual != sha256:
+            logger.warning(
+                "checkpoint %s read ahead has SHA-256 %s, not the logged %s: not kept",
+                store.url(key),
+                actual,
+                sha256,
+            )
+            return False
+        try:
+            checkpoint = decode_checkpoint(blob)
+        except Exception as error:  # the unit decodes it again and reports the error
+            logger.warning("checkpoint %s read ahead does not decode: %s", store.url(key), error)
+            return False
+        cache.put(key, actual, blob, checkpoint, prefetched=True)
+        return True
+    finally:
+        cache.end_prefetch(key, sha256)
 
 
 def load_checkpoint(store: Store, task: UnitTask, key: str) -> _CheckpointRead:
@@ -672,6 +720,7 @@ def _train(
         io_seconds=io_seconds,
         checkpoint_bytes_read=read.store_bytes if read is not None else 0,
         checkpoint_cache_hits=int(read is not None and read.cache_hit),
+        checkpoint_prefetched=int(read is not None and read.prefetched),
         data_wait_seconds=waited,
     )
     return TrainedUnit(result, payload, store)
@@ -726,5 +775,6 @@ def _validate(
         io_seconds=io_seconds,
         checkpoint_bytes_read=read.store_bytes,
         checkpoint_cache_hits=int(read.cache_hit),
+        checkpoint_prefetched=int(read.prefetched),
         data_wait_seconds=waited,
     )

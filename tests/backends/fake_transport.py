@@ -52,6 +52,7 @@ class Script:
         self.no_register: set[str] = set()  # worker ids that never start serving
         self.write_s = 0.0  # seconds every checkpoint write takes
         self.written: list[tuple[str, str]] = []  # (worker id, checkpoint key) as written
+        self.prefetched: list[tuple[str, list[tuple[str, str]]]] = []  # (worker id, hints)
         self.hook: Hook | None = None
         """Called in the worker as a unit's pass starts (stage ``"pass"``: after rank 0
         announced its port and the unit's gate opened) and as its checkpoint write starts
@@ -118,6 +119,11 @@ class FakeWorker:
 
     def drop(self, partitions: Collection[int]) -> None:
         self.held -= set(partitions)
+
+    def prefetch(self, checkpoints: list[tuple[str, str]]) -> None:
+        """Record a read-ahead hint (the real worker reads the checkpoints on a thread)."""
+        with SCRIPT.lock:
+            SCRIPT.prefetched.append((self.worker_id, list(checkpoints)))
 
     def run(self, task: UnitTask, on_rendezvous: Callable[[int], None] | None = None) -> UnitResult:
         """Run a unit; ``task.params`` may hold ``gate`` (wait for it), ``silent_rank0``

@@ -350,6 +350,24 @@ def test_a_worker_takes_its_next_unit_while_it_writes_a_checkpoint(
     assert result(pool.submit("w0", task("c", 0))).rows == 10
 
 
+def test_a_read_ahead_hint_reaches_a_worker_while_it_trains(
+    pools: Callable[..., WorkerPool], script: Script
+) -> None:
+    """Issue 27: the worker reads commands while it trains, so a hint is taken at once."""
+    pool = pools(2)
+    busy = pool.submit("w0", task("a", 0, gate="long"))
+    wait_until(lambda: script.ran("w0"), "a to start")
+    pool.prefetch("w0", [("b/e0.pt", "0" * 64), ("c/e0.pt", "1" * 64)])
+    pool.prefetch("w0", [])  # nothing to say: nothing sent
+    pool.prefetch("w9", [("b/e0.pt", "0" * 64)])  # no such worker: dropped
+    wait_until(lambda: script.prefetched, "the hint")
+    assert not busy.done()  # taken while the unit trains
+    assert script.prefetched == [("w0", [("b/e0.pt", "0" * 64), ("c/e0.pt", "1" * 64)])]
+    script.gate("long").set()
+    assert result(busy).rows == 10
+    assert result(pool.submit("w0", task("b", 2))).rows == 10  # commands still in order
+
+
 def test_a_failed_checkpoint_write_fails_its_unit_and_the_worker_lives_on(
     pools: Callable[..., WorkerPool],
 ) -> None:

@@ -89,6 +89,34 @@ def test_visit_order_waits_for_the_worker_of_the_next_partition() -> None:
     assert a.worker == "w1" and a.unit == Unit("a", 1)
 
 
+def test_upcoming_lists_the_idle_trials_a_worker_may_run_next() -> None:
+    """Issue 27: whose checkpoints a busy worker reads ahead; pure, nothing drawn."""
+    orders = {"a": [0, 1], "b": [0, 1], "c": [1, 0], "d": [0, 1]}
+    sched = make(trials=list(orders), visit_orders=orders)
+    first = {a.worker: a.unit for a in sched.assign()}
+    assert first["w1"] == Unit("c", 1) and first["w0"].partition == 0
+    waiting = [t for t in ("a", "b", "d") if t != first["w0"].trial]  # all wait for w0
+    state = sched._rng.bit_generator.state
+    assert sched.upcoming(["w0", "w1"], limit=4) == {"w0": waiting, "w1": []}
+    assert sched.upcoming(["w0"], limit=1) == {"w0": waiting[:1]}
+    assert sched.upcoming(["nobody"], limit=2) == {}
+    assert sched._rng.bit_generator.state == state  # nothing is drawn
+    assert sched.assign() == [] and len(sched.running) == 2  # nothing changed
+    sched.complete(first["w0"])  # its next partition is 1: w1's
+    assert sched.upcoming(["w0", "w1"], limit=4) == {"w0": waiting, "w1": [first["w0"].trial]}
+    # without visit orders any remaining partition counts; validate units read it too
+    free = make(trials=["a"], partitions=[0, 1])
+    (only,) = free.assign()
+    assert free.upcoming(["w0", "w1"], limit=2) == {"w0": [], "w1": []}  # a is busy
+    free.complete(only.unit)
+    other = "w1" if only.worker == "w0" else "w0"
+    assert free.upcoming([other], limit=2) == {other: ["a"]}
+    free.complete(free.assign()[0].unit)  # train done: its validate units on both
+    assert free.upcoming(["w0", "w1"], limit=2) == {"w0": ["a"], "w1": ["a"]}
+    with pytest.raises(ConfigError, match="limit must be a positive int, got 0"):
+        free.upcoming(["w0"], limit=0)
+
+
 def test_validate_units_follow_all_train_units_and_keep_isolation() -> None:
     sched = make(trials=["a"], partitions=[0, 1], workers={"w0": [0], "w1": [1]})
     kinds = []

@@ -19,7 +19,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import shutil
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,12 +48,13 @@ from cerebro_spark.engine import (
 from cerebro_spark.errors import CheckpointCorruptError, DataError, TrialError
 from cerebro_spark.scoring import load_model
 from cerebro_spark.scoring._model import model_from_bytes
-from cerebro_spark.store import Store, open_store
+from cerebro_spark.store import FileSystemStore, Store, open_store
 from cerebro_spark.training import (
     CONTENT_DIGEST_KEY,
     CheckpointError,
     content_digest,
     decode_checkpoint,
+    prefetch_checkpoint,
     run_unit,
 )
 from cerebro_spark.training._cache import CACHE_BYTES_ENV, CheckpointCache, set_worker_cache_bytes
@@ -188,12 +192,78 @@ def test_the_cache_serves_only_the_logged_bytes(tmp_path: Path) -> None:
     cache.clear()  # and a worker without it refuses the damaged file
     with pytest.raises(CheckpointCorruptError):
         run_unit(hop, blobs(1), store, BLOBS_INFO)
-    # an entry whose bytes changed in memory is dropped, and the store is read instead
-    cache.put("x", sha256(b"good"), b"bad!")
-    assert cache.get("x", sha256(b"good")) is None and cache.stats.corrupt == 1
     # without the logged digest there is no hit
     cache.put("y", sha256(b"data"), b"data")
     assert cache.get("y", None) is None
+
+
+def test_a_checkpoint_read_ahead_is_restored_from_memory_and_its_traffic_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 27 part 3: a worker reads its next unit's checkpoint while it trains; the unit
+    then restores it from the cache, reports the store bytes it caused and trains exactly
+    what a unit reading the store trains. Damaged bytes are never kept."""
+    store = open_store(str(tmp_path))
+    cache = set_worker_cache_bytes(64 * 1024 * 1024)
+    a, _ = _two_trials(store)
+    hop = train_task(
+        "a", step=1, partition=1, epoch_units=2, checkpoint_in="a/e0.pt", checkpoint_out="a/e1.pt"
+    )
+    hop = dataclasses.replace(hop, checkpoint_in_sha256=a.checkpoint_sha256)
+    cache.clear()
+    plain = run_unit(hop, blobs(1), store, BLOBS_INFO)  # read from the store
+    assert (plain.checkpoint_prefetched, plain.checkpoint_bytes_read) == (0, a.checkpoint_bytes)
+    cache.clear()
+    assert prefetch_checkpoint(store, "a/e0.pt", a.checkpoint_sha256)
+    assert not prefetch_checkpoint(store, "a/e0.pt", a.checkpoint_sha256)  # held already
+    assert cache.stats.prefetched == 1
+    ahead = run_unit(hop, blobs(1), store, BLOBS_INFO)
+    assert (ahead.checkpoint_cache_hits, ahead.checkpoint_prefetched) == (1, 1)
+    assert ahead.checkpoint_bytes_read == a.checkpoint_bytes  # read, if ahead of time
+    assert ahead.checkpoint_sha256 == plain.checkpoint_sha256  # the same training
+    again = run_unit(hop, blobs(1), store, BLOBS_INFO)  # reported once
+    assert (again.checkpoint_prefetched, again.checkpoint_bytes_read) == (0, 0)
+    # a damaged file is not kept: the unit reads the store and refuses it itself
+    cache.clear()
+    flip(store, "a/e0.pt", "b/e0.pt")
+    with caplog.at_level(logging.WARNING, logger="cerebro_spark.training._unit"):
+        assert not prefetch_checkpoint(store, "a/e0.pt", a.checkpoint_sha256)
+    assert "not the logged" in caplog.text and len(cache) == 0
+    with pytest.raises(CheckpointCorruptError):
+        run_unit(hop, blobs(1), store, BLOBS_INFO)
+
+
+def test_a_unit_waits_for_the_read_ahead_of_its_checkpoint(tmp_path: Path) -> None:
+    """A unit that needs a checkpoint being read ahead takes that read, not a second one."""
+    store = open_store(str(tmp_path))
+    cache = set_worker_cache_bytes(64 * 1024 * 1024)
+    a, _ = _two_trials(store)
+    cache.clear()
+    hop = train_task(
+        "a", step=1, partition=1, epoch_units=2, checkpoint_in="a/e0.pt", checkpoint_out="a/e1.pt"
+    )
+    hop = dataclasses.replace(hop, checkpoint_in_sha256=a.checkpoint_sha256)
+    release = threading.Event()
+    reads: list[str] = []
+
+    class SlowStore(FileSystemStore):
+        def get(self, key: str) -> bytes:
+            reads.append(key)
+            release.wait(10)
+            return super().get(key)
+
+    slow = SlowStore(str(tmp_path))
+    ahead = threading.Thread(
+        target=prefetch_checkpoint, args=(slow, "a/e0.pt", a.checkpoint_sha256)
+    )
+    ahead.start()
+    while not reads:
+        time.sleep(0.01)
+    threading.Timer(0.2, release.set).start()
+    result = run_unit(hop, blobs(1), slow, BLOBS_INFO)
+    ahead.join()
+    assert reads == ["a/e0.pt"]  # one read: the unit waited for the read ahead
+    assert (result.checkpoint_cache_hits, result.checkpoint_prefetched) == (1, 1)
 
 
 def test_the_digest_and_the_traffic_cross_the_wire_and_old_messages_still_read(
@@ -213,9 +283,14 @@ def test_the_digest_and_the_traffic_cross_the_wire_and_old_messages_still_read(
     result = run_unit(hop, blobs(0), store, BLOBS_INFO)
     back = UnitResult.from_json(json.loads(json.dumps(result.to_json(), allow_nan=False)))
     assert back == result and back.checkpoint_cache_hits == 1
-    fields = ("checkpoint_bytes_read", "checkpoint_bytes_written", "checkpoint_cache_hits")
+    fields = (
+        "checkpoint_bytes_read",
+        "checkpoint_bytes_written",
+        "checkpoint_cache_hits",
+        "checkpoint_prefetched",
+    )
     old = {k: v for k, v in result.to_json().items() if k not in fields}  # an older worker
-    assert [getattr(UnitResult.from_json(old), name) for name in fields] == [0, 0, 0]
+    assert [getattr(UnitResult.from_json(old), name) for name in fields] == [0, 0, 0, 0]
 
 
 def test_the_cache_stays_within_its_bound() -> None:
