@@ -100,6 +100,26 @@ def _kill_all(processes: Mapping[str, BaseProcess]) -> None:
         process.join(_JOIN_S)
 
 
+def spread_gpu(gpus: Sequence[int], live: Sequence[int], per_gpu: int | None = None) -> int:
+    """The GPU a new worker gets: the one with the fewest live workers (the lowest first).
+
+    Args:
+        gpus: The GPUs to hand out (at least one).
+        live: The GPU of each live worker.
+        per_gpu: Most live workers on one GPU (``None``: no limit).
+
+    Raises:
+        RuntimeError: Every GPU has ``per_gpu`` live workers (the message names them).
+    """
+    gpu = min(gpus, key=lambda g: (live.count(g), g))
+    if per_gpu is not None and live.count(gpu) >= per_gpu:
+        raise RuntimeError(
+            f"every GPU {list(gpus)} already has workers_per_device={per_gpu} live workers; "
+            "a worker more does not fit"
+        )
+    return gpu
+
+
 class LocalTransport(Transport):
     """Worker processes on this machine (see the module docstring).
 
@@ -108,6 +128,8 @@ class LocalTransport(Transport):
             :func:`default_start_method`.
         gpus: CUDA device indices to hand out, one to each worker (see the module
             docstring); empty: the workers are given none.
+        workers_per_gpu: Most live workers given one GPU (``None``: no limit, the
+            workers spread evenly); a worker that would be one too many fails to start.
 
     Raises:
         ConfigError: ``start_method`` is not one of those, or not available here, or a
@@ -116,7 +138,12 @@ class LocalTransport(Transport):
 
     noun = "process"
 
-    def __init__(self, start_method: str | None = None, gpus: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        start_method: str | None = None,
+        gpus: Sequence[int] = (),
+        workers_per_gpu: int | None = None,
+    ) -> None:
         if start_method is None:
             start_method = default_start_method()
         if start_method not in START_METHODS:
@@ -134,7 +161,14 @@ class LocalTransport(Transport):
             self._ctx.set_forkserver_preload(list(PRELOAD))  # used when the server starts
         if any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in gpus):
             raise ConfigError(f"gpus must be CUDA device indices (ints >= 0), got {list(gpus)!r}")
+        if workers_per_gpu is not None and (
+            isinstance(workers_per_gpu, bool) or not isinstance(workers_per_gpu, int)
+        ):
+            raise ConfigError(f"workers_per_gpu must be an int >= 1, got {workers_per_gpu!r}")
+        if workers_per_gpu is not None and workers_per_gpu < 1:
+            raise ConfigError(f"workers_per_gpu must be an int >= 1, got {workers_per_gpu!r}")
         self._gpus = tuple(gpus)
+        self._per_gpu = workers_per_gpu
         self._gpu_of: dict[str, int] = {}  # worker id -> the GPU it was given
         self._processes: dict[str, BaseProcess] = {}
         self._finalizer = weakref.finalize(self, _kill_all, self._processes)
@@ -165,7 +199,7 @@ class LocalTransport(Transport):
         if not self._gpus:
             return TaskInfo()
         live = [self._gpu_of[w] for w, p in self._processes.items() if p.is_alive()]
-        gpu = min(self._gpus, key=lambda g: (live.count(g), g))
+        gpu = spread_gpu(self._gpus, live, self._per_gpu)
         self._gpu_of[worker_id] = gpu
         return TaskInfo(resources={"gpu": (str(gpu),)})
 
@@ -191,6 +225,8 @@ class LocalBackend(WorkerPool):
             module docstring).
         gpus: CUDA device indices to spread the workers over (:class:`LocalTransport`);
             with the default ``device`` (``None``) a worker trains on the GPU it is given.
+        workers_per_gpu: Most live workers on one GPU (``workers_per_device``; ``None``:
+            no limit).
         **options: :class:`WorkerPool`'s other arguments.
 
     Raises:
@@ -203,8 +239,10 @@ class LocalBackend(WorkerPool):
         *,
         start_method: str | None = None,
         gpus: Sequence[int] = (),
+        workers_per_gpu: int | None = None,
         **options: Any,
     ) -> None:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise ConfigError(f"num_workers must be an integer >= 1, got {num_workers!r}")
-        super().__init__(LocalTransport(start_method, gpus), num_workers, **options)
+        transport = LocalTransport(start_method, gpus, workers_per_gpu)
+        super().__init__(transport, num_workers, **options)

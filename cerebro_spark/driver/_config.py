@@ -231,6 +231,14 @@ class ExperimentConfig:
             curve measured once per architecture,
             :mod:`~cerebro_spark.driver._pack_choice`). A YAML
             ``pack: off`` (a boolean false to YAML 1.1) reads as ``"off"``.
+        workers_per_device: How many workers share one GPU (issue 27: models too small to
+            fill a GPU, whose architectures cannot be packed, train side by side).
+            ``backend: local``: no GPU gets more (``workers`` may be at most this times
+            the GPUs torch sees); ``backend: spark``: every task takes ``1 /
+            workers_per_device`` of a GPU (``spark.task.resource.gpu.amount``, set so when
+            cerebro-spark starts the session, refused when a running one says otherwise).
+            ``None`` (the default): ``local`` spreads the workers evenly over the GPUs,
+            ``spark`` takes the application's setting. Refused with ``device: cpu``.
         warm_workers: Seconds a search's started workers are kept, after it ended
             normally, for the next search of this process that needs the same workers
             (the same dataset, backend, workers and device): it starts training at once,
@@ -263,6 +271,7 @@ class ExperimentConfig:
     worker_memory: int | None = None
     pack: int | str = "off"
     warm_workers: float = 0.0
+    workers_per_device: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the config as plain JSON values (the inverse of :func:`parse_config`)."""
@@ -293,6 +302,8 @@ class ExperimentConfig:
             del out["deadline"]
         if out["pack"] == "off":
             del out["pack"]
+        if out["workers_per_device"] is None:
+            del out["workers_per_device"]
         tracking = _tracking_dict(self.tracking)
         if tracking:
             out["tracking"] = tracking
@@ -450,6 +461,7 @@ def parse_config(raw: Any, *, stored: bool = False) -> ExperimentConfig:
         worker_memory=_parse_worker_memory(top.take("worker_memory", (int, str), None)),
         pack=parse_pack(top.take("pack", (int, str, bool), "off")),
         warm_workers=_parse_warm_workers(top.take("warm_workers", (int, float), 0.0)),
+        workers_per_device=_parse_workers_per_device(top.take("workers_per_device", int, None)),
     )
     top.finish()
     _check_device(config.device, config.backend)
@@ -489,6 +501,15 @@ PACK_RULE = (
     "'off', 'auto' or an int >= 1 (the most trials of one architecture a worker trains "
     "together in one visit of a partition; 1 is off)"
 )
+
+
+def _parse_workers_per_device(value: int | None) -> int | None:
+    """``workers_per_device``: an int ``>= 1``, or absent."""
+    if value is not None and (isinstance(value, bool) or value < 1):
+        raise ConfigError(
+            f"workers_per_device must be an int >= 1 (workers sharing one GPU), got {value!r}"
+        )
+    return value
 
 
 def parse_pack(value: Any) -> int | str:

@@ -9,7 +9,12 @@ from typing import TYPE_CHECKING, Any
 from cerebro_spark.backends import Backend, LocalBackend, SparkBackend
 from cerebro_spark.backends._spark_task import check_spark_conf
 from cerebro_spark.driver._config import ExperimentConfig
-from cerebro_spark.driver._device import check_spark_gpus, local_gpus, pool_device
+from cerebro_spark.driver._device import (
+    check_spark_gpus,
+    local_gpus,
+    pool_device,
+    spark_gpu_settings,
+)
 from cerebro_spark.driver._preflight import models_in
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.spark_session import (
@@ -29,12 +34,17 @@ logger = logging.getLogger(__name__)
 def default_backend(config: ExperimentConfig) -> Backend:
     """Build the backend a config names."""
     if config.backend == "local":
-        return LocalBackend(config.workers, gpus=local_gpus(config), device=pool_device(config))
+        return LocalBackend(
+            config.workers,
+            gpus=local_gpus(config),
+            workers_per_gpu=config.workers_per_device,
+            device=pool_device(config),
+        )
     if config.backend == "spark":
         session = spark_session(
             config.spark.master,
             f"cerebro-spark {config.name}",
-            config.spark.conf,
+            spark_gpu_settings(config),
             preload_torch=True,
         )
         return spark_backend(config, session, config.workers)

@@ -51,6 +51,7 @@ from cerebro_spark.cluster import (
     StandaloneCluster,
 )
 from cerebro_spark.driver._config import ElasticConfig, ExperimentConfig
+from cerebro_spark.driver._device import spark_gpu_settings
 from cerebro_spark.engine._backend import spark_backend
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.spark_session import active_connect_session, is_connect_session, spark_session
@@ -254,7 +255,7 @@ def _on_standalone(
 ) -> Iterator[Opened]:
     """Run the application on a started standalone cluster; close both at the end."""
     try:
-        conf = {**config.spark.conf, **cluster.spark_conf()}
+        conf = {**spark_gpu_settings(config), **cluster.spark_conf()}
         session = spark_session(cluster.master_url, _session_name(config), conf)
         try:
             cluster.attach(session)
@@ -308,7 +309,7 @@ def _on_application(
 def _application_session(config: ExperimentConfig) -> SparkSession:
     """The session of the config's own master (``spark.master``)."""
     return spark_session(
-        config.spark.master, _session_name(config), config.spark.conf, preload_torch=True
+        config.spark.master, _session_name(config), spark_gpu_settings(config), preload_torch=True
     )
 
 
