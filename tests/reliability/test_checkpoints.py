@@ -120,14 +120,19 @@ def _two_trials(store: Store) -> tuple[Any, Any]:
     return a, b
 
 
+def _hop(a: UnitResult) -> UnitTask:
+    """Trial a's next unit (partition 1), from its checkpoint as the log recorded it."""
+    hop = train_task(
+        "a", step=1, partition=1, epoch_units=2, checkpoint_in="a/e0.pt", checkpoint_out="a/e1.pt"
+    )
+    return dataclasses.replace(hop, checkpoint_in_sha256=a.checkpoint_sha256)
+
+
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_a_hop_refuses_a_damaged_checkpoint_as_a_storage_fault(tmp_path: Path, fault: str) -> None:
     store = open_store(str(tmp_path))
     a, _ = _two_trials(store)
-    hop = train_task(
-        "a", step=1, partition=1, epoch_units=2, checkpoint_in="a/e0.pt", checkpoint_out="a/e1.pt"
-    )
-    hop = dataclasses.replace(hop, checkpoint_in_sha256=a.checkpoint_sha256)
+    hop = _hop(a)
     clean = run_unit(hop, blobs(1), store, BLOBS_INFO)
     set_worker_cache_bytes(0)  # the bytes must come from the damaged file, not memory
     FAULTS[fault](store, "a/e0.pt", "b/e0.pt")
@@ -174,10 +179,7 @@ def test_the_cache_serves_only_the_logged_bytes(tmp_path: Path) -> None:
     store = open_store(str(tmp_path))
     cache = set_worker_cache_bytes(64 * 1024 * 1024)
     a, _ = _two_trials(store)
-    hop = train_task(
-        "a", step=1, partition=1, epoch_units=2, checkpoint_in="a/e0.pt", checkpoint_out="a/e1.pt"
-    )
-    hop = dataclasses.replace(hop, checkpoint_in_sha256=a.checkpoint_sha256)
+    hop = _hop(a)
     hit = run_unit(hop, blobs(1), store, BLOBS_INFO)
     assert (hit.checkpoint_cache_hits, hit.checkpoint_bytes_read) == (1, 0)
     assert hit.checkpoint_bytes_written == hit.checkpoint_bytes > 0
@@ -206,10 +208,7 @@ def test_a_checkpoint_read_ahead_is_restored_from_memory_and_its_traffic_reporte
     store = open_store(str(tmp_path))
     cache = set_worker_cache_bytes(64 * 1024 * 1024)
     a, _ = _two_trials(store)
-    hop = train_task(
-        "a", step=1, partition=1, epoch_units=2, checkpoint_in="a/e0.pt", checkpoint_out="a/e1.pt"
-    )
-    hop = dataclasses.replace(hop, checkpoint_in_sha256=a.checkpoint_sha256)
+    hop = _hop(a)
     cache.clear()
     plain = run_unit(hop, blobs(1), store, BLOBS_INFO)  # read from the store
     assert (plain.checkpoint_prefetched, plain.checkpoint_bytes_read) == (0, a.checkpoint_bytes)
@@ -239,10 +238,7 @@ def test_a_unit_waits_for_the_read_ahead_of_its_checkpoint(tmp_path: Path) -> No
     cache = set_worker_cache_bytes(64 * 1024 * 1024)
     a, _ = _two_trials(store)
     cache.clear()
-    hop = train_task(
-        "a", step=1, partition=1, epoch_units=2, checkpoint_in="a/e0.pt", checkpoint_out="a/e1.pt"
-    )
-    hop = dataclasses.replace(hop, checkpoint_in_sha256=a.checkpoint_sha256)
+    hop = _hop(a)
     release = threading.Event()
     reads: list[str] = []
 
