@@ -4,7 +4,9 @@ Cerebro §7 names "model batching" as future work; HFTA (MLSys 2021) fuses the t
 same-architecture models horizontally. A *packed unit* is ``k`` train units of ``k``
 different trials on the same partition, run as one: the trials' parameters are stacked
 (one ``(k, *shape)`` tensor per parameter name) and one ``torch.func.vmap`` of
-``functional_call`` over them computes all ``k`` forward and backward passes of a batch.
+``functional_call`` over them computes all ``k`` forward and backward passes of a batch
+(or, for a plain chain of layers such as an MLP, one batched kernel per layer:
+:mod:`._pack_grouped`, several times faster on a CPU).
 MOP's semantics hold per trial: each trial visits the partition once in its epoch, in its
 own scheduled order, and writes its own checkpoint.
 
@@ -93,6 +95,7 @@ from cerebro_spark.training._batches import PREFETCH_DEPTH, BatchMaker, BatchSee
 from cerebro_spark.training._checkpoint import Checkpoint, checkpoint_payload, with_dataset
 from cerebro_spark.training._loading import load_spec
 from cerebro_spark.training._metrics import PassMetrics
+from cerebro_spark.training._pack_grouped import grouped_forward
 from cerebro_spark.training._pack_optim import stacked_optimizer, step_kind
 from cerebro_spark.training._pack_structure import check_packable_model, check_same_structure
 from cerebro_spark.training._prefetch import Prefetcher
@@ -489,6 +492,7 @@ def train_pass(
     for model in models:
         model.train()
     forward = vmap(_trial_forward(spec, skeleton, info), randomness="different")
+    grouped = grouped_forward(spec, skeleton, info)  # a chain of batched layers, if it is one
     size = unit_batch_size(spec, trials[0].task)
     count = -(-data.rows // size)
     if max_batches is not None:
@@ -504,7 +508,10 @@ def train_pass(
                 break
             what = "the forward pass or loss"
             try:
-                loss, outputs, labels = forward(stacked, buffers, x, y)
+                if grouped is not None and isinstance(x, torch.Tensor):
+                    loss, outputs, labels = grouped(stacked, buffers, x, y)
+                else:
+                    loss, outputs, labels = forward(stacked, buffers, x, y)
                 what = "the backward pass"
                 grads = torch.autograd.grad(
                     loss.sum(), [stacked[n] for n in learned], allow_unused=True

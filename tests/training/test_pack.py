@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from training_fixtures import BLOBS_INFO, CNN, blobs, train_task
 
-from cerebro_spark.data import DatasetInfo, PartitionData
+from cerebro_spark.data import DatasetInfo, FeatureStatistics, PartitionData
 from cerebro_spark.errors import ConfigError, TrialError
 from cerebro_spark.training import (
     MLPSpec,
@@ -372,3 +372,106 @@ def test_a_trials_numbers_do_not_depend_on_its_pack_mates():
     images_0 = images(0)
     three = digests(cnn, images_0, CNN_INFO)
     assert digests(cnn[1:2], images_0, CNN_INFO) == {"t1": three["t1"]}
+
+
+# -- grouped layers: an MLP's pack without vmap ------------------------------------------
+
+
+STATS_INFO = DatasetInfo(
+    feature_shape=(4,),
+    task="classification",
+    num_classes=3,
+    statistics=FeatureStatistics(
+        count=10,
+        mean=(0.5, -1.0, 2.0, 0.0),
+        std=(2.0, 0.5, 1.0, 0.0),
+        min=(-3.0, -3.0, -3.0, 0.0),
+        max=(3.0, 3.0, 3.0, 0.0),
+    ),
+)
+
+
+class SmoothLossSpec(MLPSpec):
+    """A loss of its own: the grouped pack computes it trial by trial."""
+
+    def loss(self, outputs, labels, info):
+        return nn.functional.cross_entropy(outputs, labels, label_smoothing=0.1)
+
+
+class TransformSpec(MLPSpec):
+    def transform(self, features, labels):
+        return features * 2, labels
+
+
+@pytest.mark.parametrize(
+    ("spec", "params", "info"),
+    [
+        (MLPSpec(), {"hidden_units": [8, 6], "activation": "gelu"}, STATS_INFO),
+        (MLPSpec(), {"hidden_units": [5], "activation": "tanh"}, BLOBS_INFO),
+        (SmoothLossSpec(), {"hidden_units": [8]}, STATS_INFO),
+        (MLPSpec(), {"hidden_units": [8]}, DatasetInfo(feature_shape=(4,), task="regression", num_classes=None)),
+    ],
+)
+def test_grouped_layers_compute_what_vmap_computes(spec, params, info):
+    """The grouped forward of a pack gives each trial vmap's loss, outputs and gradients."""
+    from torch.func import vmap
+
+    from cerebro_spark.training._pack import _trial_forward
+    from cerebro_spark.training._pack_grouped import grouped_forward
+
+    k, rows = 3, 7
+    models = []
+    for seed in range(k):
+        torch.manual_seed(seed)
+        models.append(spec.build_model(params, info))
+    skeleton = models[0]
+    forward = grouped_forward(spec, skeleton, info)
+    assert forward is not None
+    own = [dict(m.named_parameters()) for m in models]
+    rng = np.random.default_rng(0)
+    x = torch.tensor(rng.normal(size=(k, rows, 4)), dtype=torch.float32)
+    if info.task == "classification":
+        y = torch.tensor(rng.integers(0, info.num_classes, size=(k, rows)))
+    else:
+        y = torch.tensor(rng.normal(size=(k, rows)), dtype=torch.float32)
+    buffers = {
+        n: torch.stack([dict(m.named_buffers())[n] for m in models])
+        for n in dict(skeleton.named_buffers())
+    }
+
+    def run(step):
+        stacked = {n: torch.stack([p[n].detach() for p in own]).requires_grad_() for n in own[0]}
+        loss, outputs, labels = step(stacked, buffers, x, y)
+        grads = torch.autograd.grad(loss.sum(), list(stacked.values()))
+        return loss, outputs, labels, grads
+
+    grouped = run(forward)
+    vmapped = run(vmap(_trial_forward(spec, skeleton, info), randomness="different"))
+    for mine, theirs in zip(grouped[:3], vmapped[:3], strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=RTOL, atol=ATOL)
+    for mine, theirs in zip(grouped[3], vmapped[3], strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=RTOL, atol=ATOL)
+    # each trial's slice is computed alone: a pack of one gives the same bits
+    alone = grouped_forward(spec, skeleton, info)(
+        {n: torch.stack([own[1][n].detach()]) for n in own[0]},
+        {n: b[1:2] for n, b in buffers.items()},
+        x[1:2],
+        y[1:2],
+    )
+    assert torch.equal(alone[0][0], grouped[0][1]) and torch.equal(alone[1][0], grouped[1][1])
+
+
+def test_only_a_chain_of_batched_layers_is_grouped():
+    from cerebro_spark.training import CNNSpec
+    from cerebro_spark.training._pack_grouped import grouped_forward
+
+    mlp = MLPSpec()
+    assert grouped_forward(mlp, mlp.build_model({}, BLOBS_INFO), BLOBS_INFO) is not None
+    dropout = mlp.build_model({"dropout": 0.2}, BLOBS_INFO)  # it draws: vmap's masks
+    assert grouped_forward(mlp, dropout, BLOBS_INFO) is None
+    cnn = CNNSpec()
+    assert grouped_forward(cnn, cnn.build_model({}, CNN_INFO), CNN_INFO) is None
+    shifted = TransformSpec()
+    assert grouped_forward(shifted, shifted.build_model({}, BLOBS_INFO), BLOBS_INFO) is None
+    poisoned = PoisonSpec()
+    assert grouped_forward(poisoned, poisoned.build_model({}, BLOBS_INFO), BLOBS_INFO) is None
