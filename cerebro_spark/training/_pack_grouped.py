@@ -17,8 +17,9 @@ directly, one batched kernel per layer for the whole pack (HFTA's horizontal fus
 
 Anything else (convolutions, dropout that draws, embeddings, user modules, a ``transform``
 of the spec, features given as a dict) keeps the ``vmap`` path. The loss is the spec's
-own, per trial, unless the spec keeps :meth:`ModelSpec.loss` (cross-entropy or MSE by
-task), computed for the pack at once with ``reduction="none"`` and each trial's mean.
+own, per trial, unless the spec keeps :meth:`ModelSpec.loss` (cross-entropy of ``(B, C)``
+outputs or MSE, by task), computed for the pack at once with ``reduction="none"`` and
+each trial's mean.
 
 Same trial, same numbers: every kernel here computes each trial's slice on its own (a
 batch of ``k`` matrix products, element-wise operations, a row-wise loss), so a trial's
@@ -83,7 +84,7 @@ def grouped_forward(spec: ModelSpec, skeleton: nn.Module, info: DatasetInfo) -> 
         out = x
         for layer in layers:
             out = layer(out, params, buffers)
-        if default_loss:
+        if default_loss and (info.task != "classification" or out.dim() == 3):
             loss = _default_loss(out, y, info)
         else:
             loss = torch.stack(
