@@ -447,14 +447,15 @@ def prefetch_checkpoint(store: Store, key: str, sha256: str) -> bool:
     (:meth:`~cerebro_spark.training._cache.CheckpointCache.wait_prefetch`).
 
     Returns:
-        Whether it was read (``False``: held already, read by another thread, or refused).
+        Whether it was read (``False``: held already, read by another thread, refused, or
+        the cache is disabled).
 
     Raises:
         OSError: The store failed (the unit will read it again).
     """
     cache = worker_cache()
-    if not cache.begin_prefetch(key, sha256):
-        return False
+    if cache.max_bytes == 0 or not cache.begin_prefetch(key, sha256):
+        return False  # nowhere to keep it, or held (or being read) already
     try:
         blob = store.get(key)
         actual = hashlib.sha256(blob).hexdigest()

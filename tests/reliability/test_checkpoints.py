@@ -216,6 +216,11 @@ def test_a_checkpoint_read_ahead_is_restored_from_memory_and_its_traffic_reporte
     assert prefetch_checkpoint(store, "a/e0.pt", a.checkpoint_sha256)
     assert not prefetch_checkpoint(store, "a/e0.pt", a.checkpoint_sha256)  # held already
     assert cache.stats.prefetched == 1
+    set_worker_cache_bytes(0)  # nowhere to keep it: not read at all
+    assert not prefetch_checkpoint(store, "a/e0.pt", a.checkpoint_sha256)
+    cache = set_worker_cache_bytes(64 * 1024 * 1024)
+    assert prefetch_checkpoint(store, "a/e0.pt", a.checkpoint_sha256)
+    assert cache.stats.prefetched == 1
     ahead = run_unit(hop, blobs(1), store, BLOBS_INFO)
     assert (ahead.checkpoint_cache_hits, ahead.checkpoint_prefetched) == (1, 1)
     assert ahead.checkpoint_bytes_read == a.checkpoint_bytes  # read, if ahead of time

@@ -409,7 +409,11 @@ class TransformSpec(MLPSpec):
         (MLPSpec(), {"hidden_units": [8, 6], "activation": "gelu"}, STATS_INFO),
         (MLPSpec(), {"hidden_units": [5], "activation": "tanh"}, BLOBS_INFO),
         (SmoothLossSpec(), {"hidden_units": [8]}, STATS_INFO),
-        (MLPSpec(), {"hidden_units": [8]}, DatasetInfo(feature_shape=(4,), task="regression", num_classes=None)),
+        (
+            MLPSpec(),
+            {"hidden_units": [8]},
+            DatasetInfo(feature_shape=(4,), task="regression", num_classes=None),
+        ),
     ],
 )
 def test_grouped_layers_compute_what_vmap_computes(spec, params, info):
