@@ -275,13 +275,25 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if args.workers is not None and (isinstance(args.workers, bool) or args.workers < 1):
         raise ConfigError(f"--workers must be an int ≥ 1, got {args.workers}")
     secrets = _load_secrets_config(args.config)
-    report = replay_experiment(store, experiment_id, workers=args.workers, secrets=secrets)
-    _out(f"{'trial':<8} {'original sha256':<20} {'replay sha256':<20} identical")
+    report = replay_experiment(
+        store, experiment_id, workers=args.workers, secrets=secrets, pack=args.pack
+    )
+    repacked = any(row.max_weight_diff is not None for row in report.rows)
+    extra = "  max |weight diff|" if repacked else ""
+    _out(f"{'trial':<8} {'original sha256':<20} {'replay sha256':<20} identical{extra}")
     for row in report.rows:
+        diff = "" if row.max_weight_diff is None else f"  {row.max_weight_diff:.3g}"
         _out(
             f"{row.trial_id:<8} {(row.original_sha256 or '-')[:16]:<20} "
-            f"{(row.replay_sha256 or '-')[:16]:<20} {'yes' if row.identical else 'NO'}"
+            f"{(row.replay_sha256 or '-')[:16]:<20} {'yes' if row.identical else 'NO':<9}{diff}"
         )
+    if repacked:  # packed and unpacked kernels round otherwise: compared by value, not bits
+        largest = max(row.max_weight_diff or 0.0 for row in report.rows)
+        _out(
+            f"replay {report.replay.experiment_id} (pack {args.pack}): the largest weight "
+            f"difference is {largest:.3g}"
+        )
+        return 0
     _out(
         f"replay {report.replay.experiment_id}: {'identical' if report.identical else 'DIFFERENT'}"
     )
@@ -391,6 +403,11 @@ def build_parser() -> argparse.ArgumentParser:
     replay = commands.add_parser("replay", help="re-train from the logged visit order")
     replay.add_argument("experiment", help="experiment directory or id")
     replay.add_argument("--workers", type=int, help="number of workers for the replay")
+    replay.add_argument(
+        "--pack",
+        help="pack otherwise than the original: off trains a packed run's unpacked twin "
+        "(its weights are then compared by value)",
+    )
     replay.add_argument("--store", help=store_help)
     replay.add_argument("--config", help=secrets_help)
     replay.set_defaults(handler=_cmd_replay)

@@ -20,6 +20,8 @@ from cerebro_spark.backends._pool import check_worker_count
 from cerebro_spark.driver._config import (
     ExperimentConfig,
     check_name,
+    pack_size,
+    parse_pack,
     validate_config,
 )
 from cerebro_spark.driver._events import read_events
@@ -431,12 +433,17 @@ class ReplayRow:
             from the store) equals the replay's, tensor for tensor and value for value
             (:func:`~cerebro_spark.training.content_digest`); ``None`` where the bytes
             decide.
+        max_weight_diff: For a replay that packs otherwise than the original (``pack``
+            of :func:`replay_experiment`), the largest absolute difference between the
+            two final models' weights (packed kernels round otherwise: equal within
+            float rounding, not bit for bit); ``None`` for a replay that packs the same.
     """
 
     trial_id: str
     original_sha256: str | None
     replay_sha256: str | None
     same_content: bool | None = None
+    max_weight_diff: float | None = None
 
     @property
     def identical(self) -> bool:
@@ -471,12 +478,16 @@ def replay_experiment(
     backend_factory: BackendFactory = default_backend,
     secrets: ExperimentConfig | None = None,
     lease_timeout: float | None = None,
+    pack: int | str | None = None,
 ) -> ReplayReport:
     """Re-train an experiment from its logged visit order (Cerebro §3.1, reproducibility).
 
     The replay is a new experiment ``<id>-replay-<n>`` with the same config (optionally
     another number of workers) whose every trial visits the partitions in the order the
     original logged; its final checkpoints are compared with the original's.
+    ``pack`` (``"off"`` or ``N``) replays with other packing (issue 27): ``"off"`` trains a
+    packed experiment's unpacked twin, every trial in the order it was packed in, and
+    each row then also gives the largest weight difference (:class:`ReplayRow`).
     Its id is claimed atomically (two replays at once get ``-replay-1`` and ``-replay-2``);
     ``secrets`` and ``lease_timeout`` are as for :func:`resume_experiment`.
     """
@@ -486,6 +497,16 @@ def replay_experiment(
     config = config.replace(store=store.uri)  # the replay lives beside the original
     if workers is not None:
         config = config.replace(workers=workers)
+    repacked = False
+    if pack is not None:
+        new_pack = parse_pack(pack)
+        if new_pack == "auto":
+            raise ConfigError(
+                "replay pack must be 'off' or an int >= 1, got 'auto' (a replay measures "
+                "nothing: it trains what the original did, packed or not)"
+            )
+        repacked = pack_size(config) != pack_size(config.replace(pack=new_pack))
+        config = config.replace(pack=new_pack)
     validate_config(config)
     original = ExperimentState.from_events(
         read_experiment_events(store, experiment_id), experiment_prefix(experiment_id)
@@ -506,20 +527,35 @@ def replay_experiment(
     )
     replayed = {t.trial_id: t for t in result.trials}
     rows = [
-        _replay_row(store, trial, replayed.get(trial_id))
+        _replay_row(store, trial, replayed.get(trial_id), repacked)
         for trial_id, trial in sorted(original.trials.items())
     ]
     return ReplayReport(experiment_id, result, rows)
 
 
-def _replay_row(store: Store, original: TrialState, replay: TrialState | None) -> ReplayRow:
-    """Compare a trial's final checkpoints: by bytes, or by content for an older original."""
+def _replay_row(
+    store: Store, original: TrialState, replay: TrialState | None, repacked: bool = False
+) -> ReplayRow:
+    """Compare a trial's final checkpoints: by bytes, or by content for an older original.
+
+    ``repacked``: the replay packs otherwise, so its weights are also compared by value.
+    """
     row = ReplayRow(
         original.trial_id,
         original.checkpoint_sha256,
         replay.checkpoint_sha256 if replay is not None else None,
     )
-    if row.identical or replay is None or not original.checkpoint or not replay.checkpoint:
+    if replay is None or not original.checkpoint or not replay.checkpoint:
+        return row
+    if repacked:
+        old_model = decode_checkpoint(store.get(original.checkpoint))["model"]
+        new_model = decode_checkpoint(store.get(replay.checkpoint))["model"]
+        diff = max(
+            (float((old_model[n].double() - new_model[n].double()).abs().max()) for n in old_model),
+            default=0.0,
+        )
+        row = dataclasses.replace(row, max_weight_diff=diff)
+    if row.identical:
         return row
     try:
         old = decode_checkpoint(store.get(original.checkpoint))

@@ -34,9 +34,11 @@ from cerebro_spark.engine import (
     logged_visit_orders,
     parse_config,
     read_events,
+    replay_experiment,
     resume_experiment,
     run_experiment,
 )
+from cerebro_spark.errors import ConfigError
 from cerebro_spark.store import open_store
 from cerebro_spark.training import decode_checkpoint
 
@@ -147,6 +149,28 @@ def test_packs_form_and_every_trial_equals_its_unpacked_twin(
     single_events = events_of(store, "single")
     assert not any("pack" in e or "pack_size" in e for e in single_events)
     assert_twins(store, packed, single)
+
+
+def test_replay_without_packs_trains_the_unpacked_twin(
+    packed: Any, single: Any, store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``replay --pack off``: the packed run's orders, unpacked; weights compared by value."""
+    from cerebro_spark.cli import main
+
+    report = replay_experiment(str(store), "packed", pack="off")
+    twins = {t.trial_id: weights(store, t) for t in single.trials}
+    replayed = sorted(report.replay.trials, key=lambda t: t.trial_id)
+    for row, trial in zip(report.rows, replayed, strict=True):
+        assert row.trial_id == trial.trial_id and row.max_weight_diff is not None
+        assert row.max_weight_diff <= ATOL
+        mine = weights(store, trial)  # the replay is the imposed-orders run, bit for bit
+        assert all(torch.equal(mine[n], twins[trial.trial_id][n]) for n in mine)
+    assert not any("pack" in e for e in events_of(store, report.replay.experiment_id))
+    with pytest.raises(ConfigError, match="replay pack must be 'off' or an int >= 1, got 'auto'"):
+        replay_experiment(str(store), "packed", pack="auto")
+    assert main(["replay", str(store / "experiments" / "packed"), "--pack", "off"]) == 0
+    out = capsys.readouterr().out
+    assert "max |weight diff|" in out and "(pack off): the largest weight difference is" in out
 
 
 def test_a_nan_trial_fails_alone_and_its_pack_mates_go_on(store: Path) -> None:
