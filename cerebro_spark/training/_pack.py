@@ -33,7 +33,8 @@ own scheduled order, and writes its own checkpoint.
   (tests/training/test_pack.py states the tolerance: ``1e-5`` relative, ``1e-6``
   absolute on the weights after a unit, for an MLP and a CNN).
 * **Randomness (dropout).** Each trial's randomness is not drawn from its own stream:
-  ``vmap(randomness="different")`` draws one mask per trial from one generator, reseeded
+  ``vmap(randomness="different")`` (or, for grouped layers, one dropout over the stacked
+  activations) draws one mask per trial from one generator, reseeded
   at the start of the pass from the pack's trials ``(trial_seed, epoch)`` in pack order
   and the partition (for ``k = 1`` the unpacked unit's seed). A packed trial with dropout
   is therefore a run from the same distribution as its unpacked twin, not the same run;

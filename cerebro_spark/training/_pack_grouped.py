@@ -11,11 +11,14 @@ directly, one batched kernel per layer for the whole pack (HFTA's horizontal fus
 * ``nn.Linear``: ``baddbmm`` of the stacked weights ``(k, out, in)`` and biases;
 * ``nn.Flatten`` (of one example: ``start_dim=1``), ``nn.Identity``, the element-wise
   activations (``ReLU``, ``Tanh``, ``GELU``, ``Sigmoid``, ``SiLU``, ``LeakyReLU``,
-  ``ELU``) and ``nn.Dropout`` with ``p == 0`` (which draws nothing in a unit);
+  ``ELU``) and ``nn.Dropout`` (one call over the pack's stacked activations: every
+  element's mask is drawn on its own, each trial's from one generator for the pack, as
+  ``vmap(randomness="different")`` draws them; pack mates share ``p``, their fingerprint
+  says so; ``p == 0`` draws nothing);
 * :class:`~._models.Standardize`, with the trials' stacked ``mean`` and ``std``;
 * ``nn.Sequential`` of these, nested or not.
 
-Anything else (convolutions, dropout that draws, embeddings, user modules, a ``transform``
+Anything else (convolutions, embeddings, user modules, a ``transform``
 of the spec, features given as a dict) keeps the ``vmap`` path. The loss is the spec's
 own, per trial, unless the spec keeps :meth:`ModelSpec.loss` (cross-entropy of ``(B, C)``
 outputs or MSE, by task), computed for the pack at once with ``reduction="none"`` and
@@ -123,8 +126,8 @@ def _layers(module: nn.Module, prefix: str) -> list[Layer] | None:
         return [_standardize(prefix)]
     if type(module) is nn.Flatten and module.start_dim == 1 and module.end_dim == -1:
         return [lambda x, p, b: x.flatten(2)]
-    if type(module) is nn.Dropout and module.p == 0:
-        return []
+    if type(module) is nn.Dropout:
+        return [] if module.p == 0 else [lambda x, p, b: module(x)]
     if type(module) in _ELEMENTWISE:
         return [lambda x, p, b: module(x)]
     return None

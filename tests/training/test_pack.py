@@ -278,6 +278,10 @@ def test_pack_replays_bit_for_bit_with_dropout():
     digests = [r.checkpoint_sha256 for r in first if isinstance(r, UnitResult)]
     assert len(digests) == 2
     assert digests == [r.checkpoint_sha256 for r in again if isinstance(r, UnitResult)]
+    # the grouped pack draws its masks: a trial's weights differ from dropout 0's
+    still = pack_tasks([{**p, "dropout": 0.0} for p in params])
+    plain = run_pack(still, data, MemoryStore(), BLOBS_INFO)
+    assert digests[0] != plain[0].checkpoint_sha256
 
 
 def test_bad_packs_are_refused(store):
@@ -471,8 +475,8 @@ def test_only_a_chain_of_batched_layers_is_grouped():
 
     mlp = MLPSpec()
     assert grouped_forward(mlp, mlp.build_model({}, BLOBS_INFO), BLOBS_INFO) is not None
-    dropout = mlp.build_model({"dropout": 0.2}, BLOBS_INFO)  # it draws: vmap's masks
-    assert grouped_forward(mlp, dropout, BLOBS_INFO) is None
+    dropout = mlp.build_model({"dropout": 0.2}, BLOBS_INFO)  # one draw for the pack
+    assert grouped_forward(mlp, dropout, BLOBS_INFO) is not None
     cnn = CNNSpec()
     assert grouped_forward(cnn, cnn.build_model({}, CNN_INFO), CNN_INFO) is None
     shifted = TransformSpec()
