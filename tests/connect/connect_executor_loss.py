@@ -201,8 +201,11 @@ def test_an_executor_killed_mid_unit_loses_no_unit(
     lost = [e for e in events if e["event"] == "worker_lost"]
     assert [e["worker"] for e in lost] == [lost_worker], lost
     assert lost[0]["unit"] is not None, lost  # it was killed mid-unit
+    # the unit it trained failed with it; so did the one before, when the worker was still
+    # writing that one's checkpoint (freed early, it had taken the next unit)
     failed = [e for e in events if e["event"] == "unit_failed"]
-    assert [e["reason"] for e in failed] == ["worker_lost"]
+    assert 1 <= len(failed) <= 2, failed
+    assert all(e["reason"] == "worker_lost" and e["worker"] == lost_worker for e in failed)
     # no unit lost: the same final models and leaderboard as the uninterrupted run
     assert [t.status for t in result.trials] == ["completed", "completed"]
     assert final_digests(result) == final_digests(reference)
