@@ -162,10 +162,10 @@ class LocalTransport(Transport):
         if any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in gpus):
             raise ConfigError(f"gpus must be CUDA device indices (ints >= 0), got {list(gpus)!r}")
         if workers_per_gpu is not None and (
-            isinstance(workers_per_gpu, bool) or not isinstance(workers_per_gpu, int)
+            isinstance(workers_per_gpu, bool)
+            or not isinstance(workers_per_gpu, int)
+            or workers_per_gpu < 1
         ):
-            raise ConfigError(f"workers_per_gpu must be an int >= 1, got {workers_per_gpu!r}")
-        if workers_per_gpu is not None and workers_per_gpu < 1:
             raise ConfigError(f"workers_per_gpu must be an int >= 1, got {workers_per_gpu!r}")
         self._gpus = tuple(gpus)
         self._per_gpu = workers_per_gpu

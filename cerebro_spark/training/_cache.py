@@ -37,15 +37,12 @@ single checkpoint larger than the bound is not kept.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import threading
 from collections import OrderedDict
 
 from cerebro_spark.errors import ConfigError
 from cerebro_spark.training._checkpoint import Checkpoint, PackedCheckpoint
-
-logger = logging.getLogger(__name__)
 
 #: The cache's default bound in bytes.
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
